@@ -1,0 +1,33 @@
+"""ddlfast: topology-aware multi-dimensional ring allreduce over MPI.
+
+    import ddlfast
+    ddlfast.fused_allreduce([grad_a, grad_b], op="average")
+"""
+
+from __future__ import annotations
+
+from ddlfast.api import (
+    allreduce,
+    build_info,
+    default_context,
+    fused_allreduce,
+    has_cuda,
+    rank,
+    size,
+)
+from ddlfast.context import Context
+from ddlfast.errors import DdlfastError, DdlfastTimeoutError
+
+__all__ = [
+    "Context",
+    "DdlfastError",
+    "DdlfastTimeoutError",
+    "allreduce",
+    "build_info",
+    "default_context",
+    "fused_allreduce",
+    "has_cuda",
+    "rank",
+    "size",
+]
+__version__ = "0.1.0"

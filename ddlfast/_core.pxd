@@ -1,0 +1,93 @@
+# C++ declarations of the compiled core, in one place (as mpi4py's libmpi.pxd).
+from libc.stddef cimport size_t
+from libcpp cimport bool
+from libcpp.memory cimport unique_ptr
+from libcpp.string cimport string
+from libcpp.vector cimport vector
+from mpi4py.libmpi cimport MPI_Comm
+
+
+cdef extern from "common/status.h" namespace "ddlfast" nogil:
+    cdef cppclass Status:
+        bool is_ok()
+        int code_int()
+        const string& message()
+
+
+cdef extern from "common/dtype.h" namespace "ddlfast" nogil:
+    cdef enum class DType(int):
+        pass
+    cdef enum class ReduceOp(int):
+        pass
+
+
+cdef extern from "kernels/cpu_kernels.h" namespace "ddlfast" nogil:
+    ctypedef void (*ReduceFn)(void* dst, const void* src, size_t n, int divisor)
+    cdef struct KernelTable:
+        const char* name
+        ReduceFn reduce[6]
+    const KernelTable& scalar_kernels()
+    const KernelTable* avx2_kernels()
+    const KernelTable& best_kernels()
+
+
+cdef extern from "algo/torus.h" namespace "ddlfast" nogil:
+    cdef cppclass Torus:
+        Torus()
+        @staticmethod
+        Status make(const vector[int]& dims, int world_size, Torus* out)
+
+
+cdef extern from "algo/ring_schedule.h" namespace "ddlfast" nogil:
+    cdef struct ElementRange:
+        size_t offset
+        size_t count
+    cdef struct RingStep:
+        ElementRange send
+        ElementRange recv
+    cdef enum class PhaseKind(int):
+        pass
+    cdef cppclass RingPhase:
+        PhaseKind kind
+        int dim
+        int successor
+        int predecessor
+        vector[RingStep] steps
+    cdef cppclass RingSchedule:
+        vector[RingPhase] phases
+        ElementRange owned
+    RingSchedule build_ring_schedule(const Torus& torus, int rank, size_t count)
+
+
+cdef extern from "engine/ring_allreduce.h" namespace "ddlfast" nogil:
+    cdef struct EngineOptions:
+        size_t chunk_bytes
+        int receives_in_flight
+        size_t small_bytes
+
+
+cdef extern from "engine/pack.h" namespace "ddlfast" nogil:
+    void pack(void* bucket, const void* const* arrays, const size_t* nbytes, size_t count)
+    void unpack(const void* bucket, void* const* arrays, const size_t* nbytes, size_t count)
+
+
+cdef extern from "transport/mpi_transport.h" namespace "ddlfast" nogil:
+    string mpi_library_version()
+    cdef cppclass MpiTransport:
+        void set_timeout(double seconds)
+
+
+cdef extern from "engine/context.h" namespace "ddlfast" nogil:
+    cdef cppclass Context:
+        @staticmethod
+        Status create(MPI_Comm comm, unique_ptr[Context]* out)
+        int rank()
+        int size()
+        MpiTransport& transport()
+        Status allreduce(void* data, size_t count, DType dtype, ReduceOp op, const vector[int]& dims,
+                         const EngineOptions& options)
+
+
+cdef extern from "common/cuda_info.h" namespace "ddlfast" nogil:
+    bool cuda_compiled()
+    string cuda_version_string()

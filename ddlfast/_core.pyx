@@ -1,0 +1,188 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+# distutils: language = c++
+"""Bindings over the C++ core. Python objects are unpacked to raw pointers
+here; every loop that touches data runs in C++ with the GIL released."""
+
+from libc.stdint cimport uintptr_t
+from libc.stddef cimport size_t
+from libcpp.memory cimport unique_ptr
+from libcpp.vector cimport vector
+from mpi4py cimport MPI
+from mpi4py.libmpi cimport MPI_COMM_NULL
+
+from ddlfast._core cimport (
+    Context, DType, ElementRange, EngineOptions, KernelTable, PhaseKind, ReduceOp, RingPhase,
+    RingSchedule, RingStep, Status, Torus, avx2_kernels, best_kernels, build_ring_schedule,
+    cuda_compiled, cuda_version_string, mpi_library_version, pack, scalar_kernels, unpack,
+)
+
+from ddlfast.errors import DdlfastError, DdlfastTimeoutError
+
+_STATUS_TIMEOUT = 3
+
+
+cdef int raise_on_error(const Status& status) except -1:
+    if status.is_ok():
+        return 0
+    message = status.message().decode("utf-8", "replace")
+    if status.code_int() == _STATUS_TIMEOUT:
+        raise DdlfastTimeoutError(message)
+    raise DdlfastError(message)
+
+
+cdef vector[int] to_dims(dims):
+    cdef vector[int] result
+    for d in dims:
+        result.push_back(int(d))
+    return result
+
+
+def kernel_paths():
+    """Names of the CPU kernel variants this build and CPU can run, best first."""
+    cdef const KernelTable* avx2 = avx2_kernels()
+    paths = []
+    if avx2 != NULL:
+        paths.append(avx2.name.decode())
+    paths.append(scalar_kernels().name.decode())
+    return paths
+
+
+def selected_kernel_path():
+    return best_kernels().name.decode()
+
+
+def reduce_into(uintptr_t dst, uintptr_t src, size_t count, int dtype, int divisor=1, path=None):
+    """dst = (dst + src) / divisor over raw buffers (the unit-test entry to the kernels)."""
+    cdef const KernelTable* table = &best_kernels()
+    if path is not None:
+        if path == scalar_kernels().name.decode():
+            table = &scalar_kernels()
+        elif avx2_kernels() != NULL and path == avx2_kernels().name.decode():
+            table = avx2_kernels()
+        else:
+            raise DdlfastError(f"kernel path {path!r} is not available; have {kernel_paths()}")
+    if dtype < 0 or dtype >= 6:
+        raise DdlfastError(f"unknown dtype code {dtype}")
+    with nogil:
+        table.reduce[dtype](<void*>dst, <const void*>src, count, divisor)
+
+
+def ring_schedule(dims, int rank, size_t count):
+    """The schedule of one rank as plain Python data (for tests and tools).
+
+    Returns (phases, owned) with phases a list of dicts: kind ("reduce_scatter"
+    or "allgather"), dim, successor, predecessor, steps [((send_off, send_n),
+    (recv_off, recv_n)), ...]; owned is (offset, count).
+    """
+    cdef Torus torus
+    cdef vector[int] dims_vector = to_dims(dims)
+    cdef int world = 1
+    for d in dims:
+        world *= int(d)
+    raise_on_error(Torus.make(dims_vector, world, &torus))
+    if rank < 0 or rank >= world:
+        raise DdlfastError(f"rank {rank} is outside a world of {world}")
+    cdef RingSchedule schedule = build_ring_schedule(torus, rank, count)
+    phases = []
+    for phase in schedule.phases:
+        phases.append({
+            "kind": "reduce_scatter" if <int>phase.kind == 0 else "allgather",
+            "dim": phase.dim,
+            "successor": phase.successor,
+            "predecessor": phase.predecessor,
+            "steps": [((s.send.offset, s.send.count), (s.recv.offset, s.recv.count)) for s in phase.steps],
+        })
+    return phases, (schedule.owned.offset, schedule.owned.count)
+
+
+def pack_arrays(uintptr_t bucket, list pointers, list nbytes):
+    """Copy many buffers back to back into `bucket` (one call per bucket)."""
+    cdef vector[const void*] sources
+    cdef vector[size_t] sizes
+    for pointer, size in zip(pointers, nbytes):
+        sources.push_back(<const void*><uintptr_t>pointer)
+        sizes.push_back(<size_t>size)
+    with nogil:
+        pack(<void*>bucket, sources.data(), sizes.data(), sizes.size())
+
+
+def unpack_arrays(uintptr_t bucket, list pointers, list nbytes):
+    """Copy a bucket's contents back out to many buffers."""
+    cdef vector[void*] targets
+    cdef vector[size_t] sizes
+    for pointer, size in zip(pointers, nbytes):
+        targets.push_back(<void*><uintptr_t>pointer)
+        sizes.push_back(<size_t>size)
+    with nogil:
+        unpack(<const void*>bucket, targets.data(), sizes.data(), sizes.size())
+
+
+def build_facts():
+    return {
+        "cuda": True if cuda_compiled() else False,
+        "cuda_version": cuda_version_string().decode(),
+        "mpi_library": mpi_library_version().decode(),
+        "kernel_paths": kernel_paths(),
+        "kernel_selected": selected_kernel_path(),
+    }
+
+
+cdef class CoreContext:
+    """Owns the C++ Context: a private duplicate of `comm` and its engines."""
+
+    cdef unique_ptr[Context] context
+
+    def __cinit__(self, MPI.Comm comm not None):
+        if comm.ob_mpi == MPI_COMM_NULL:
+            raise DdlfastError("the communicator is MPI.COMM_NULL")
+        if comm.Is_inter():
+            raise DdlfastError("ddlfast needs an intracommunicator, got an intercommunicator")
+        raise_on_error(Context.create(comm.ob_mpi, &self.context))
+
+    cdef Context* get(self) except NULL:
+        if not self.context:
+            raise DdlfastError("this ddlfast context is closed")
+        return self.context.get()
+
+    @property
+    def rank(self) -> int:
+        return self.get().rank()
+
+    @property
+    def size(self) -> int:
+        return self.get().size()
+
+    def set_timeout(self, double seconds):
+        self.get().transport().set_timeout(seconds)
+
+    def allreduce(self, uintptr_t data, size_t count, int dtype, int op, dims, size_t chunk_bytes,
+                  int receives_in_flight, size_t small_bytes):
+        """In-place allreduce of a raw buffer; the caller validated everything."""
+        cdef vector[int] dims_vector = to_dims(dims)
+        cdef EngineOptions options
+        options.chunk_bytes = chunk_bytes
+        options.receives_in_flight = receives_in_flight
+        options.small_bytes = small_bytes
+        cdef Status status
+        cdef Context* context = self.get()
+        with nogil:
+            status = context.allreduce(<void*>data, count, <DType>dtype, <ReduceOp>op, dims_vector,
+                                                  options)
+        raise_on_error(status)
+
+    def close(self):
+        self.context.reset()
+
+
+cdef extern from *:
+    """
+    #ifndef DDLFAST_COMPILER
+    #define DDLFAST_COMPILER "unknown"
+    #endif
+    static const char* ddlfast_compiler(void) { return DDLFAST_COMPILER; }
+    """
+    const char* ddlfast_compiler()
+
+
+def compiler():
+    return ddlfast_compiler().decode()

@@ -1,0 +1,93 @@
+"""The module-level API over the default context (COMM_WORLD) or an explicit `comm=`."""
+
+from __future__ import annotations
+
+import atexit
+import platform
+import weakref
+from collections.abc import Sequence
+
+import numpy as np
+from mpi4py import MPI
+
+from ddlfast import _core, config
+from ddlfast.context import Context
+from ddlfast.errors import DdlfastError
+
+_default: Context | None = None
+_by_comm: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def default_context() -> Context:
+    """The context for MPI.COMM_WORLD, created on first use."""
+    global _default
+    if _default is None:
+        _default = Context(MPI.COMM_WORLD)
+    return _default
+
+
+def _context_for(comm: MPI.Comm | None) -> Context:
+    if comm is None or comm == MPI.COMM_WORLD:
+        return default_context()
+    if not isinstance(comm, MPI.Comm):
+        raise DdlfastError(f"comm must be an mpi4py communicator, not {type(comm).__name__}")
+    context = _by_comm.get(comm)
+    if context is None:
+        context = Context(comm)
+        _by_comm[comm] = context
+    return context
+
+
+def fused_allreduce(
+    arrays: Sequence[np.ndarray], *, op: str = "sum", dims: object = None, comm: MPI.Comm | None = None
+) -> list:
+    """Allreduce many arrays in place, fused into buckets; returns the list.
+
+    op: "sum" or "average". dims: "flat", "4x2" or a tuple (default
+    DDLFAST_RING_DIMS). Every rank must pass the same shapes and dtypes in the
+    same order; if they do not, every rank raises DdlfastError.
+    """
+    return _context_for(comm).fused_allreduce(arrays, op=op, dims=dims)
+
+
+def allreduce(array: np.ndarray, *, op: str = "sum", dims: object = None, comm: MPI.Comm | None = None) -> np.ndarray:
+    """Allreduce one array in place and return it."""
+    return _context_for(comm).fused_allreduce([array], op=op, dims=dims)[0]
+
+
+def rank(comm: MPI.Comm | None = None) -> int:
+    return (comm or MPI.COMM_WORLD).Get_rank()
+
+
+def size(comm: MPI.Comm | None = None) -> int:
+    return (comm or MPI.COMM_WORLD).Get_size()
+
+
+def has_cuda() -> bool:
+    """Whether the loaded build carries the CUDA kernels."""
+    return bool(_core.build_facts()["cuda"])
+
+
+def build_info() -> dict:
+    """What this build is: compiler, CPU kernel paths, CUDA, MPI library, engine defaults."""
+    facts = _core.build_facts()
+    facts.update({
+        "compiler": _core.compiler(),
+        "python": platform.python_version(),
+        "mpi4py_vendor": "{} {}".format(MPI.get_vendor()[0], ".".join(map(str, MPI.get_vendor()[1]))),
+        "small_message_handoff": (
+            f"buffers <= DDLFAST_SMALL_BYTES (default {config.DEFAULT_SMALL_BYTES} bytes) go to MPI_Allreduce"
+        ),
+        "chunk_bytes_default": config.DEFAULT_CHUNK_BYTES,
+        "bucket_bytes_default": config.DEFAULT_BUCKET_BYTES,
+    })
+    return facts
+
+
+@atexit.register
+def _close_contexts() -> None:
+    # Free the private communicators before mpi4py finalizes MPI.
+    if _default is not None:
+        _default.close()
+    for context in list(_by_comm.values()):
+        context.close()

@@ -1,0 +1,41 @@
+"""Buffer adapters: turn user arrays into (pointer, count, dtype) for the core,
+refusing anything that could be read or written wrongly."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ddlfast.dtypes import dtype_code
+from ddlfast.errors import DdlfastError
+
+
+@dataclass(frozen=True)
+class HostBuffer:
+    array: np.ndarray  # kept so the memory stays alive while in use
+    pointer: int
+    count: int
+    dtype_code: int
+    dtype_name: str
+
+    @property
+    def nbytes(self) -> int:
+        return self.array.nbytes
+
+
+def host_buffer(array: object, where: str) -> HostBuffer:
+    """Validate one array for an in-place reduction; `where` names it in errors."""
+    if not isinstance(array, np.ndarray):
+        kind = type(array).__module__ + "." + type(array).__qualname__
+        hint = " (CuPy/CUDA arrays need a CUDA build)" if hasattr(array, "__cuda_array_interface__") else ""
+        raise DdlfastError(f"{where} is a {kind}, not a NumPy array{hint}")
+    code = dtype_code(array.dtype, where)
+    if not array.flags.c_contiguous:
+        raise DdlfastError(f"{where} is not C-contiguous (strides {array.strides}); pass np.ascontiguousarray(...)")
+    if not array.flags.writeable:
+        raise DdlfastError(f"{where} is read-only; ddlfast reduces in place and needs a writable array")
+    if not array.dtype.isnative:
+        raise DdlfastError(f"{where} has non-native byte order {array.dtype.str}")
+    pointer = array.__array_interface__["data"][0]
+    return HostBuffer(array, pointer, array.size, code, array.dtype.name)

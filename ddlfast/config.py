@@ -1,0 +1,116 @@
+"""DDLFAST_* environment parameters: parsed and validated in one place.
+
+API arguments override the environment; a malformed value raises DdlfastError
+naming the variable, the value and what would be accepted.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from ddlfast.errors import DdlfastError
+
+_SIZE_PATTERN = re.compile(r"^\s*(\d+)\s*([kmg]i?b?|b)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+# Defaults chosen from measurements on the 2-core development machine (see README).
+DEFAULT_BUCKET_BYTES = 64 << 20
+DEFAULT_FIRST_BUCKET_BYTES = 1 << 20
+DEFAULT_CHUNK_BYTES = 512 << 10
+DEFAULT_SMALL_BYTES = 32 << 10
+DEFAULT_RECEIVES_IN_FLIGHT = 4
+MAX_CHUNK_BYTES = 1 << 30
+
+
+def parse_size(text: str, name: str) -> int:
+    """'4096', '512KiB', '64M', '1g' -> bytes."""
+    match = _SIZE_PATTERN.match(str(text))
+    if not match:
+        raise DdlfastError(f"{name}={text!r} is not a byte size; use e.g. 1048576, 512KiB or 64MiB")
+    unit = (match.group(2) or "").lower()[:1]
+    return int(match.group(1)) * _SIZE_UNITS[unit]
+
+
+def parse_dims(value: object, name: str = "dims") -> str | tuple[int, ...]:
+    """'flat' | 'auto' | '4x2' | (4, 2) -> 'flat' or a tuple of ints (validated >= 1)."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("flat", "auto"):
+            return text
+        parts = text.split("x")
+        if not all(part.strip().isdigit() for part in parts):
+            raise DdlfastError(f"{name}={value!r} is not 'flat', 'auto' or a shape like '4x2'")
+        dims = tuple(int(part) for part in parts)
+    elif isinstance(value, (tuple, list)):
+        if not value or not all(isinstance(d, int) and not isinstance(d, bool) for d in value):
+            raise DdlfastError(f"{name}={value!r} must be a non-empty sequence of ints")
+        dims = tuple(value)
+    else:
+        raise DdlfastError(f"{name}={value!r} must be 'flat', 'auto', '4x2' or a tuple of ints")
+    if any(d < 1 for d in dims):
+        raise DdlfastError(f"{name}={value!r}: every ring dimension must be >= 1")
+    return dims
+
+
+def _env_size(name: str, default: int, minimum: int, maximum: int | None = None) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    value = parse_size(raw, name)
+    if value < minimum or (maximum is not None and value > maximum):
+        upper = f" and <= {maximum}" if maximum is not None else ""
+        raise DdlfastError(f"{name}={raw!r} must be >= {minimum}{upper} bytes")
+    return value
+
+
+def _env_int(name: str, default: int, minimum: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    if not raw.strip().isdigit() or int(raw) < minimum:
+        raise DdlfastError(f"{name}={raw!r} must be an integer >= {minimum}")
+    return int(raw)
+
+
+def _env_seconds(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise DdlfastError(f"{name}={raw!r} is not a number of seconds") from None
+    if not value >= 0 or value == float("inf"):
+        raise DdlfastError(f"{name}={raw!r} must be a finite number of seconds >= 0 (0 disables the limit)")
+    return value
+
+
+@dataclass(frozen=True)
+class Settings:
+    bucket_bytes: int
+    first_bucket_bytes: int
+    chunk_bytes: int
+    small_bytes: int
+    receives_in_flight: int
+    ring_dims: str | tuple[int, ...]
+    timeout_s: float
+    compression: str
+
+
+def load_settings() -> Settings:
+    """Read and validate every DDLFAST_* variable (cheap; called per collective)."""
+    compression = os.environ.get("DDLFAST_COMPRESSION", "none").strip().lower() or "none"
+    if compression != "none":
+        raise DdlfastError(f"DDLFAST_COMPRESSION={compression!r} is not supported by this build; use 'none'")
+    return Settings(
+        bucket_bytes=_env_size("DDLFAST_BUCKET_BYTES", DEFAULT_BUCKET_BYTES, minimum=1),
+        first_bucket_bytes=_env_size("DDLFAST_FIRST_BUCKET_BYTES", DEFAULT_FIRST_BUCKET_BYTES, minimum=1),
+        chunk_bytes=_env_size("DDLFAST_CHUNK_BYTES", DEFAULT_CHUNK_BYTES, minimum=8, maximum=MAX_CHUNK_BYTES),
+        small_bytes=_env_size("DDLFAST_SMALL_BYTES", DEFAULT_SMALL_BYTES, minimum=0),
+        receives_in_flight=_env_int("DDLFAST_RECEIVES_IN_FLIGHT", DEFAULT_RECEIVES_IN_FLIGHT, minimum=2),
+        ring_dims=parse_dims(os.environ.get("DDLFAST_RING_DIMS", "flat"), "DDLFAST_RING_DIMS"),
+        timeout_s=_env_seconds("DDLFAST_TIMEOUT_S", 300.0),
+        compression=compression,
+    )

@@ -1,0 +1,53 @@
+// The k-dimensional ring allreduce as data: which element range each rank
+// sends to whom and receives from whom, step by step. Pure (no I/O), so the
+// whole world can be simulated in one process by the tests.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "algo/torus.h"
+
+namespace ddlfast {
+
+struct ElementRange {
+  std::size_t offset = 0;
+  std::size_t count = 0;
+};
+
+enum class PhaseKind : int { kReduceScatter = 0, kAllgather = 1 };
+
+struct RingStep {
+  ElementRange send;  // to the ring successor
+  ElementRange recv;  // from the ring predecessor: added in (reduce-scatter) or copied (allgather)
+};
+
+// All steps of one dimension's ring, in order. Within a phase, the range
+// received in step s is the range sent in step s+1, so a received chunk can
+// be forwarded as soon as it has been reduced (NCCL's recv-reduce-send).
+struct RingPhase {
+  PhaseKind kind = PhaseKind::kReduceScatter;
+  int dim = 0;
+  int successor = 0;
+  int predecessor = 0;
+  std::vector<RingStep> steps;
+};
+
+struct RingSchedule {
+  std::vector<RingPhase> phases;
+  // The slice this rank holds fully reduced between the two halves.
+  ElementRange owned;
+};
+
+// Block `index` of `parts` near-equal blocks of `segment` (sizes differ by at
+// most one element, larger blocks first), so no padding is ever needed.
+ElementRange block_of(ElementRange segment, int parts, int index);
+
+// Dimension i (dims[i] = d, coordinate c): reduce-scatter step s sends block
+// (c-s-1) mod d and receives block (c-s-2) mod d, so after d-1 steps the rank
+// owns block c, which is the segment of dimension i+1. The allgather runs the
+// dimensions in reverse: step s sends block (c-s) mod d and receives
+// (c-s-1) mod d. Dimensions of size 1 contribute no phase.
+RingSchedule build_ring_schedule(const Torus& torus, int rank, std::size_t count);
+
+}  // namespace ddlfast

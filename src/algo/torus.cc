@@ -1,0 +1,55 @@
+#include "algo/torus.h"
+
+#include <string>
+
+namespace ddlfast {
+
+Status Torus::make(const std::vector<int>& dims, int world_size, Torus* out) {
+  if (dims.empty()) return Status::invalid("ring dims are empty");
+  long long product = 1;
+  std::string shape;
+  for (int d : dims) {
+    if (d < 1) return Status::invalid("ring dimension " + std::to_string(d) + " is not >= 1");
+    product *= d;
+    shape += (shape.empty() ? "" : "x") + std::to_string(d);
+    if (product > (1LL << 30)) return Status::invalid("ring dims " + shape + "... are too large");
+  }
+  if (product != world_size) {
+    return Status::invalid("ring dims " + shape + " multiply to " + std::to_string(product) +
+                           " but the communicator has " + std::to_string(world_size) + " ranks");
+  }
+  Torus torus;
+  torus.dims_ = dims;
+  torus.world_size_ = world_size;
+  int stride = 1;
+  for (int d : dims) {
+    torus.strides_.push_back(stride);
+    stride *= d;
+  }
+  *out = std::move(torus);
+  return Status::ok();
+}
+
+std::vector<int> Torus::coords(int rank) const {
+  std::vector<int> result(dims_.size());
+  for (std::size_t i = 0; i < dims_.size(); ++i) {
+    result[i] = rank % dims_[i];
+    rank /= dims_[i];
+  }
+  return result;
+}
+
+int Torus::rank_of(const std::vector<int>& coords) const {
+  int rank = 0;
+  for (std::size_t i = 0; i < dims_.size(); ++i) rank += coords[i] * strides_[i];
+  return rank;
+}
+
+int Torus::neighbor(int rank, int dim, int delta) const {
+  std::vector<int> c = coords(rank);
+  const int d = dims_[dim];
+  c[dim] = ((c[dim] + delta) % d + d) % d;
+  return rank_of(c);
+}
+
+}  // namespace ddlfast

@@ -1,0 +1,44 @@
+// One status type for every C++ entry point; the Cython layer turns a failed
+// Status into ddlfast.DdlfastError.
+#pragma once
+
+#include <string>
+#include <utility>
+
+namespace ddlfast {
+
+enum class StatusCode : int {
+  kOk = 0,
+  kInvalidArgument = 1,
+  kMpiError = 2,
+  kTimeout = 3,
+  kInternal = 4,
+};
+
+class Status {
+ public:
+  Status() = default;
+  Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
+
+  static Status ok() { return Status(); }
+  static Status invalid(std::string message) {
+    return Status(StatusCode::kInvalidArgument, std::move(message));
+  }
+
+  bool is_ok() const { return code_ == StatusCode::kOk; }
+  StatusCode code() const { return code_; }
+  int code_int() const { return static_cast<int>(code_); }
+  const std::string& message() const { return message_; }
+
+ private:
+  StatusCode code_ = StatusCode::kOk;
+  std::string message_;
+};
+
+}  // namespace ddlfast
+
+#define DDLFAST_RETURN_IF_ERROR(expr)        \
+  do {                                       \
+    ::ddlfast::Status status_ = (expr);      \
+    if (!status_.is_ok()) return status_;    \
+  } while (0)

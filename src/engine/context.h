@@ -1,0 +1,30 @@
+// The one context object: owns the private communicator (transport) and one
+// engine per ring shape. Nothing else in the C++ core holds mutable state.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "engine/ring_allreduce.h"
+#include "transport/mpi_transport.h"
+
+namespace ddlfast {
+
+class Context {
+ public:
+  static Status create(MPI_Comm comm, std::unique_ptr<Context>* out);
+
+  int rank() const { return transport_->rank(); }
+  int size() const { return transport_->size(); }
+  MpiTransport& transport() { return *transport_; }
+
+  Status allreduce(void* data, std::size_t count, DType dtype, ReduceOp op, const std::vector<int>& dims,
+                   const EngineOptions& options);
+
+ private:
+  std::unique_ptr<MpiTransport> transport_;
+  std::map<std::vector<int>, std::unique_ptr<RingAllreduce>> engines_;
+};
+
+}  // namespace ddlfast

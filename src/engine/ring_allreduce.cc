@@ -1,0 +1,153 @@
+#include "engine/ring_allreduce.h"
+
+#include <algorithm>
+#include <string>
+
+#include "kernels/cpu_kernels.h"
+#include "transport/mpi_transport.h"
+
+namespace ddlfast {
+namespace {
+
+// One chunk of one step: the unit that is received, reduced and forwarded.
+struct ChunkItem {
+  int step;
+  std::size_t offset;  // elements
+  std::size_t count;
+};
+
+std::vector<ChunkItem> chunk_items(const RingPhase& phase, std::size_t chunk_elems) {
+  std::vector<ChunkItem> items;
+  for (int s = 0; s < static_cast<int>(phase.steps.size()); ++s) {
+    const ElementRange& recv = phase.steps[s].recv;
+    for (std::size_t done = 0; done < recv.count; done += chunk_elems) {
+      items.push_back({s, recv.offset + done, std::min(chunk_elems, recv.count - done)});
+    }
+  }
+  return items;
+}
+
+// Tags separate phases and steps so a fast rank's next-step chunks can never
+// match a slow rank's current-step receives.
+constexpr int kTagsPerPhase = 1 << 12;
+constexpr int kTagSpace = 1 << 15;  // MPI guarantees tags up to 32767
+int step_tag(int tag_base, int step) { return (tag_base + step) % kTagSpace; }
+
+// Posts step 0's sends (data this rank already holds) in chunks; later steps
+// are sent chunk by chunk as they arrive.
+Status send_first_step(Transport* transport, char* data, const RingPhase& phase, int tag, std::size_t esize,
+                       std::size_t chunk_elems) {
+  const ElementRange& first = phase.steps[0].send;
+  for (std::size_t done = 0; done < first.count; done += chunk_elems) {
+    const std::size_t n = std::min(chunk_elems, first.count - done);
+    RequestId ignored;
+    DDLFAST_RETURN_IF_ERROR(
+        transport->isend(data + (first.offset + done) * esize, n * esize, phase.successor, tag, &ignored));
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Status RingAllreduce::run(void* data, std::size_t count, DType dtype, ReduceOp op, const EngineOptions& options) {
+  const int world = torus_.world_size();
+  if (count == 0 || world == 1) return Status::ok();
+  const std::size_t esize = dtype_size(dtype);
+  const int divisor = op == ReduceOp::kAverage ? world : 1;
+  if (count * esize <= options.small_bytes) {
+    DDLFAST_RETURN_IF_ERROR(transport_->native_allreduce(data, count, dtype));
+    if (divisor != 1) {
+      // Tiny buffers only: one extra pass is cheaper than a custom MPI op per divisor.
+      std::vector<unsigned char> zeros(count * esize, 0);
+      reduce_into(dtype, data, zeros.data(), count, divisor);
+    }
+    return Status::ok();
+  }
+  const RingSchedule schedule = build_ring_schedule(torus_, transport_->rank(), count);
+  int last_reduce_scatter = -1;
+  for (int i = 0; i < static_cast<int>(schedule.phases.size()); ++i) {
+    if (schedule.phases[i].kind == PhaseKind::kReduceScatter) last_reduce_scatter = i;
+  }
+  char* bytes = static_cast<char*>(data);
+  for (int i = 0; i < static_cast<int>(schedule.phases.size()); ++i) {
+    const RingPhase& phase = schedule.phases[i];
+    const int tag_base = (i * kTagsPerPhase) % kTagSpace;
+    if (phase.kind == PhaseKind::kReduceScatter) {
+      const int final_divisor = i == last_reduce_scatter ? divisor : 1;
+      DDLFAST_RETURN_IF_ERROR(reduce_scatter_phase(bytes, phase, tag_base, dtype, final_divisor, options));
+    } else {
+      DDLFAST_RETURN_IF_ERROR(allgather_phase(bytes, phase, tag_base, dtype, options));
+    }
+  }
+  return Status::ok();
+}
+
+// Receives land in a ring of scratch slots; slot j is re-posted for chunk
+// j+W as soon as chunk j has been added into the data, and the reduced
+// chunk goes straight on to the successor as part of the next step.
+Status RingAllreduce::reduce_scatter_phase(char* data, const RingPhase& phase, int tag_base, DType dtype,
+                                           int final_divisor, const EngineOptions& options) {
+  const std::size_t esize = dtype_size(dtype);
+  const std::size_t chunk_elems = std::max<std::size_t>(1, options.chunk_bytes / esize);
+  const std::vector<ChunkItem> items = chunk_items(phase, chunk_elems);
+  const int slots = std::max(2, options.receives_in_flight);
+  const std::size_t slot_bytes = chunk_elems * esize;
+  if (scratch_.size() < slots * slot_bytes) scratch_.resize(slots * slot_bytes);
+  const int last_step = static_cast<int>(phase.steps.size()) - 1;
+
+  std::vector<RequestId> receives(items.size());
+  auto post_receive = [&](std::size_t index) {
+    const ChunkItem& item = items[index];
+    unsigned char* slot = scratch_.data() + (index % slots) * slot_bytes;
+    return transport_->irecv(slot, item.count * esize, phase.predecessor, step_tag(tag_base, item.step),
+                             &receives[index]);
+  };
+  for (std::size_t i = 0; i < items.size() && i < static_cast<std::size_t>(slots); ++i) {
+    DDLFAST_RETURN_IF_ERROR(post_receive(i));
+  }
+  // Step 0 sends this rank's own data, all of it at once.
+  DDLFAST_RETURN_IF_ERROR(send_first_step(transport_, data, phase, step_tag(tag_base, 0), esize, chunk_elems));
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const ChunkItem& item = items[i];
+    DDLFAST_RETURN_IF_ERROR(transport_->wait(receives[i]));
+    unsigned char* slot = scratch_.data() + (i % slots) * slot_bytes;
+    char* target = data + item.offset * esize;
+    reduce_into(dtype, target, slot, item.count, item.step == last_step ? final_divisor : 1);
+    if (i + slots < items.size()) DDLFAST_RETURN_IF_ERROR(post_receive(i + slots));
+    if (item.step < last_step) {
+      RequestId ignored;
+      DDLFAST_RETURN_IF_ERROR(transport_->isend(target, item.count * esize, phase.successor,
+                                                step_tag(tag_base, item.step + 1), &ignored));
+    }
+  }
+  return transport_->wait_all();
+}
+
+// Receives go straight into their final place; each received chunk is
+// forwarded to the successor as part of the next step.
+Status RingAllreduce::allgather_phase(char* data, const RingPhase& phase, int tag_base, DType dtype,
+                                      const EngineOptions& options) {
+  const std::size_t esize = dtype_size(dtype);
+  const std::size_t chunk_elems = std::max<std::size_t>(1, options.chunk_bytes / esize);
+  const std::vector<ChunkItem> items = chunk_items(phase, chunk_elems);
+  const int last_step = static_cast<int>(phase.steps.size()) - 1;
+  std::vector<RequestId> receives(items.size());
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const ChunkItem& item = items[i];
+    DDLFAST_RETURN_IF_ERROR(transport_->irecv(data + item.offset * esize, item.count * esize, phase.predecessor,
+                                              step_tag(tag_base, item.step), &receives[i]));
+  }
+  DDLFAST_RETURN_IF_ERROR(send_first_step(transport_, data, phase, step_tag(tag_base, 0), esize, chunk_elems));
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const ChunkItem& item = items[i];
+    DDLFAST_RETURN_IF_ERROR(transport_->wait(receives[i]));
+    if (item.step < last_step) {
+      RequestId ignored;
+      DDLFAST_RETURN_IF_ERROR(transport_->isend(data + item.offset * esize, item.count * esize, phase.successor,
+                                                step_tag(tag_base, item.step + 1), &ignored));
+    }
+  }
+  return transport_->wait_all();
+}
+
+}  // namespace ddlfast

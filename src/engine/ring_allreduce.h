@@ -1,0 +1,48 @@
+// Executes a RingSchedule on a Transport: each step is cut into chunks, a
+// window of receives stays in flight so reducing chunk j overlaps receiving
+// chunk j+1, and every reduced chunk is forwarded at once to the next step.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+#include "algo/ring_schedule.h"
+#include "common/dtype.h"
+#include "transport/transport.h"
+
+namespace ddlfast {
+
+struct EngineOptions {
+  std::size_t chunk_bytes = 512 * 1024;
+  int receives_in_flight = 4;  // scratch slots per reduce-scatter phase (>= 2)
+  // Buffers of at most this many bytes go to MPI_Allreduce (latency-bound
+  // sizes, where log(p) steps beat 2(p-1)). 0 disables the handoff.
+  std::size_t small_bytes = 0;
+};
+
+class MpiTransport;
+
+class RingAllreduce {
+ public:
+  RingAllreduce(MpiTransport* transport, Torus torus) : transport_(transport), torus_(std::move(torus)) {}
+
+  const Torus& torus() const { return torus_; }
+
+  // In-place allreduce of `count` elements; every rank passes the same
+  // count, dtype, op and options. Identical bits land on every rank because
+  // each element is reduced by exactly one rank and then copied.
+  Status run(void* data, std::size_t count, DType dtype, ReduceOp op, const EngineOptions& options);
+
+ private:
+  Status reduce_scatter_phase(char* data, const RingPhase& phase, int tag_base, DType dtype, int final_divisor,
+                              const EngineOptions& options);
+  Status allgather_phase(char* data, const RingPhase& phase, int tag_base, DType dtype,
+                         const EngineOptions& options);
+
+  MpiTransport* transport_;
+  Torus torus_;
+  std::vector<unsigned char> scratch_;  // persistent across calls
+};
+
+}  // namespace ddlfast

@@ -1,0 +1,30 @@
+// CPU arithmetic kernels. Each instruction-set variant fills one KernelTable;
+// best_kernels() picks the fastest the running CPU supports (chosen once).
+#pragma once
+
+#include <cstddef>
+
+#include "common/dtype.h"
+
+namespace ddlfast {
+
+// dst[i] = (dst[i] + src[i]) / divisor, in one pass. divisor == 1 is a plain
+// sum; floats multiply by 1/divisor, integers divide (truncating toward zero).
+// fp16/bf16 add in fp32 and round once.
+using ReduceFn = void (*)(void* dst, const void* src, std::size_t n, int divisor);
+
+struct KernelTable {
+  const char* name;
+  ReduceFn reduce[kNumDTypes];
+};
+
+const KernelTable& scalar_kernels();
+// nullptr when the build has no AVX2 variant or the CPU lacks AVX2/F16C.
+const KernelTable* avx2_kernels();
+const KernelTable& best_kernels();
+
+inline void reduce_into(DType dtype, void* dst, const void* src, std::size_t n, int divisor) {
+  best_kernels().reduce[static_cast<int>(dtype)](dst, src, n, divisor);
+}
+
+}  // namespace ddlfast

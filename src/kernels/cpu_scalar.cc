@@ -1,0 +1,32 @@
+// Portable kernels: plain C++ the compiler may vectorise with the baseline ISA.
+#include <type_traits>
+
+#include "kernels/cpu_kernels.h"
+#include "kernels/reduce_generic.h"
+
+namespace ddlfast {
+
+const KernelTable& scalar_kernels() {
+  static const KernelTable table = {
+      "scalar",
+      {
+          &generic::reduce_float<float>,
+          &generic::reduce_float<double>,
+          &generic::reduce_half_scalar<half_to_float, float_to_half>,
+          &generic::reduce_half_scalar<bfloat16_to_float, float_to_bfloat16>,
+          &generic::reduce_int<std::int32_t>,
+          &generic::reduce_int<std::int64_t>,
+      },
+  };
+  return table;
+}
+
+const KernelTable& best_kernels() {
+  static const KernelTable* chosen = [] {
+    const KernelTable* avx2 = avx2_kernels();
+    return avx2 != nullptr ? avx2 : &scalar_kernels();
+  }();
+  return *chosen;
+}
+
+}  // namespace ddlfast
