@@ -3,6 +3,7 @@
 """Bindings over the C++ core. Python objects are unpacked to raw pointers
 here; every loop that touches data runs in C++ with the GIL released."""
 
+from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from libc.stdint cimport uintptr_t
 from libc.stddef cimport size_t
 from libcpp.memory cimport unique_ptr
@@ -169,6 +170,23 @@ cdef class CoreContext:
             status = context.allreduce(<void*>data, count, <DType>dtype, <ReduceOp>op, dims_vector,
                                                   options)
         raise_on_error(status)
+
+    def allreduce_array(self, array, size_t count, int dtype, int op, dims, size_t chunk_bytes,
+                        int receives_in_flight, size_t small_bytes):
+        """allreduce() for one array that exports a writable C-contiguous buffer.
+
+        The latency path: taking the pointer through the buffer protocol costs a
+        fraction of a microsecond; raises BufferError when the array cannot.
+        """
+        cdef Py_buffer view
+        PyObject_GetBuffer(array, &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)
+        try:
+            if <size_t>view.len != count * <size_t>view.itemsize:
+                raise DdlfastError(f"buffer holds {view.len} bytes, expected {count} elements")
+            self.allreduce(<uintptr_t>view.buf, count, dtype, op, dims, chunk_bytes, receives_in_flight,
+                           small_bytes)
+        finally:
+            PyBuffer_Release(&view)
 
     def close(self):
         self.context.reset()

@@ -52,7 +52,8 @@ def fused_allreduce(
 
 def allreduce(array: np.ndarray, *, op: str = "sum", dims: object = None, comm: MPI.Comm | None = None) -> np.ndarray:
     """Allreduce one array in place and return it."""
-    return _context_for(comm).fused_allreduce([array], op=op, dims=dims)[0]
+    context = _default if comm is None and _default is not None else _context_for(comm)
+    return context.allreduce(array, op=op, dims=dims)
 
 
 def rank(comm: MPI.Comm | None = None) -> int:

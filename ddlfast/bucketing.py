@@ -8,27 +8,27 @@ at `first_bucket_bytes` so communication can start early.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
 class Bucket:
-    dtype: str
+    dtype: Hashable  # a dtype name or np.dtype: only compared for equality
     indices: tuple[int, ...]  # positions in the caller's list
     nbytes: int
 
 
 def assign_buckets(
-    dtypes: Sequence[str], nbytes: Sequence[int], bucket_bytes: int, first_bucket_bytes: int | None = None
+    dtypes: Sequence[Hashable], nbytes: Sequence[int], bucket_bytes: int, first_bucket_bytes: int | None = None
 ) -> list[Bucket]:
     if len(dtypes) != len(nbytes):
         raise ValueError("dtypes and nbytes differ in length")
     if bucket_bytes < 1:
         raise ValueError("bucket_bytes must be >= 1")
     first_cap = bucket_bytes if first_bucket_bytes is None else max(1, first_bucket_bytes)
-    open_buckets: dict[str, tuple[list[int], int]] = {}
-    caps: dict[str, int] = {}
+    open_buckets: dict[Hashable, tuple[list[int], int]] = {}
+    caps: dict[Hashable, int] = {}
     buckets: list[Bucket] = []
     for index in reversed(range(len(dtypes))):
         dtype, size = dtypes[index], nbytes[index]

@@ -3,7 +3,7 @@ refusing anything that could be read or written wrongly."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -11,17 +11,12 @@ from ddlfast.dtypes import dtype_code
 from ddlfast.errors import DdlfastError
 
 
-@dataclass(frozen=True)
-class HostBuffer:
+class HostBuffer(NamedTuple):  # a tuple: built on every call, so kept cheap
     array: np.ndarray  # kept so the memory stays alive while in use
     pointer: int
     count: int
+    nbytes: int
     dtype_code: int
-    dtype_name: str
-
-    @property
-    def nbytes(self) -> int:
-        return self.array.nbytes
 
 
 def host_buffer(array: object, where: str) -> HostBuffer:
@@ -31,11 +26,9 @@ def host_buffer(array: object, where: str) -> HostBuffer:
         hint = " (CuPy/CUDA arrays need a CUDA build)" if hasattr(array, "__cuda_array_interface__") else ""
         raise DdlfastError(f"{where} is a {kind}, not a NumPy array{hint}")
     code = dtype_code(array.dtype, where)
-    if not array.flags.c_contiguous:
+    flags = array.flags
+    if not flags.c_contiguous:
         raise DdlfastError(f"{where} is not C-contiguous (strides {array.strides}); pass np.ascontiguousarray(...)")
-    if not array.flags.writeable:
+    if not flags.writeable:
         raise DdlfastError(f"{where} is read-only; ddlfast reduces in place and needs a writable array")
-    if not array.dtype.isnative:
-        raise DdlfastError(f"{where} has non-native byte order {array.dtype.str}")
-    pointer = array.__array_interface__["data"][0]
-    return HostBuffer(array, pointer, array.size, code, array.dtype.name)
+    return HostBuffer(array, array.ctypes.data, array.size, array.nbytes, code)

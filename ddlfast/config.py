@@ -99,8 +99,33 @@ class Settings:
     compression: str
 
 
+_VARIABLES = (
+    "DDLFAST_COMPRESSION", "DDLFAST_BUCKET_BYTES", "DDLFAST_FIRST_BUCKET_BYTES", "DDLFAST_CHUNK_BYTES",
+    "DDLFAST_SMALL_BYTES", "DDLFAST_RECEIVES_IN_FLIGHT", "DDLFAST_RING_DIMS", "DDLFAST_TIMEOUT_S",
+)
+_cache: tuple[tuple, Settings] | None = None
+# os.environ.get encodes and checks every key on every call (~1 us each); the
+# plain dict of bytes behind it (CPython's os.environ._data) changes with it
+# and is read in nanoseconds. Falls back to os.environ where it is absent.
+_RAW_ENVIRON = getattr(os.environ, "_data", None)
+_RAW_KEYS = tuple(name.encode() for name in _VARIABLES)
+
+
 def load_settings() -> Settings:
-    """Read and validate every DDLFAST_* variable (cheap; called per collective)."""
+    """The current settings; parsed again only when a DDLFAST_* variable changed."""
+    global _cache
+    if isinstance(_RAW_ENVIRON, dict):
+        raw = tuple(map(_RAW_ENVIRON.get, _RAW_KEYS))
+    else:
+        raw = tuple(map(os.environ.get, _VARIABLES))
+    if _cache is not None and _cache[0] == raw:
+        return _cache[1]
+    settings = _parse_settings()
+    _cache = (raw, settings)
+    return settings
+
+
+def _parse_settings() -> Settings:
     compression = os.environ.get("DDLFAST_COMPRESSION", "none").strip().lower() or "none"
     if compression != "none":
         raise DdlfastError(f"DDLFAST_COMPRESSION={compression!r} is not supported by this build; use 'none'")

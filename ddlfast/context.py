@@ -16,9 +16,12 @@ from ddlfast import _core
 from ddlfast.bucketing import assign_buckets
 from ddlfast.buffers import HostBuffer, host_buffer
 from ddlfast.config import Settings, load_settings, parse_dims
+from ddlfast.dtypes import DTYPE_CODES
 from ddlfast.errors import DdlfastError
 
 OPS = {"sum": 0, "average": 1}
+# dtypes whose NumPy arrays export a typed buffer (the fast single-array path).
+_FAST_DTYPES = {np.dtype(name): code for name, code in DTYPE_CODES.items() if name != "bfloat16"}
 
 
 class Context:
@@ -31,7 +34,8 @@ class Context:
         self._core = _core.CoreContext(comm)
         self._control = comm.Dup()  # small agreement messages, apart from the data path
         self._fused: dict[str, np.ndarray] = {}
-        self._agreed: set[bytes] = set()
+        self._agreed: set[tuple] = set()
+        self._dims_cache: dict[tuple, tuple[int, ...]] = {}
         self._lock = threading.Lock()
         self._closed = False
 
@@ -61,6 +65,18 @@ class Context:
             raise DdlfastError("this ddlfast context is closed")
 
     def _resolve_dims(self, dims: object, settings: Settings) -> tuple[int, ...]:
+        try:
+            return self._dims_cache[(dims, settings.ring_dims)]
+        except (KeyError, TypeError):  # TypeError: unhashable dims such as a list
+            pass
+        resolved = self._resolve_dims_uncached(dims, settings)
+        try:
+            self._dims_cache[(dims, settings.ring_dims)] = resolved
+        except TypeError:
+            pass
+        return resolved
+
+    def _resolve_dims_uncached(self, dims: object, settings: Settings) -> tuple[int, ...]:
         chosen = settings.ring_dims if dims is None else parse_dims(dims)
         if chosen in ("flat", "auto"):  # auto == flat until topology detection lands
             return (self.size,)
@@ -83,18 +99,42 @@ class Context:
         A mismatch would otherwise hang the ring or corrupt results; this way
         every rank raises the same error naming who passed what.
         """
-        layout = repr((op, dims, [(b.dtype_name, b.array.shape) for b in buffers])).encode()
-        digest = hashlib.blake2b(layout, digest_size=16).digest()
-        if digest in self._agreed:
+        layout = (op, dims, tuple((b.array.dtype, b.array.shape) for b in buffers))
+        if layout in self._agreed:
             return
+        digest = hashlib.blake2b(repr(layout).encode(), digest_size=16).digest()
         digests = self._control.allgather(digest)
         if all(d == digest for d in digests):
-            self._agreed.add(digest)
+            if len(self._agreed) >= 4096:  # bounded: layouts that never repeat must not grow memory
+                self._agreed.clear()
+            self._agreed.add(layout)
             return
         descriptions = self._control.allgather(_describe_layout(buffers, op, dims))
         raise DdlfastError(_disagreement_message(descriptions))
 
     # -- collectives ---------------------------------------------------------------------------------------------
+
+    def allreduce(self, array: np.ndarray, *, op: str = "sum", dims: object = None) -> np.ndarray:
+        """One array: the latency-sensitive path, with the per-call Python work kept to a minimum."""
+        code = _FAST_DTYPES.get(array.dtype) if type(array) is np.ndarray else None
+        if code is None or op not in OPS or array.dtype.byteorder == ">":
+            return self.fused_allreduce([array], op=op, dims=dims)[0]  # general path, full error messages
+        self._check_open()
+        settings = load_settings()
+        ring_dims = self._resolve_dims(dims, settings)
+        layout = (op, ring_dims, ((array.dtype, array.shape),))
+        with self._lock:
+            self._check_open()
+            if layout not in self._agreed:
+                self._agree([host_buffer(array, f"array 0 on rank {self.rank}")], op, ring_dims)
+            self._core.set_timeout(settings.timeout_s)
+            try:
+                self._core.allreduce_array(array, array.size, code, OPS[op], ring_dims, settings.chunk_bytes,
+                                           settings.receives_in_flight, settings.small_bytes)
+            except BufferError:
+                host_buffer(array, f"array 0 on rank {self.rank}")  # raises the precise DdlfastError
+                raise
+        return array
 
     def fused_allreduce(self, arrays: Sequence[np.ndarray], *, op: str = "sum", dims: object = None) -> list:
         self._check_open()
@@ -111,8 +151,11 @@ class Context:
             self._check_open()
             self._core.set_timeout(settings.timeout_s)
             self._agree(buffers, op, ring_dims)
+            if len(buffers) == 1:
+                self._reduce_bucket(buffers, OPS[op], ring_dims, settings)
+                return list(arrays)
             buckets = assign_buckets(
-                [b.dtype_name for b in buffers], [b.nbytes for b in buffers],
+                [b.array.dtype for b in buffers], [b.nbytes for b in buffers],
                 settings.bucket_bytes, settings.first_bucket_bytes,
             )
             for bucket in buckets:
@@ -137,7 +180,7 @@ class Context:
 
 
 def _describe_layout(buffers: Sequence[HostBuffer], op: str, dims: tuple[int, ...]) -> dict:
-    return {"op": op, "dims": dims, "arrays": [(b.dtype_name, tuple(b.array.shape)) for b in buffers]}
+    return {"op": op, "dims": dims, "arrays": [(b.array.dtype.name, tuple(b.array.shape)) for b in buffers]}
 
 
 def _disagreement_message(descriptions: list[dict]) -> str:

@@ -18,10 +18,17 @@ DTYPE_CODES: dict[str, int] = {
 SUPPORTED = tuple(DTYPE_CODES)
 
 
+_codes_by_dtype: dict[np.dtype, int] = {}
+
+
 def dtype_code(dtype: np.dtype, where: str) -> int:
-    """The core's code for a NumPy dtype (bfloat16 from ml_dtypes or torch too)."""
-    name = np.dtype(dtype).name if not isinstance(dtype, str) else dtype
-    code = DTYPE_CODES.get(name)
+    """The core's code for a NumPy dtype (bfloat16 from ml_dtypes too)."""
+    code = _codes_by_dtype.get(dtype)
+    if code is not None:
+        return code
+    name = np.dtype(dtype).name
+    code = DTYPE_CODES.get(name) if np.dtype(dtype).isnative else None
     if code is None:
         raise DdlfastError(f"{where} has dtype {name}, which ddlfast cannot reduce; supported: {', '.join(SUPPORTED)}")
+    _codes_by_dtype[np.dtype(dtype)] = code
     return code

@@ -68,7 +68,8 @@ def check_case(comm, dims, dtype_name: str, count: int, op: str, case: int) -> s
     error = np.abs(got - expected)
     if np.any(error > tolerance):
         worst = int(np.argmax(error - tolerance))
-        return f"float error {error[worst]:.3g} > {tolerance[worst]:.3g} at {worst} (got {got[worst]}, expected {expected[worst]})"
+        return (f"float error {error[worst]:.3g} > {tolerance[worst]:.3g} at {worst} "
+                f"(got {got[worst]}, expected {expected[worst]})")
     return None
 
 

@@ -31,7 +31,7 @@ def expect_error(name: str, call, *needles: str, arrays=()) -> None:
         failures.append(f"rank {rank} {name}: raised {type(error).__name__}: {error}")
     else:
         failures.append(f"rank {rank} {name}: no error raised")
-    for original, now in zip(before, arrays):
+    for original, now in zip(before, arrays, strict=True):
         if not np.array_equal(original, now):
             failures.append(f"rank {rank} {name}: array was modified although the call failed")
 
