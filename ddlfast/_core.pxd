@@ -85,7 +85,7 @@ cdef extern from "engine/context.h" namespace "ddlfast" nogil:
         int size()
         MpiTransport& transport()
         Status allreduce(void* data, size_t count, DType dtype, ReduceOp op, const vector[int]& dims,
-                         const EngineOptions& options)
+                         const vector[int]& order, const EngineOptions& options)
 
 
 cdef extern from "common/cuda_info.h" namespace "ddlfast" nogil:

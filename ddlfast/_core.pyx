@@ -157,9 +157,13 @@ cdef class CoreContext:
         self.get().transport().set_timeout(seconds)
 
     def allreduce(self, uintptr_t data, size_t count, int dtype, int op, dims, size_t chunk_bytes,
-                  int receives_in_flight, size_t small_bytes):
-        """In-place allreduce of a raw buffer; the caller validated everything."""
+                  int receives_in_flight, size_t small_bytes, order=()):
+        """In-place allreduce of a raw buffer; the caller validated everything.
+
+        order: communicator rank of each torus position (empty: identity).
+        """
         cdef vector[int] dims_vector = to_dims(dims)
+        cdef vector[int] order_vector = to_dims(order)
         cdef EngineOptions options
         options.chunk_bytes = chunk_bytes
         options.receives_in_flight = receives_in_flight
@@ -168,11 +172,11 @@ cdef class CoreContext:
         cdef Context* context = self.get()
         with nogil:
             status = context.allreduce(<void*>data, count, <DType>dtype, <ReduceOp>op, dims_vector,
-                                                  options)
+                                       order_vector, options)
         raise_on_error(status)
 
     def allreduce_array(self, array, size_t count, int dtype, int op, dims, size_t chunk_bytes,
-                        int receives_in_flight, size_t small_bytes):
+                        int receives_in_flight, size_t small_bytes, order=()):
         """allreduce() for one array that exports a writable C-contiguous buffer.
 
         The latency path: taking the pointer through the buffer protocol costs a
@@ -184,7 +188,7 @@ cdef class CoreContext:
             if <size_t>view.len != count * <size_t>view.itemsize:
                 raise DdlfastError(f"buffer holds {view.len} bytes, expected {count} elements")
             self.allreduce(<uintptr_t>view.buf, count, dtype, op, dims, chunk_bytes, receives_in_flight,
-                           small_bytes)
+                           small_bytes, order)
         finally:
             PyBuffer_Release(&view)
 

@@ -10,12 +10,13 @@ Status Context::create(MPI_Comm comm, std::unique_ptr<Context>* out) {
 }
 
 Status Context::allreduce(void* data, std::size_t count, DType dtype, ReduceOp op, const std::vector<int>& dims,
-                          const EngineOptions& options) {
-  auto found = engines_.find(dims);
+                          const std::vector<int>& order, const EngineOptions& options) {
+  auto key = std::make_pair(dims, order);
+  auto found = engines_.find(key);
   if (found == engines_.end()) {
-    Torus torus;
-    DDLFAST_RETURN_IF_ERROR(Torus::make(dims, transport_->size(), &torus));
-    found = engines_.emplace(dims, std::make_unique<RingAllreduce>(transport_.get(), std::move(torus))).first;
+    std::unique_ptr<RingAllreduce> engine;
+    DDLFAST_RETURN_IF_ERROR(RingAllreduce::create(transport_.get(), dims, order, &engine));
+    found = engines_.emplace(std::move(key), std::move(engine)).first;
   }
   return found->second->run(data, count, dtype, op, options);
 }

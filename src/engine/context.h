@@ -19,12 +19,13 @@ class Context {
   int size() const { return transport_->size(); }
   MpiTransport& transport() { return *transport_; }
 
+  // `order`: torus position -> rank (empty: identity); see RingAllreduce.
   Status allreduce(void* data, std::size_t count, DType dtype, ReduceOp op, const std::vector<int>& dims,
-                   const EngineOptions& options);
+                   const std::vector<int>& order, const EngineOptions& options);
 
  private:
   std::unique_ptr<MpiTransport> transport_;
-  std::map<std::vector<int>, std::unique_ptr<RingAllreduce>> engines_;
+  std::map<std::pair<std::vector<int>, std::vector<int>>, std::unique_ptr<RingAllreduce>> engines_;
 };
 
 }  // namespace ddlfast

@@ -49,6 +49,30 @@ Status send_first_step(Transport* transport, char* data, const RingPhase& phase,
 
 }  // namespace
 
+Status RingAllreduce::create(MpiTransport* transport, const std::vector<int>& dims, const std::vector<int>& order,
+                             std::unique_ptr<RingAllreduce>* out) {
+  const int world = transport->size();
+  Torus torus;
+  DDLFAST_RETURN_IF_ERROR(Torus::make(dims, world, &torus));
+  std::vector<int> full_order = order;
+  if (full_order.empty()) {
+    for (int r = 0; r < world; ++r) full_order.push_back(r);
+  }
+  if (static_cast<int>(full_order.size()) != world) {
+    return Status::invalid("rank order has " + std::to_string(full_order.size()) + " entries for " +
+                           std::to_string(world) + " ranks");
+  }
+  std::vector<int> seen(world, 0);
+  int position = -1;
+  for (int v = 0; v < world; ++v) {
+    const int r = full_order[v];
+    if (r < 0 || r >= world || seen[r]++) return Status::invalid("rank order is not a permutation of the ranks");
+    if (r == transport->rank()) position = v;
+  }
+  out->reset(new RingAllreduce(transport, std::move(torus), std::move(full_order), position));
+  return Status::ok();
+}
+
 Status RingAllreduce::run(void* data, std::size_t count, DType dtype, ReduceOp op, const EngineOptions& options) {
   const int world = torus_.world_size();
   if (count == 0 || world == 1) return Status::ok();
@@ -63,7 +87,11 @@ Status RingAllreduce::run(void* data, std::size_t count, DType dtype, ReduceOp o
     }
     return Status::ok();
   }
-  const RingSchedule schedule = build_ring_schedule(torus_, transport_->rank(), count);
+  RingSchedule schedule = build_ring_schedule(torus_, position_, count);
+  for (RingPhase& phase : schedule.phases) {  // torus positions -> communicator ranks
+    phase.successor = order_[phase.successor];
+    phase.predecessor = order_[phase.predecessor];
+  }
   int last_reduce_scatter = -1;
   for (int i = 0; i < static_cast<int>(schedule.phases.size()); ++i) {
     if (schedule.phases[i].kind == PhaseKind::kReduceScatter) last_reduce_scatter = i;

@@ -25,7 +25,11 @@ class MpiTransport;
 
 class RingAllreduce {
  public:
-  RingAllreduce(MpiTransport* transport, Torus torus) : transport_(transport), torus_(std::move(torus)) {}
+  // `order[v]` is the communicator rank that plays torus position v, so a
+  // topology-aware caller can keep each dimension-1 ring on one host even when
+  // the launcher did not place ranks host-contiguously. Empty: identity.
+  static Status create(MpiTransport* transport, const std::vector<int>& dims, const std::vector<int>& order,
+                       std::unique_ptr<RingAllreduce>* out);
 
   const Torus& torus() const { return torus_; }
 
@@ -40,8 +44,13 @@ class RingAllreduce {
   Status allgather_phase(char* data, const RingPhase& phase, int tag_base, DType dtype,
                          const EngineOptions& options);
 
+  RingAllreduce(MpiTransport* transport, Torus torus, std::vector<int> order, int position)
+      : transport_(transport), torus_(std::move(torus)), order_(std::move(order)), position_(position) {}
+
   MpiTransport* transport_;
   Torus torus_;
+  std::vector<int> order_;  // torus position -> communicator rank
+  int position_;            // this rank's torus position
   std::vector<unsigned char> scratch_;  // persistent across calls
 };
 
