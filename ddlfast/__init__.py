@@ -8,24 +8,34 @@ from __future__ import annotations
 
 from ddlfast.api import (
     allreduce,
+    allreduce_async,
+    broadcast,
     build_info,
     default_context,
     fused_allreduce,
+    fused_allreduce_async,
     has_cuda,
     rank,
     size,
 )
 from ddlfast.context import Context
 from ddlfast.errors import DdlfastError, DdlfastTimeoutError
+from ddlfast.fusion import FusedBuffer
+from ddlfast.worker import Handle
 
 __all__ = [
     "Context",
     "DdlfastError",
     "DdlfastTimeoutError",
+    "FusedBuffer",
+    "Handle",
     "allreduce",
+    "allreduce_async",
+    "broadcast",
     "build_info",
     "default_context",
     "fused_allreduce",
+    "fused_allreduce_async",
     "has_cuda",
     "rank",
     "size",

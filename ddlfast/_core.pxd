@@ -60,10 +60,17 @@ cdef extern from "algo/ring_schedule.h" namespace "ddlfast" nogil:
 
 
 cdef extern from "engine/ring_allreduce.h" namespace "ddlfast" nogil:
+    cdef struct PhaseEvent:
+        int kind
+        int dim
+        double start_s
+        double end_s
+        size_t bytes
     cdef struct EngineOptions:
         size_t chunk_bytes
         int receives_in_flight
         size_t small_bytes
+        vector[PhaseEvent]* events
 
 
 cdef extern from "engine/pack.h" namespace "ddlfast" nogil:

@@ -12,7 +12,7 @@ from mpi4py cimport MPI
 from mpi4py.libmpi cimport MPI_COMM_NULL
 
 from ddlfast._core cimport (
-    Context, DType, ElementRange, EngineOptions, KernelTable, PhaseKind, ReduceOp, RingPhase,
+    Context, DType, ElementRange, EngineOptions, KernelTable, PhaseEvent, PhaseKind, ReduceOp, RingPhase,
     RingSchedule, RingStep, Status, Torus, avx2_kernels, best_kernels, build_ring_schedule,
     cuda_compiled, cuda_version_string, mpi_library_version, pack, scalar_kernels, unpack,
 )
@@ -132,6 +132,8 @@ cdef class CoreContext:
     """Owns the C++ Context: a private duplicate of `comm` and its engines."""
 
     cdef unique_ptr[Context] context
+    cdef vector[PhaseEvent] events
+    cdef public bint record_events
 
     def __cinit__(self, MPI.Comm comm not None):
         if comm.ob_mpi == MPI_COMM_NULL:
@@ -168,6 +170,7 @@ cdef class CoreContext:
         options.chunk_bytes = chunk_bytes
         options.receives_in_flight = receives_in_flight
         options.small_bytes = small_bytes
+        options.events = &self.events if self.record_events else NULL
         cdef Status status
         cdef Context* context = self.get()
         with nogil:
@@ -191,6 +194,13 @@ cdef class CoreContext:
                            small_bytes, order)
         finally:
             PyBuffer_Release(&view)
+
+    def take_events(self):
+        """Phase events recorded since the last call: [(kind, dim, start_s, end_s, bytes)]."""
+        names = ("reduce_scatter", "allgather", "mpi_allreduce")
+        taken = [(names[e.kind], e.dim, e.start_s, e.end_s, e.bytes) for e in self.events]
+        self.events.clear()
+        return taken
 
     def close(self):
         self.context.reset()

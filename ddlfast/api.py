@@ -13,6 +13,7 @@ from mpi4py import MPI
 from ddlfast import _core, config
 from ddlfast.context import Context
 from ddlfast.errors import DdlfastError
+from ddlfast.worker import Handle
 
 _default: Context | None = None
 _by_comm: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -54,6 +55,28 @@ def allreduce(array: np.ndarray, *, op: str = "sum", dims: object = None, comm: 
     """Allreduce one array in place and return it."""
     context = _default if comm is None and _default is not None else _context_for(comm)
     return context.allreduce(array, op=op, dims=dims)
+
+
+def fused_allreduce_async(
+    arrays: Sequence[np.ndarray], *, op: str = "sum", dims: object = None, comm: MPI.Comm | None = None
+) -> Handle:
+    """Like fused_allreduce, on the context's communication thread; returns a Handle.
+
+    Do not read or write the arrays until handle.wait() returns. Several
+    handles may be outstanding; they complete in submission order.
+    """
+    return _context_for(comm).fused_allreduce_async(arrays, op=op, dims=dims)
+
+
+def allreduce_async(array: np.ndarray, *, op: str = "sum", dims: object = None,
+                    comm: MPI.Comm | None = None) -> Handle:
+    """Like allreduce, asynchronously; handle.wait() returns the array."""
+    return _context_for(comm).allreduce_async(array, op=op, dims=dims)
+
+
+def broadcast(array: np.ndarray, root: int = 0, comm: MPI.Comm | None = None) -> np.ndarray:
+    """Overwrite every rank's array with root's, in place (same shape and dtype on all ranks)."""
+    return _context_for(comm).broadcast(array, root=root)
 
 
 def rank(comm: MPI.Comm | None = None) -> int:

@@ -1,27 +1,44 @@
-"""The Python-side context: one per communicator, owning the compiled core
+"""The Python-side context: one per communicator. It owns the compiled core
 context (private duplicate communicator, engines), the persistent fused
-buffers and the cache of agreed layouts. No hidden state beyond the default
-context for COMM_WORLD, created on first use."""
+buffers, the agreement cache, the timeline and, once asynchronous calls are
+used, one communication thread. No hidden state beyond the default context
+for COMM_WORLD, created on first use."""
 
 from __future__ import annotations
 
-import hashlib
 import threading
+import time
 from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 from mpi4py import MPI
 
 from ddlfast import _core
+from ddlfast.agreement import Agreement, layout_of
 from ddlfast.bucketing import assign_buckets
 from ddlfast.buffers import HostBuffer, host_buffer
 from ddlfast.config import Settings, load_settings, parse_dims
 from ddlfast.dtypes import DTYPE_CODES
 from ddlfast.errors import DdlfastError
+from ddlfast.fusion import FusedBuffers, pack, unpack
+from ddlfast.timeline import Timeline
+from ddlfast.worker import CommThread, Handle
 
 OPS = {"sum": 0, "average": 1}
 # dtypes whose NumPy arrays export a typed buffer (the fast single-array path).
 _FAST_DTYPES = {np.dtype(name): code for name, code in DTYPE_CODES.items() if name != "bfloat16"}
+CLOSE_TIMEOUT_S = 60.0
+
+
+class _Request(NamedTuple):
+    """A validated collective, ready to run on any thread."""
+
+    buffers: list[HostBuffer]
+    op: str
+    dims: tuple[int, ...]
+    settings: Settings
+    result: Any
 
 
 class Context:
@@ -33,9 +50,13 @@ class Context:
             raise DdlfastError(f"comm must be an mpi4py communicator, not {type(comm).__name__}")
         self._core = _core.CoreContext(comm)
         self._control = comm.Dup()  # small agreement messages, apart from the data path
-        self._fused: dict[str, np.ndarray] = {}
-        self._agreed: set[tuple] = set()
+        self._agreement = Agreement(self._control)
+        self._fused = FusedBuffers()
         self._dims_cache: dict[tuple, tuple[int, ...]] = {}
+        self._rank_order: tuple[int, ...] = ()  # torus position -> rank; () is identity
+        self._timeline = Timeline.from_env(self._core.rank)
+        self._core.record_events = self._timeline is not None
+        self._worker: CommThread | None = None
         self._lock = threading.Lock()
         self._closed = False
 
@@ -48,15 +69,22 @@ class Context:
         return self._core.size
 
     def close(self) -> None:
-        """Free the private communicators; the context cannot be used afterwards."""
+        """Finish submitted work, then free the private communicators.
+
+        Handles that completed before close() keep their results; nothing can
+        be submitted afterwards.
+        """
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+        drained = self._worker.close(CLOSE_TIMEOUT_S) if self._worker is not None else True
+        if self._timeline is not None:
+            self._timeline.flush()
+        if drained and not MPI.Is_finalized():
             self._core.close()
-            if not MPI.Is_finalized():
-                self._control.Free()
-            self._fused.clear()
+            self._control.Free()
+        self._fused.clear()
 
     # -- helpers -----------------------------------------------------------------------------------------------
 
@@ -86,57 +114,8 @@ class Context:
             raise DdlfastError(f"ring dims {shape} multiply to {product} but the communicator has {self.size} ranks")
         return chosen
 
-    def _fused_buffer(self, dtype: np.dtype, count: int) -> np.ndarray:
-        current = self._fused.get(dtype.name)
-        if current is None or current.size < count:
-            current = np.empty(max(count, 1), dtype=dtype)
-            self._fused[dtype.name] = current
-        return current[:count]
-
-    def _agree(self, buffers: Sequence[HostBuffer], op: str, dims: tuple[int, ...]) -> None:
-        """Verify once per layout that every rank passed the same arrays, op and dims.
-
-        A mismatch would otherwise hang the ring or corrupt results; this way
-        every rank raises the same error naming who passed what.
-        """
-        layout = (op, dims, tuple((b.array.dtype, b.array.shape) for b in buffers))
-        if layout in self._agreed:
-            return
-        digest = hashlib.blake2b(repr(layout).encode(), digest_size=16).digest()
-        digests = self._control.allgather(digest)
-        if all(d == digest for d in digests):
-            if len(self._agreed) >= 4096:  # bounded: layouts that never repeat must not grow memory
-                self._agreed.clear()
-            self._agreed.add(layout)
-            return
-        descriptions = self._control.allgather(_describe_layout(buffers, op, dims))
-        raise DdlfastError(_disagreement_message(descriptions))
-
-    # -- collectives ---------------------------------------------------------------------------------------------
-
-    def allreduce(self, array: np.ndarray, *, op: str = "sum", dims: object = None) -> np.ndarray:
-        """One array: the latency-sensitive path, with the per-call Python work kept to a minimum."""
-        code = _FAST_DTYPES.get(array.dtype) if type(array) is np.ndarray else None
-        if code is None or op not in OPS or array.dtype.byteorder == ">":
-            return self.fused_allreduce([array], op=op, dims=dims)[0]  # general path, full error messages
-        self._check_open()
-        settings = load_settings()
-        ring_dims = self._resolve_dims(dims, settings)
-        layout = (op, ring_dims, ((array.dtype, array.shape),))
-        with self._lock:
-            self._check_open()
-            if layout not in self._agreed:
-                self._agree([host_buffer(array, f"array 0 on rank {self.rank}")], op, ring_dims)
-            self._core.set_timeout(settings.timeout_s)
-            try:
-                self._core.allreduce_array(array, array.size, code, OPS[op], ring_dims, settings.chunk_bytes,
-                                           settings.receives_in_flight, settings.small_bytes)
-            except BufferError:
-                host_buffer(array, f"array 0 on rank {self.rank}")  # raises the precise DdlfastError
-                raise
-        return array
-
-    def fused_allreduce(self, arrays: Sequence[np.ndarray], *, op: str = "sum", dims: object = None) -> list:
+    def _prepare(self, arrays: Sequence[np.ndarray], op: str, dims: object, result: Any) -> _Request:
+        """Validate on the caller's thread, so bad input raises where it was passed."""
         self._check_open()
         if op not in OPS:
             raise DdlfastError(f"op={op!r} is not one of {', '.join(OPS)}")
@@ -147,62 +126,129 @@ class Context:
         settings = load_settings()
         ring_dims = self._resolve_dims(dims, settings)
         buffers = [host_buffer(array, f"array {i} on rank {self.rank}") for i, array in enumerate(arrays)]
+        return _Request(buffers, op, ring_dims, settings, list(arrays) if result is None else result)
+
+    def _ensure_worker(self) -> CommThread:
         with self._lock:
             self._check_open()
+            if self._worker is None:
+                self._worker = CommThread(f"ddlfast-comm-rank{self.rank}")
+            return self._worker
+
+    def _run_now_or_in_order(self, request: _Request) -> Any:
+        """Synchronous calls run inline until a communication thread exists, then
+        queue behind the asynchronous ones so every rank keeps one order."""
+        if self._worker is not None and not self._worker.on_thread():
+            return self._wait(self._worker.submit(lambda: self._execute(request), "fused_allreduce"))
+        with self._lock:
+            self._check_open()
+            return self._execute(request)
+
+    def _wait(self, handle: Handle) -> Any:
+        if self._timeline is None:
+            return handle.wait()
+        start = time.perf_counter()
+        try:
+            return handle.wait()
+        finally:
+            self._timeline.add("wait", start, time.perf_counter(), thread="caller")
+
+    # -- collectives ---------------------------------------------------------------------------------------------
+
+    def allreduce(self, array: np.ndarray, *, op: str = "sum", dims: object = None) -> np.ndarray:
+        """One array: the latency-sensitive path, with the per-call Python work kept to a minimum."""
+        code = _FAST_DTYPES.get(array.dtype) if type(array) is np.ndarray else None
+        if code is None or op not in OPS or self._worker is not None or self._timeline is not None:
+            return self.fused_allreduce([array], op=op, dims=dims)[0]  # general path, full error messages
+        self._check_open()
+        settings = load_settings()
+        ring_dims = self._resolve_dims(dims, settings)
+        layout = (op, ring_dims, ((array.dtype, array.shape),))
+        with self._lock:
+            self._check_open()
+            if not self._agreement.known(layout):
+                self._agreement.check(layout)
             self._core.set_timeout(settings.timeout_s)
-            self._agree(buffers, op, ring_dims)
-            if len(buffers) == 1:
-                self._reduce_bucket(buffers, OPS[op], ring_dims, settings)
-                return list(arrays)
+            try:
+                self._core.allreduce_array(array, array.size, code, OPS[op], ring_dims, settings.chunk_bytes,
+                                           settings.receives_in_flight, settings.small_bytes, self._rank_order)
+            except BufferError:
+                host_buffer(array, f"array 0 on rank {self.rank}")  # raises the precise DdlfastError
+                raise
+        return array
+
+    def fused_allreduce(self, arrays: Sequence[np.ndarray], *, op: str = "sum", dims: object = None) -> list:
+        return self._run_now_or_in_order(self._prepare(arrays, op, dims, None))
+
+    def fused_allreduce_async(self, arrays: Sequence[np.ndarray], *, op: str = "sum", dims: object = None,
+                              result: Any = None) -> Handle:
+        """Queue the collective on the communication thread; wait() returns the list (or `result`)."""
+        request = self._prepare(arrays, op, dims, result)
+        return self._ensure_worker().submit(lambda: self._execute(request), f"fused_allreduce of {len(arrays)} arrays")
+
+    def allreduce_async(self, array: np.ndarray, *, op: str = "sum", dims: object = None) -> Handle:
+        """Queue one array; wait() returns the array."""
+        return self.fused_allreduce_async([array], op=op, dims=dims, result=array)
+
+    def broadcast(self, array: np.ndarray, root: int = 0) -> np.ndarray:
+        """Copy `root`'s array into every rank's array, in place (MPI_Bcast)."""
+        if not 0 <= root < self.size:
+            raise DdlfastError(f"broadcast root {root} is outside 0..{self.size - 1}")
+        request = self._prepare([array], "sum", None, array)
+        spec = request.buffers[0]
+
+        def run() -> np.ndarray:
+            self._agreement.check(("broadcast", root, ((spec.array.dtype, spec.array.shape),)))
+            self._control.Bcast([spec.array.reshape(-1).view(np.uint8), MPI.BYTE], root=root)
+            return array
+
+        if self._worker is not None and not self._worker.on_thread():
+            return self._wait(self._worker.submit(run, "broadcast"))
+        with self._lock:
+            self._check_open()
+            return run()
+
+    # -- execution (communication thread, or inline) -----------------------------------------------------------
+
+    def _execute(self, request: _Request) -> Any:
+        settings, buffers = request.settings, request.buffers
+        self._core.set_timeout(settings.timeout_s)
+        self._agreement.check(layout_of(buffers, request.op, request.dims))
+        if len(buffers) == 1:
+            self._reduce_bucket(buffers, OPS[request.op], request.dims, settings)
+        else:
             buckets = assign_buckets(
                 [b.array.dtype for b in buffers], [b.nbytes for b in buffers],
                 settings.bucket_bytes, settings.first_bucket_bytes,
             )
             for bucket in buckets:
-                self._reduce_bucket([buffers[i] for i in bucket.indices], OPS[op], ring_dims, settings)
-        return list(arrays)
+                self._reduce_bucket([buffers[i] for i in bucket.indices], OPS[request.op], request.dims, settings)
+        if self._timeline is not None:
+            self._timeline.flush()
+        return request.result
 
     def _reduce_bucket(self, members: list[HostBuffer], op: int, dims: tuple[int, ...], settings: Settings) -> None:
+        timeline = self._timeline
         if len(members) == 1:  # one array: reduce it where it lies, no packing
-            target = members[0]
-            self._core.allreduce(target.pointer, target.count, target.dtype_code, op, dims,
-                                 settings.chunk_bytes, settings.receives_in_flight, settings.small_bytes)
+            self._allreduce_raw(members[0].pointer, members[0].count, members[0].dtype_code, op, dims, settings)
             return
         count = sum(b.count for b in members)
-        fused = self._fused_buffer(members[0].array.dtype, count)
-        pointer = fused.__array_interface__["data"][0]
-        pointers = [b.pointer for b in members]
-        sizes = [b.nbytes for b in members]
-        _core.pack_arrays(pointer, pointers, sizes)
-        self._core.allreduce(pointer, count, members[0].dtype_code, op, dims,
-                             settings.chunk_bytes, settings.receives_in_flight, settings.small_bytes)
-        _core.unpack_arrays(pointer, pointers, sizes)
+        fused = self._fused.get(members[0].array.dtype, count)
+        start = time.perf_counter()
+        pack(fused, members)
+        if timeline is not None:
+            timeline.add("pack", start, time.perf_counter(), arrays=len(members), bytes=fused.nbytes)
+        self._allreduce_raw(fused.ctypes.data, count, members[0].dtype_code, op, dims, settings)
+        start = time.perf_counter()
+        unpack(fused, members)
+        if timeline is not None:
+            timeline.add("unpack", start, time.perf_counter(), arrays=len(members), bytes=fused.nbytes)
 
-
-def _describe_layout(buffers: Sequence[HostBuffer], op: str, dims: tuple[int, ...]) -> dict:
-    return {"op": op, "dims": dims, "arrays": [(b.array.dtype.name, tuple(b.array.shape)) for b in buffers]}
-
-
-def _disagreement_message(descriptions: list[dict]) -> str:
-    """Name the first thing the ranks disagree on, and which ranks passed what."""
-
-    def groups(key_of) -> str:
-        seen: dict[str, list[int]] = {}
-        for rank, description in enumerate(descriptions):
-            seen.setdefault(key_of(description), []).append(rank)
-        parts = [f"rank{'s' if len(r) > 1 else ''} {','.join(map(str, r))} passed {k}" for k, r in seen.items()]
-        return "; ".join(parts)
-
-    for field in ("op", "dims"):
-        if len({repr(d[field]) for d in descriptions}) > 1:
-            return f"ranks disagree on {field}: " + groups(lambda d, f=field: repr(d[f]))
-    counts = {len(d["arrays"]) for d in descriptions}
-    if len(counts) > 1:
-        return "ranks disagree on the number of arrays: " + groups(lambda d: f"{len(d['arrays'])} arrays")
-    for index in range(len(descriptions[0]["arrays"])):
-        specs = {d["arrays"][index] for d in descriptions}
-        if len(specs) > 1:
-            return f"ranks disagree on array {index}: " + groups(
-                lambda d, i=index: "{}[{}]".format(d["arrays"][i][0], ",".join(map(str, d["arrays"][i][1])))
-            )
-    return "ranks disagree on the collective's arguments"
+    def _allreduce_raw(self, pointer: int, count: int, code: int, op: int, dims: tuple[int, ...],
+                       settings: Settings) -> None:
+        self._core.allreduce(pointer, count, code, op, dims, settings.chunk_bytes, settings.receives_in_flight,
+                             settings.small_bytes, self._rank_order)
+        if self._timeline is not None:
+            for name, dim, start, end, nbytes in self._core.take_events():
+                label = name if dim < 0 else f"{name} dim{dim + 1}"
+                self._timeline.add(label, start, end, bytes=nbytes)

@@ -1,6 +1,7 @@
 #include "engine/ring_allreduce.h"
 
 #include <algorithm>
+#include <chrono>
 #include <string>
 
 #include "kernels/cpu_kernels.h"
@@ -47,6 +48,10 @@ Status send_first_step(Transport* transport, char* data, const RingPhase& phase,
   return Status::ok();
 }
 
+double monotonic_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
 }  // namespace
 
 Status RingAllreduce::create(MpiTransport* transport, const std::vector<int>& dims, const std::vector<int>& order,
@@ -79,7 +84,9 @@ Status RingAllreduce::run(void* data, std::size_t count, DType dtype, ReduceOp o
   const std::size_t esize = dtype_size(dtype);
   const int divisor = op == ReduceOp::kAverage ? world : 1;
   if (count * esize <= options.small_bytes) {
+    const double start = monotonic_seconds();
     DDLFAST_RETURN_IF_ERROR(transport_->native_allreduce(data, count, dtype));
+    if (options.events) options.events->push_back({2, -1, start, monotonic_seconds(), count * esize});
     if (divisor != 1) {
       // Tiny buffers only: one extra pass is cheaper than a custom MPI op per divisor.
       std::vector<unsigned char> zeros(count * esize, 0);
@@ -100,11 +107,17 @@ Status RingAllreduce::run(void* data, std::size_t count, DType dtype, ReduceOp o
   for (int i = 0; i < static_cast<int>(schedule.phases.size()); ++i) {
     const RingPhase& phase = schedule.phases[i];
     const int tag_base = (i * kTagsPerPhase) % kTagSpace;
+    const double start = monotonic_seconds();
     if (phase.kind == PhaseKind::kReduceScatter) {
       const int final_divisor = i == last_reduce_scatter ? divisor : 1;
       DDLFAST_RETURN_IF_ERROR(reduce_scatter_phase(bytes, phase, tag_base, dtype, final_divisor, options));
     } else {
       DDLFAST_RETURN_IF_ERROR(allgather_phase(bytes, phase, tag_base, dtype, options));
+    }
+    if (options.events) {
+      std::size_t phase_bytes = 0;
+      for (const RingStep& step : phase.steps) phase_bytes += step.send.count * esize;
+      options.events->push_back({static_cast<int>(phase.kind), phase.dim, start, monotonic_seconds(), phase_bytes});
     }
   }
   return Status::ok();

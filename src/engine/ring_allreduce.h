@@ -13,12 +13,23 @@
 
 namespace ddlfast {
 
+// One executed phase, for the timeline (seconds on the monotonic clock, the
+// same clock as Python's time.perf_counter on Linux).
+struct PhaseEvent {
+  int kind;  // 0 reduce-scatter, 1 allgather, 2 MPI_Allreduce handoff
+  int dim;
+  double start_s;
+  double end_s;
+  std::size_t bytes;
+};
+
 struct EngineOptions {
   std::size_t chunk_bytes = 512 * 1024;
   int receives_in_flight = 4;  // scratch slots per reduce-scatter phase (>= 2)
   // Buffers of at most this many bytes go to MPI_Allreduce (latency-bound
   // sizes, where log(p) steps beat 2(p-1)). 0 disables the handoff.
   std::size_t small_bytes = 0;
+  std::vector<PhaseEvent>* events = nullptr;  // append phase events here when set
 };
 
 class MpiTransport;

@@ -1,0 +1,82 @@
+"""DDLFAST_TIMELINE=path: a Chrome/Perfetto trace per rank (path.rank<N>.json;
+further contexts in the same process write path.rank<N>.ctx<K>.json).
+
+Events: pack, each dimension's reduce-scatter and allgather (from the compiled
+engine), unpack, and the caller's waits. The file stays a valid JSON array at
+every flush and stops growing at DDLFAST_TIMELINE_MAX_EVENTS events.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import threading
+import time
+
+from ddlfast.errors import DdlfastError
+
+DEFAULT_MAX_EVENTS = 100_000
+_context_numbers = itertools.count()  # so two contexts never overwrite each other's file
+
+
+class Timeline:
+    def __init__(self, path: str, rank: int, max_events: int = DEFAULT_MAX_EVENTS) -> None:
+        number = next(_context_numbers)
+        self.path = f"{path}.rank{rank}.json" if number == 0 else f"{path}.rank{rank}.ctx{number}.json"
+        self.rank = rank
+        self.max_events = max_events
+        self._events: list[dict] = []
+        self._written = 0
+        self._lock = threading.Lock()
+        directory = os.path.dirname(os.path.abspath(self.path))
+        if not os.path.isdir(directory):
+            raise DdlfastError(f"DDLFAST_TIMELINE={path!r}: directory {directory} does not exist")
+        with open(self.path, "w") as file:
+            file.write("[]")
+
+    @staticmethod
+    def from_env(rank: int) -> Timeline | None:
+        path = os.environ.get("DDLFAST_TIMELINE", "").strip()
+        if not path:
+            return None
+        raw_max = os.environ.get("DDLFAST_TIMELINE_MAX_EVENTS", str(DEFAULT_MAX_EVENTS)).strip()
+        if not raw_max.isdigit() or int(raw_max) < 1:
+            raise DdlfastError(f"DDLFAST_TIMELINE_MAX_EVENTS={raw_max!r} must be an integer >= 1")
+        return Timeline(path, rank, int(raw_max))
+
+    def add(self, name: str, start_s: float, end_s: float, thread: str = "comm", **args: object) -> None:
+        with self._lock:
+            if self._written + len(self._events) >= self.max_events:
+                return
+            self._events.append({
+                "name": name, "ph": "X", "pid": self.rank, "tid": thread,
+                "ts": start_s * 1e6, "dur": max(0.0, end_s - start_s) * 1e6, "args": args,
+            })
+
+    def span(self, name: str, thread: str = "comm", **args: object) -> _Span:
+        return _Span(self, name, thread, args)
+
+    def flush(self) -> None:
+        """Rewrite the file as one JSON array (cheap enough per step: events are bounded)."""
+        with self._lock:
+            if not self._events:
+                return
+            with open(self.path, "rb+") as file:
+                file.seek(-1, os.SEEK_END)  # drop the closing bracket
+                prefix = "," if self._written else ""
+                file.write((prefix + ",".join(json.dumps(e) for e in self._events) + "]").encode())
+            self._written += len(self._events)
+            self._events.clear()
+
+
+class _Span:
+    def __init__(self, timeline: Timeline, name: str, thread: str, args: dict) -> None:
+        self.timeline, self.name, self.thread, self.args = timeline, name, thread, args
+
+    def __enter__(self) -> _Span:
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.timeline.add(self.name, self.start, time.perf_counter(), self.thread, **self.args)

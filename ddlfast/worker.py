@@ -1,0 +1,89 @@
+"""The communication thread a Context owns, and the handles it completes.
+
+Work runs strictly in submission order, so every rank completes its
+collectives in the order it submitted them (the order all ranks agree on).
+The compiled core releases the GIL, so the caller's compute (backward) runs
+while a bucket is on the wire.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from ddlfast.errors import DdlfastError
+
+_STOP = object()
+
+
+class Handle:
+    """The pending result of an asynchronous collective.
+
+    wait() blocks until it completes and returns its result (the list of
+    reduced arrays), raising DdlfastError if it failed; waiting again returns
+    the same result (or raises the same error). done() never blocks. The
+    arrays must not be read or written until wait() has returned.
+    """
+
+    def __init__(self, description: str) -> None:
+        self.description = description
+        self._finished = threading.Event()
+        self._result: Any = None
+        self._error: BaseException | None = None
+
+    def done(self) -> bool:
+        return self._finished.is_set()
+
+    def wait(self, timeout: float | None = None) -> Any:
+        if not self._finished.wait(timeout):
+            raise DdlfastError(f"{self.description} did not complete within {timeout} s")
+        if self._error is not None:
+            if isinstance(self._error, DdlfastError):
+                raise type(self._error)(str(self._error)) from self._error
+            raise DdlfastError(f"{self.description} failed: {self._error!r}") from self._error
+        return self._result
+
+    def _finish(self, result: Any = None, error: BaseException | None = None) -> None:
+        self._result, self._error = result, error
+        self._finished.set()
+
+
+class CommThread:
+    """One thread executing submitted work items in order."""
+
+    def __init__(self, name: str) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._closed = False
+        self._thread.start()
+
+    def submit(self, work: Callable[[], Any], description: str) -> Handle:
+        if self._closed:
+            raise DdlfastError(f"cannot submit {description}: the context is closed")
+        handle = Handle(description)
+        self._queue.put((work, handle))
+        return handle
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Finish what was submitted, then stop; False if the thread is still busy after `timeout`."""
+        if not self._closed:
+            self._closed = True
+            self._queue.put(_STOP)
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def on_thread(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            work, handle = item
+            try:
+                handle._finish(result=work())
+            except BaseException as error:  # noqa: BLE001 - delivered to the waiter instead
+                handle._finish(error=error)

@@ -1,0 +1,97 @@
+"""Runs on every rank: asynchronous handles, ordering, mixing with sync
+calls, FusedBuffer views, broadcast, timeline and closed-context errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+
+import numpy as np
+from mpi4py import MPI
+
+import ddlfast
+
+comm = MPI.COMM_WORLD
+rank, world = comm.Get_rank(), comm.Get_size()
+failures: list[str] = []
+
+
+def expect(condition: bool, what: str) -> None:
+    if not condition:
+        failures.append(f"rank {rank}: {what}")
+
+
+# Several outstanding handles over many arrays, then a sync call queued behind them.
+rng = np.random.default_rng(rank)
+batches = [[rng.standard_normal(n).astype(np.float32) for n in (5, 1000, 77, 40_000)] for _ in range(4)]
+inputs = [[a.copy() for a in batch] for batch in batches]
+handles = [ddlfast.fused_allreduce_async(batch, op="average") for batch in batches]
+sync_array = np.full(33, rank, np.int64)
+ddlfast.allreduce(sync_array)  # queued behind the async ones on every rank
+expect(all(h.done() for h in handles), "a sync call returned before earlier async handles completed")
+expect(np.all(sync_array == world * (world - 1) // 2), f"sync allreduce gave {sync_array[:3]}")
+everyone = comm.allgather(inputs)
+for b, handle in enumerate(handles):
+    result = handle.wait()
+    expect(result is not None and all(r is a for r, a in zip(result, batches[b], strict=True)),
+           "wait() did not return the caller's arrays")
+    for i, got in enumerate(result):
+        expected = np.mean([everyone[r][b][i].astype(np.float64) for r in range(world)], axis=0)
+        expect(np.allclose(got, expected, rtol=1e-5, atol=1e-5), f"batch {b} array {i} wrong")
+    again = handle.wait()  # waiting twice returns the same result
+    expect(again is result, "second wait() returned something else")
+
+# FusedBuffer: views into one flat buffer, reduced with no packing.
+fused = ddlfast.FusedBuffer([(3, 4), (5,), (2, 2, 2)], dtype=np.float64)
+for i, view in enumerate(fused.views):
+    view[...] = rank + i
+views = fused.allreduce_async(op="sum").wait()
+expect(all(v.base is not None for v in views), "FusedBuffer views are not views")
+for i, view in enumerate(views):
+    expect(np.all(view == sum(r + i for r in range(world))), f"FusedBuffer view {i} = {view.ravel()[:3]}")
+
+# Broadcast from the last rank.
+params = np.full(10, float(rank), np.float32)
+ddlfast.broadcast(params, root=world - 1)
+expect(np.all(params == world - 1), f"broadcast gave {params[:3]}")
+
+# allreduce_async from another Python thread while the main thread waits.
+thread_result: dict = {}
+def worker() -> None:
+    arr = np.ones(100, np.float32)
+    thread_result["value"] = ddlfast.allreduce_async(arr).wait()
+t = threading.Thread(target=worker)
+t.start()
+t.join(60)
+expect("value" in thread_result and np.all(thread_result["value"] == world), "allreduce_async from a thread failed")
+
+# A closed context: done handles keep results, new work is refused with DdlfastError.
+context = ddlfast.Context(comm)
+handle = context.allreduce_async(np.ones(8, np.float32))
+context.close()
+expect(handle.done() and np.all(handle.wait() == world), "close() did not finish submitted work")
+try:
+    context.allreduce_async(np.ones(8, np.float32))
+    failures.append(f"rank {rank}: closed context accepted work")
+except ddlfast.DdlfastError as error:
+    expect("closed" in str(error), f"closed-context error says {error}")
+
+# Timeline: a valid Chrome trace with engine phases, pack and unpack.
+timeline_base = os.environ.get("DDLFAST_TIMELINE")
+if timeline_base:
+    ddlfast.default_context().close()
+    with open(f"{timeline_base}.rank{rank}.json") as file:
+        events = json.load(file)
+    names = {e["name"] for e in events}
+    for needed in ("pack", "unpack", "wait"):
+        expect(needed in names, f"timeline lacks {needed}: {sorted(names)[:10]}")
+    expect(any(n.startswith("reduce_scatter") for n in names) or world == 1, f"no reduce_scatter in {names}")
+    expect(all(e["ph"] == "X" and e["dur"] >= 0 for e in events), "malformed timeline event")
+
+all_failures = [f for per_rank in comm.allgather(failures) for f in per_rank]
+if rank == 0:
+    print(f"{len(all_failures)} failures")
+    print("\n".join(all_failures[:40]))
+sys.exit(1 if all_failures else 0)
