@@ -194,13 +194,23 @@ class Context:
         """Copy `root`'s array into every rank's array, in place (MPI_Bcast)."""
         if not 0 <= root < self.size:
             raise DdlfastError(f"broadcast root {root} is outside 0..{self.size - 1}")
-        request = self._prepare([array], "sum", None, array)
-        spec = request.buffers[0]
+        spec = self._prepare([array], "sum", None, array).buffers[0]
+        return self._broadcast(spec.array, root, array)
 
-        def run() -> np.ndarray:
-            self._agreement.check(("broadcast", root, ((spec.array.dtype, spec.array.shape),)))
-            self._control.Bcast([spec.array.reshape(-1).view(np.uint8), MPI.BYTE], root=root)
-            return array
+    def broadcast_bytes(self, array: np.ndarray, root: int = 0) -> np.ndarray:
+        """broadcast() for any contiguous writable byte view (e.g. a tensor of any dtype)."""
+        if not 0 <= root < self.size:
+            raise DdlfastError(f"broadcast root {root} is outside 0..{self.size - 1}")
+        self._check_open()
+        if not (isinstance(array, np.ndarray) and array.flags.c_contiguous and array.flags.writeable):
+            raise DdlfastError("broadcast_bytes needs a C-contiguous writable NumPy array")
+        return self._broadcast(array, root, array)
+
+    def _broadcast(self, target: np.ndarray, root: int, result: Any) -> Any:
+        def run() -> Any:
+            self._agreement.check(("broadcast", root, ((target.dtype, target.shape),)))
+            self._control.Bcast([target.reshape(-1).view(np.uint8), MPI.BYTE], root=root)
+            return result
 
         if self._worker is not None and not self._worker.on_thread():
             return self._wait(self._worker.submit(run, "broadcast"))

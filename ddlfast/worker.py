@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +33,7 @@ class Handle:
         self._finished = threading.Event()
         self._result: Any = None
         self._error: BaseException | None = None
+        self.duration_s = 0.0  # time the communication thread spent executing it
 
     def done(self) -> bool:
         return self._finished.is_set()
@@ -83,7 +85,12 @@ class CommThread:
             if item is _STOP:
                 return
             work, handle = item
+            start = time.perf_counter()
             try:
-                handle._finish(result=work())
+                result = work()
             except BaseException as error:  # noqa: BLE001 - delivered to the waiter instead
+                handle.duration_s = time.perf_counter() - start
                 handle._finish(error=error)
+            else:
+                handle.duration_s = time.perf_counter() - start
+                handle._finish(result=result)
