@@ -73,6 +73,12 @@ cdef extern from "engine/ring_allreduce.h" namespace "ddlfast" nogil:
         vector[PhaseEvent]* events
 
 
+cdef extern from "engine/segmented_buffer.h" namespace "ddlfast" nogil:
+    cdef cppclass SegmentedBuffer:
+        SegmentedBuffer(vector[char*] bases, const vector[size_t]& counts, size_t element_size)
+        size_t count()
+
+
 cdef extern from "engine/pack.h" namespace "ddlfast" nogil:
     void pack(void* bucket, const void* const* arrays, const size_t* nbytes, size_t count)
     void unpack(const void* bucket, void* const* arrays, const size_t* nbytes, size_t count)
@@ -91,7 +97,7 @@ cdef extern from "engine/context.h" namespace "ddlfast" nogil:
         int rank()
         int size()
         MpiTransport& transport()
-        Status allreduce(void* data, size_t count, DType dtype, ReduceOp op, const vector[int]& dims,
+        Status allreduce(const SegmentedBuffer& data, DType dtype, ReduceOp op, const vector[int]& dims,
                          const vector[int]& order, const EngineOptions& options)
 
 

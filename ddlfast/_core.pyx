@@ -13,7 +13,7 @@ from mpi4py.libmpi cimport MPI_COMM_NULL
 
 from ddlfast._core cimport (
     Context, DType, ElementRange, EngineOptions, KernelTable, PhaseEvent, PhaseKind, ReduceOp, RingPhase,
-    RingSchedule, RingStep, Status, Torus, avx2_kernels, best_kernels, build_ring_schedule,
+    RingSchedule, RingStep, SegmentedBuffer, Status, Torus, avx2_kernels, best_kernels, build_ring_schedule,
     cuda_compiled, cuda_version_string, mpi_library_version, pack, scalar_kernels, unpack,
 )
 
@@ -164,6 +164,22 @@ cdef class CoreContext:
 
         order: communicator rank of each torus position (empty: identity).
         """
+        self.allreduce_segments([data], [count], dtype, op, dims, chunk_bytes, receives_in_flight, small_bytes,
+                                order)
+
+    def allreduce_segments(self, list pointers, list counts, int dtype, int op, dims, size_t chunk_bytes,
+                           int receives_in_flight, size_t small_bytes, order=()):
+        """Allreduce several same-dtype buffers as one logical buffer, each in place (no packing)."""
+        cdef vector[char*] bases
+        cdef vector[size_t] sizes
+        for pointer, count in zip(pointers, counts):
+            bases.push_back(<char*><uintptr_t>pointer)
+            sizes.push_back(<size_t>count)
+        if dtype < 0 or dtype >= 6:
+            raise DdlfastError(f"unknown dtype code {dtype}")
+        cdef size_t element_size = (4, 8, 2, 2, 4, 8)[dtype]
+        cdef unique_ptr[SegmentedBuffer] data
+        data.reset(new SegmentedBuffer(bases, sizes, element_size))
         cdef vector[int] dims_vector = to_dims(dims)
         cdef vector[int] order_vector = to_dims(order)
         cdef EngineOptions options
@@ -174,8 +190,8 @@ cdef class CoreContext:
         cdef Status status
         cdef Context* context = self.get()
         with nogil:
-            status = context.allreduce(<void*>data, count, <DType>dtype, <ReduceOp>op, dims_vector,
-                                       order_vector, options)
+            status = context.allreduce(data.get()[0], <DType>dtype, <ReduceOp>op, dims_vector, order_vector,
+                                       options)
         raise_on_error(status)
 
     def allreduce_array(self, array, size_t count, int dtype, int op, dims, size_t chunk_bytes,

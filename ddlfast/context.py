@@ -29,6 +29,8 @@ OPS = {"sum": 0, "average": 1}
 # dtypes whose NumPy arrays export a typed buffer (the fast single-array path).
 _FAST_DTYPES = {np.dtype(name): code for name, code in DTYPE_CODES.items() if name != "bfloat16"}
 CLOSE_TIMEOUT_S = 60.0
+# Arrays below this are packed into the fused buffer; larger ones are reduced in place.
+PACK_BELOW_BYTES = 256 << 10
 
 
 class _Request(NamedTuple):
@@ -238,26 +240,36 @@ class Context:
         return request.result
 
     def _reduce_bucket(self, members: list[HostBuffer], op: int, dims: tuple[int, ...], settings: Settings) -> None:
-        timeline = self._timeline
-        if len(members) == 1:  # one array: reduce it where it lies, no packing
-            self._allreduce_raw(members[0].pointer, members[0].count, members[0].dtype_code, op, dims, settings)
-            return
-        count = sum(b.count for b in members)
-        fused = self._fused.get(members[0].array.dtype, count)
-        start = time.perf_counter()
-        pack(fused, members)
-        if timeline is not None:
-            timeline.add("pack", start, time.perf_counter(), arrays=len(members), bytes=fused.nbytes)
-        self._allreduce_raw(fused.ctypes.data, count, members[0].dtype_code, op, dims, settings)
-        start = time.perf_counter()
-        unpack(fused, members)
-        if timeline is not None:
-            timeline.add("unpack", start, time.perf_counter(), arrays=len(members), bytes=fused.nbytes)
+        """Large arrays are reduced where they lie, as segments of one logical buffer;
+        only the small ones are packed (their per-message cost would dominate)."""
+        small = [b for b in members if b.nbytes < PACK_BELOW_BYTES]
+        if len(small) == 1:
+            small = []
+        pointers, counts = [], []
+        fused = None
+        if small:
+            fused = self._fused.get(members[0].array.dtype, sum(b.count for b in small))
+            start = time.perf_counter()
+            pack(fused, small)
+            if self._timeline is not None:
+                self._timeline.add("pack", start, time.perf_counter(), arrays=len(small), bytes=fused.nbytes)
+            pointers.append(fused.ctypes.data)
+            counts.append(fused.size)
+        packed = {id(b) for b in small}
+        for b in members:
+            if id(b) not in packed:
+                pointers.append(b.pointer)
+                counts.append(b.count)
+        self._core.allreduce_segments(pointers, counts, members[0].dtype_code, op, dims, settings.chunk_bytes,
+                                      settings.receives_in_flight, settings.small_bytes, self._rank_order)
+        self._record_engine_events()
+        if fused is not None:
+            start = time.perf_counter()
+            unpack(fused, small)
+            if self._timeline is not None:
+                self._timeline.add("unpack", start, time.perf_counter(), arrays=len(small), bytes=fused.nbytes)
 
-    def _allreduce_raw(self, pointer: int, count: int, code: int, op: int, dims: tuple[int, ...],
-                       settings: Settings) -> None:
-        self._core.allreduce(pointer, count, code, op, dims, settings.chunk_bytes, settings.receives_in_flight,
-                             settings.small_bytes, self._rank_order)
+    def _record_engine_events(self) -> None:
         if self._timeline is not None:
             for name, dim, start, end, nbytes in self._core.take_events():
                 label = name if dim < 0 else f"{name} dim{dim + 1}"

@@ -9,7 +9,7 @@ Status Context::create(MPI_Comm comm, std::unique_ptr<Context>* out) {
   return Status::ok();
 }
 
-Status Context::allreduce(void* data, std::size_t count, DType dtype, ReduceOp op, const std::vector<int>& dims,
+Status Context::allreduce(const SegmentedBuffer& data, DType dtype, ReduceOp op, const std::vector<int>& dims,
                           const std::vector<int>& order, const EngineOptions& options) {
   auto key = std::make_pair(dims, order);
   auto found = engines_.find(key);
@@ -18,7 +18,7 @@ Status Context::allreduce(void* data, std::size_t count, DType dtype, ReduceOp o
     DDLFAST_RETURN_IF_ERROR(RingAllreduce::create(transport_.get(), dims, order, &engine));
     found = engines_.emplace(std::move(key), std::move(engine)).first;
   }
-  return found->second->run(data, count, dtype, op, options);
+  return found->second->run(data, dtype, op, options);
 }
 
 }  // namespace ddlfast

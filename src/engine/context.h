@@ -20,7 +20,7 @@ class Context {
   MpiTransport& transport() { return *transport_; }
 
   // `order`: torus position -> rank (empty: identity); see RingAllreduce.
-  Status allreduce(void* data, std::size_t count, DType dtype, ReduceOp op, const std::vector<int>& dims,
+  Status allreduce(const SegmentedBuffer& data, DType dtype, ReduceOp op, const std::vector<int>& dims,
                    const std::vector<int>& order, const EngineOptions& options);
 
  private:

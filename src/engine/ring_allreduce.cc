@@ -17,13 +17,23 @@ struct ChunkItem {
   std::size_t count;
 };
 
-std::vector<ChunkItem> chunk_items(const RingPhase& phase, std::size_t chunk_elems) {
+// Cuts `range` into chunks of at most chunk_elems that never cross a segment
+// boundary; sender and receiver cut the same range identically.
+void append_chunks(const SegmentedBuffer& data, int step, ElementRange range, std::size_t chunk_elems,
+                   std::vector<ChunkItem>* items) {
+  std::size_t done = 0;
+  while (done < range.count) {
+    const std::size_t offset = range.offset + done;
+    const std::size_t n = std::min({chunk_elems, range.count - done, data.contiguous_from(offset)});
+    items->push_back({step, offset, n});
+    done += n;
+  }
+}
+
+std::vector<ChunkItem> chunk_items(const SegmentedBuffer& data, const RingPhase& phase, std::size_t chunk_elems) {
   std::vector<ChunkItem> items;
   for (int s = 0; s < static_cast<int>(phase.steps.size()); ++s) {
-    const ElementRange& recv = phase.steps[s].recv;
-    for (std::size_t done = 0; done < recv.count; done += chunk_elems) {
-      items.push_back({s, recv.offset + done, std::min(chunk_elems, recv.count - done)});
-    }
+    append_chunks(data, s, phase.steps[s].recv, chunk_elems, &items);
   }
   return items;
 }
@@ -36,14 +46,14 @@ int step_tag(int tag_base, int step) { return (tag_base + step) % kTagSpace; }
 
 // Posts step 0's sends (data this rank already holds) in chunks; later steps
 // are sent chunk by chunk as they arrive.
-Status send_first_step(Transport* transport, char* data, const RingPhase& phase, int tag, std::size_t esize,
+Status send_first_step(Transport* transport, const SegmentedBuffer& data, const RingPhase& phase, int tag,
                        std::size_t chunk_elems) {
-  const ElementRange& first = phase.steps[0].send;
-  for (std::size_t done = 0; done < first.count; done += chunk_elems) {
-    const std::size_t n = std::min(chunk_elems, first.count - done);
+  std::vector<ChunkItem> items;
+  append_chunks(data, 0, phase.steps[0].send, chunk_elems, &items);
+  for (const ChunkItem& item : items) {
     RequestId ignored;
-    DDLFAST_RETURN_IF_ERROR(
-        transport->isend(data + (first.offset + done) * esize, n * esize, phase.successor, tag, &ignored));
+    DDLFAST_RETURN_IF_ERROR(transport->isend(data.address(item.offset), item.count * data.element_size(),
+                                             phase.successor, tag, &ignored));
   }
   return Status::ok();
 }
@@ -79,21 +89,49 @@ Status RingAllreduce::create(MpiTransport* transport, const std::vector<int>& di
 }
 
 Status RingAllreduce::run(void* data, std::size_t count, DType dtype, ReduceOp op, const EngineOptions& options) {
+  return run(SegmentedBuffer({static_cast<char*>(data)}, {count}, dtype_size(dtype)), dtype, op, options);
+}
+
+// Tiny buffers: MPI_Allreduce's log(p) steps beat the ring's 2(p-1).
+Status RingAllreduce::run_small(const SegmentedBuffer& data, DType dtype, int divisor, const EngineOptions& options) {
+  const std::size_t count = data.count();
+  const std::size_t esize = dtype_size(dtype);
+  const double start = monotonic_seconds();
+  char* contiguous = data.address(0);
+  std::vector<char> packed;
+  if (data.contiguous_from(0) < count) {
+    packed.resize(count * esize);
+    for (std::size_t done = 0; done < count;) {
+      const std::size_t n = data.contiguous_from(done);
+      std::copy_n(data.address(done), n * esize, packed.data() + done * esize);
+      done += n;
+    }
+    contiguous = packed.data();
+  }
+  DDLFAST_RETURN_IF_ERROR(transport_->native_allreduce(contiguous, count, dtype));
+  if (divisor != 1) {
+    // One extra pass over a tiny buffer is cheaper than a custom MPI op per divisor.
+    std::vector<char> zeros(count * esize, 0);
+    reduce_into(dtype, contiguous, zeros.data(), count, divisor);
+  }
+  if (!packed.empty()) {
+    for (std::size_t done = 0; done < count;) {
+      const std::size_t n = data.contiguous_from(done);
+      std::copy_n(packed.data() + done * esize, n * esize, data.address(done));
+      done += n;
+    }
+  }
+  if (options.events) options.events->push_back({2, -1, start, monotonic_seconds(), count * esize});
+  return Status::ok();
+}
+
+Status RingAllreduce::run(const SegmentedBuffer& data, DType dtype, ReduceOp op, const EngineOptions& options) {
   const int world = torus_.world_size();
+  const std::size_t count = data.count();
   if (count == 0 || world == 1) return Status::ok();
   const std::size_t esize = dtype_size(dtype);
   const int divisor = op == ReduceOp::kAverage ? world : 1;
-  if (count * esize <= options.small_bytes) {
-    const double start = monotonic_seconds();
-    DDLFAST_RETURN_IF_ERROR(transport_->native_allreduce(data, count, dtype));
-    if (options.events) options.events->push_back({2, -1, start, monotonic_seconds(), count * esize});
-    if (divisor != 1) {
-      // Tiny buffers only: one extra pass is cheaper than a custom MPI op per divisor.
-      std::vector<unsigned char> zeros(count * esize, 0);
-      reduce_into(dtype, data, zeros.data(), count, divisor);
-    }
-    return Status::ok();
-  }
+  if (count * esize <= options.small_bytes) return run_small(data, dtype, divisor, options);
   RingSchedule schedule = build_ring_schedule(torus_, position_, count);
   for (RingPhase& phase : schedule.phases) {  // torus positions -> communicator ranks
     phase.successor = order_[phase.successor];
@@ -103,16 +141,15 @@ Status RingAllreduce::run(void* data, std::size_t count, DType dtype, ReduceOp o
   for (int i = 0; i < static_cast<int>(schedule.phases.size()); ++i) {
     if (schedule.phases[i].kind == PhaseKind::kReduceScatter) last_reduce_scatter = i;
   }
-  char* bytes = static_cast<char*>(data);
   for (int i = 0; i < static_cast<int>(schedule.phases.size()); ++i) {
     const RingPhase& phase = schedule.phases[i];
     const int tag_base = (i * kTagsPerPhase) % kTagSpace;
     const double start = monotonic_seconds();
     if (phase.kind == PhaseKind::kReduceScatter) {
       const int final_divisor = i == last_reduce_scatter ? divisor : 1;
-      DDLFAST_RETURN_IF_ERROR(reduce_scatter_phase(bytes, phase, tag_base, dtype, final_divisor, options));
+      DDLFAST_RETURN_IF_ERROR(reduce_scatter_phase(data, phase, tag_base, dtype, final_divisor, options));
     } else {
-      DDLFAST_RETURN_IF_ERROR(allgather_phase(bytes, phase, tag_base, dtype, options));
+      DDLFAST_RETURN_IF_ERROR(allgather_phase(data, phase, tag_base, dtype, options));
     }
     if (options.events) {
       std::size_t phase_bytes = 0;
@@ -126,11 +163,11 @@ Status RingAllreduce::run(void* data, std::size_t count, DType dtype, ReduceOp o
 // Receives land in a ring of scratch slots; slot j is re-posted for chunk
 // j+W as soon as chunk j has been added into the data, and the reduced
 // chunk goes straight on to the successor as part of the next step.
-Status RingAllreduce::reduce_scatter_phase(char* data, const RingPhase& phase, int tag_base, DType dtype,
+Status RingAllreduce::reduce_scatter_phase(const SegmentedBuffer& data, const RingPhase& phase, int tag_base, DType dtype,
                                            int final_divisor, const EngineOptions& options) {
   const std::size_t esize = dtype_size(dtype);
   const std::size_t chunk_elems = std::max<std::size_t>(1, options.chunk_bytes / esize);
-  const std::vector<ChunkItem> items = chunk_items(phase, chunk_elems);
+  const std::vector<ChunkItem> items = chunk_items(data, phase, chunk_elems);
   const int slots = std::max(2, options.receives_in_flight);
   const std::size_t slot_bytes = chunk_elems * esize;
   if (scratch_.size() < slots * slot_bytes) scratch_.resize(slots * slot_bytes);
@@ -147,12 +184,12 @@ Status RingAllreduce::reduce_scatter_phase(char* data, const RingPhase& phase, i
     DDLFAST_RETURN_IF_ERROR(post_receive(i));
   }
   // Step 0 sends this rank's own data, all of it at once.
-  DDLFAST_RETURN_IF_ERROR(send_first_step(transport_, data, phase, step_tag(tag_base, 0), esize, chunk_elems));
+  DDLFAST_RETURN_IF_ERROR(send_first_step(transport_, data, phase, step_tag(tag_base, 0), chunk_elems));
   for (std::size_t i = 0; i < items.size(); ++i) {
     const ChunkItem& item = items[i];
     DDLFAST_RETURN_IF_ERROR(transport_->wait(receives[i]));
     unsigned char* slot = scratch_.data() + (i % slots) * slot_bytes;
-    char* target = data + item.offset * esize;
+    char* target = data.address(item.offset);
     reduce_into(dtype, target, slot, item.count, item.step == last_step ? final_divisor : 1);
     if (i + slots < items.size()) DDLFAST_RETURN_IF_ERROR(post_receive(i + slots));
     if (item.step < last_step) {
@@ -166,25 +203,25 @@ Status RingAllreduce::reduce_scatter_phase(char* data, const RingPhase& phase, i
 
 // Receives go straight into their final place; each received chunk is
 // forwarded to the successor as part of the next step.
-Status RingAllreduce::allgather_phase(char* data, const RingPhase& phase, int tag_base, DType dtype,
+Status RingAllreduce::allgather_phase(const SegmentedBuffer& data, const RingPhase& phase, int tag_base, DType dtype,
                                       const EngineOptions& options) {
   const std::size_t esize = dtype_size(dtype);
   const std::size_t chunk_elems = std::max<std::size_t>(1, options.chunk_bytes / esize);
-  const std::vector<ChunkItem> items = chunk_items(phase, chunk_elems);
+  const std::vector<ChunkItem> items = chunk_items(data, phase, chunk_elems);
   const int last_step = static_cast<int>(phase.steps.size()) - 1;
   std::vector<RequestId> receives(items.size());
   for (std::size_t i = 0; i < items.size(); ++i) {
     const ChunkItem& item = items[i];
-    DDLFAST_RETURN_IF_ERROR(transport_->irecv(data + item.offset * esize, item.count * esize, phase.predecessor,
+    DDLFAST_RETURN_IF_ERROR(transport_->irecv(data.address(item.offset), item.count * esize, phase.predecessor,
                                               step_tag(tag_base, item.step), &receives[i]));
   }
-  DDLFAST_RETURN_IF_ERROR(send_first_step(transport_, data, phase, step_tag(tag_base, 0), esize, chunk_elems));
+  DDLFAST_RETURN_IF_ERROR(send_first_step(transport_, data, phase, step_tag(tag_base, 0), chunk_elems));
   for (std::size_t i = 0; i < items.size(); ++i) {
     const ChunkItem& item = items[i];
     DDLFAST_RETURN_IF_ERROR(transport_->wait(receives[i]));
     if (item.step < last_step) {
       RequestId ignored;
-      DDLFAST_RETURN_IF_ERROR(transport_->isend(data + item.offset * esize, item.count * esize, phase.successor,
+      DDLFAST_RETURN_IF_ERROR(transport_->isend(data.address(item.offset), item.count * esize, phase.successor,
                                                 step_tag(tag_base, item.step + 1), &ignored));
     }
   }

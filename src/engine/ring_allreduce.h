@@ -9,6 +9,7 @@
 
 #include "algo/ring_schedule.h"
 #include "common/dtype.h"
+#include "engine/segmented_buffer.h"
 #include "transport/transport.h"
 
 namespace ddlfast {
@@ -48,11 +49,14 @@ class RingAllreduce {
   // count, dtype, op and options. Identical bits land on every rank because
   // each element is reduced by exactly one rank and then copied.
   Status run(void* data, std::size_t count, DType dtype, ReduceOp op, const EngineOptions& options);
+  // The same over several arrays treated as one buffer (no packing).
+  Status run(const SegmentedBuffer& data, DType dtype, ReduceOp op, const EngineOptions& options);
 
  private:
-  Status reduce_scatter_phase(char* data, const RingPhase& phase, int tag_base, DType dtype, int final_divisor,
+  Status run_small(const SegmentedBuffer& data, DType dtype, int divisor, const EngineOptions& options);
+  Status reduce_scatter_phase(const SegmentedBuffer& data, const RingPhase& phase, int tag_base, DType dtype, int final_divisor,
                               const EngineOptions& options);
-  Status allgather_phase(char* data, const RingPhase& phase, int tag_base, DType dtype,
+  Status allgather_phase(const SegmentedBuffer& data, const RingPhase& phase, int tag_base, DType dtype,
                          const EngineOptions& options);
 
   RingAllreduce(MpiTransport* transport, Torus torus, std::vector<int> order, int position)
