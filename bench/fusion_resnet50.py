@@ -12,8 +12,9 @@ import numpy as np
 from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import ddlfast  # noqa: E402
 from resnet50_shapes import resnet50_shapes  # noqa: E402
+
+import ddlfast  # noqa: E402
 
 
 def timed(comm: MPI.Intracomm, action) -> float:

@@ -23,9 +23,15 @@ cdef extern from "common/dtype.h" namespace "ddlfast" nogil:
 
 cdef extern from "kernels/cpu_kernels.h" namespace "ddlfast" nogil:
     ctypedef void (*ReduceFn)(void* dst, const void* src, size_t n, int divisor)
+    ctypedef void (*EncodeFn)(void* dst_wire, const float* src, size_t n)
+    ctypedef void (*DecodeFn)(float* dst, const void* src_wire, size_t n)
+    ctypedef void (*AccumulateFn)(float* dst, const void* src_wire, size_t n, int divisor)
     cdef struct KernelTable:
         const char* name
         ReduceFn reduce[6]
+        EncodeFn encode[2]
+        DecodeFn decode[2]
+        AccumulateFn accumulate[2]
     const KernelTable& scalar_kernels()
     const KernelTable* avx2_kernels()
     const KernelTable& best_kernels()
@@ -71,6 +77,7 @@ cdef extern from "engine/ring_allreduce.h" namespace "ddlfast" nogil:
         int receives_in_flight
         size_t small_bytes
         vector[PhaseEvent]* events
+        vector[int] wire_by_dim
 
 
 cdef extern from "engine/segmented_buffer.h" namespace "ddlfast" nogil:

@@ -52,20 +52,48 @@ def selected_kernel_path():
     return best_kernels().name.decode()
 
 
+cdef const KernelTable* _table(path) except NULL:
+    if path is None:
+        return &best_kernels()
+    if path == scalar_kernels().name.decode():
+        return &scalar_kernels()
+    if avx2_kernels() != NULL and path == avx2_kernels().name.decode():
+        return avx2_kernels()
+    raise DdlfastError(f"kernel path {path!r} is not available; have {kernel_paths()}")
+
+
 def reduce_into(uintptr_t dst, uintptr_t src, size_t count, int dtype, int divisor=1, path=None):
     """dst = (dst + src) / divisor over raw buffers (the unit-test entry to the kernels)."""
-    cdef const KernelTable* table = &best_kernels()
-    if path is not None:
-        if path == scalar_kernels().name.decode():
-            table = &scalar_kernels()
-        elif avx2_kernels() != NULL and path == avx2_kernels().name.decode():
-            table = avx2_kernels()
-        else:
-            raise DdlfastError(f"kernel path {path!r} is not available; have {kernel_paths()}")
+    cdef const KernelTable* table = _table(path)
     if dtype < 0 or dtype >= 6:
         raise DdlfastError(f"unknown dtype code {dtype}")
     with nogil:
         table.reduce[dtype](<void*>dst, <const void*>src, count, divisor)
+
+
+def encode_wire(uintptr_t dst, uintptr_t src, size_t count, int wire, path=None):
+    """dst (fp16/bf16 bits) = wire(src float32): the compression kernels' test entry."""
+    cdef const KernelTable* table = _table(path)
+    if wire < 0 or wire > 1:
+        raise DdlfastError(f"unknown wire type {wire}")
+    with nogil:
+        table.encode[wire](<void*>dst, <const float*>src, count)
+
+
+def decode_wire(uintptr_t dst, uintptr_t src, size_t count, int wire, path=None):
+    cdef const KernelTable* table = _table(path)
+    if wire < 0 or wire > 1:
+        raise DdlfastError(f"unknown wire type {wire}")
+    with nogil:
+        table.decode[wire](<float*>dst, <const void*>src, count)
+
+
+def accumulate_wire(uintptr_t dst, uintptr_t src, size_t count, int wire, int divisor=1, path=None):
+    cdef const KernelTable* table = _table(path)
+    if wire < 0 or wire > 1:
+        raise DdlfastError(f"unknown wire type {wire}")
+    with nogil:
+        table.accumulate[wire](<float*>dst, <const void*>src, count, divisor)
 
 
 def ring_schedule(dims, int rank, size_t count):
@@ -159,16 +187,17 @@ cdef class CoreContext:
         self.get().transport().set_timeout(seconds)
 
     def allreduce(self, uintptr_t data, size_t count, int dtype, int op, dims, size_t chunk_bytes,
-                  int receives_in_flight, size_t small_bytes, order=()):
+                  int receives_in_flight, size_t small_bytes, order=(), wire=()):
         """In-place allreduce of a raw buffer; the caller validated everything.
 
         order: communicator rank of each torus position (empty: identity).
+        wire: per ring dimension, -1 float32, 0 fp16, 1 bf16 (empty: no compression).
         """
         self.allreduce_segments([data], [count], dtype, op, dims, chunk_bytes, receives_in_flight, small_bytes,
-                                order)
+                                order, wire)
 
     def allreduce_segments(self, list pointers, list counts, int dtype, int op, dims, size_t chunk_bytes,
-                           int receives_in_flight, size_t small_bytes, order=()):
+                           int receives_in_flight, size_t small_bytes, order=(), wire=()):
         """Allreduce several same-dtype buffers as one logical buffer, each in place (no packing)."""
         cdef vector[char*] bases
         cdef vector[size_t] sizes
@@ -187,6 +216,7 @@ cdef class CoreContext:
         options.receives_in_flight = receives_in_flight
         options.small_bytes = small_bytes
         options.events = &self.events if self.record_events else NULL
+        options.wire_by_dim = to_dims(wire)
         cdef Status status
         cdef Context* context = self.get()
         with nogil:
@@ -195,7 +225,7 @@ cdef class CoreContext:
         raise_on_error(status)
 
     def allreduce_array(self, array, size_t count, int dtype, int op, dims, size_t chunk_bytes,
-                        int receives_in_flight, size_t small_bytes, order=()):
+                        int receives_in_flight, size_t small_bytes, order=(), wire=()):
         """allreduce() for one array that exports a writable C-contiguous buffer.
 
         The latency path: taking the pointer through the buffer protocol costs a
@@ -207,7 +237,7 @@ cdef class CoreContext:
             if <size_t>view.len != count * <size_t>view.itemsize:
                 raise DdlfastError(f"buffer holds {view.len} bytes, expected {count} elements")
             self.allreduce(<uintptr_t>view.buf, count, dtype, op, dims, chunk_bytes, receives_in_flight,
-                           small_bytes, order)
+                           small_bytes, order, wire)
         finally:
             PyBuffer_Release(&view)
 

@@ -40,38 +40,46 @@ def _context_for(comm: MPI.Comm | None) -> Context:
 
 
 def fused_allreduce(
-    arrays: Sequence[np.ndarray], *, op: str = "sum", dims: object = None, comm: MPI.Comm | None = None
+    arrays: Sequence[np.ndarray], *, op: str = "sum", dims: object = None, comm: MPI.Comm | None = None,
+    compression: object = None, error_feedback: bool = False,
 ) -> list:
     """Allreduce many arrays in place, fused into buckets; returns the list.
 
     op: "sum" or "average". dims: "flat", "4x2" or a tuple (default
-    DDLFAST_RING_DIMS). Every rank must pass the same shapes and dtypes in the
-    same order; if they do not, every rank raises DdlfastError.
+    DDLFAST_RING_DIMS). compression: None (DDLFAST_COMPRESSION), "fp16",
+    "bf16", "none,fp16" (per ring dimension) or a ddlfast.compression.Codec /
+    hook; error_feedback keeps the wire rounding's residual per bucket. Every
+    rank must pass the same shapes and dtypes in the same order; if they do
+    not, every rank raises DdlfastError.
     """
-    return _context_for(comm).fused_allreduce(arrays, op=op, dims=dims)
+    return _context_for(comm).fused_allreduce(arrays, op=op, dims=dims, compression=compression,
+                                              error_feedback=error_feedback)
 
 
-def allreduce(array: np.ndarray, *, op: str = "sum", dims: object = None, comm: MPI.Comm | None = None) -> np.ndarray:
+def allreduce(array: np.ndarray, *, op: str = "sum", dims: object = None, comm: MPI.Comm | None = None,
+              compression: object = None) -> np.ndarray:
     """Allreduce one array in place and return it."""
     context = _default if comm is None and _default is not None else _context_for(comm)
-    return context.allreduce(array, op=op, dims=dims)
+    return context.allreduce(array, op=op, dims=dims, compression=compression)
 
 
 def fused_allreduce_async(
-    arrays: Sequence[np.ndarray], *, op: str = "sum", dims: object = None, comm: MPI.Comm | None = None
+    arrays: Sequence[np.ndarray], *, op: str = "sum", dims: object = None, comm: MPI.Comm | None = None,
+    compression: object = None, error_feedback: bool = False,
 ) -> Handle:
     """Like fused_allreduce, on the context's communication thread; returns a Handle.
 
     Do not read or write the arrays until handle.wait() returns. Several
     handles may be outstanding; they complete in submission order.
     """
-    return _context_for(comm).fused_allreduce_async(arrays, op=op, dims=dims)
+    return _context_for(comm).fused_allreduce_async(arrays, op=op, dims=dims, compression=compression,
+                                                    error_feedback=error_feedback)
 
 
 def allreduce_async(array: np.ndarray, *, op: str = "sum", dims: object = None,
-                    comm: MPI.Comm | None = None) -> Handle:
+                    comm: MPI.Comm | None = None, compression: object = None) -> Handle:
     """Like allreduce, asynchronously; handle.wait() returns the array."""
-    return _context_for(comm).allreduce_async(array, op=op, dims=dims)
+    return _context_for(comm).allreduce_async(array, op=op, dims=dims, compression=compression)
 
 
 def broadcast(array: np.ndarray, root: int = 0, comm: MPI.Comm | None = None) -> np.ndarray:

@@ -18,8 +18,8 @@ _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 # Defaults chosen from measurements on the 2-core development machine (see README).
 DEFAULT_BUCKET_BYTES = 64 << 20
 DEFAULT_FIRST_BUCKET_BYTES = 1 << 20
-DEFAULT_CHUNK_BYTES = 512 << 10
-DEFAULT_SMALL_BYTES = 32 << 10
+DEFAULT_CHUNK_BYTES = 1 << 20
+DEFAULT_SMALL_BYTES = 8 << 10
 DEFAULT_RECEIVES_IN_FLIGHT = 4
 MAX_CHUNK_BYTES = 1 << 30
 
@@ -52,6 +52,28 @@ def parse_dims(value: object, name: str = "dims") -> str | tuple[int, ...]:
     if any(d < 1 for d in dims):
         raise DdlfastError(f"{name}={value!r}: every ring dimension must be >= 1")
     return dims
+
+
+WIRE_CODECS = ("none", "fp16", "bf16", "auto")
+
+
+def parse_compression(value: object, name: str = "compression") -> tuple[str, ...]:
+    """None | 'none' | 'fp16' | 'bf16' | 'auto' | 'none,fp16' (one per ring dimension) -> names."""
+    if value is None:
+        return ("none",)
+    if isinstance(value, str):
+        names = tuple(part.strip().lower() for part in value.split(",")) if value.strip() else ("none",)
+    elif isinstance(value, (tuple, list)) and value and all(isinstance(v, str) for v in value):
+        names = tuple(v.strip().lower() for v in value)
+    else:
+        raise DdlfastError(f"{name}={value!r} must be None, a codec name or a codec object")
+    for codec in names:
+        if codec not in WIRE_CODECS:
+            raise DdlfastError(f"{name}={value!r}: unknown codec {codec!r}; use {', '.join(WIRE_CODECS)} "
+                               "(comma-separated per ring dimension), or a ddlfast.compression.Codec")
+    if "auto" in names and len(names) > 1:
+        raise DdlfastError(f"{name}={value!r}: 'auto' stands alone")
+    return names
 
 
 def _env_size(name: str, default: int, minimum: int, maximum: int | None = None) -> int:
@@ -96,7 +118,7 @@ class Settings:
     receives_in_flight: int
     ring_dims: str | tuple[int, ...]
     timeout_s: float
-    compression: str
+    compression: tuple[str, ...]  # one codec name, or one per ring dimension
 
 
 _VARIABLES = (
@@ -126,9 +148,7 @@ def load_settings() -> Settings:
 
 
 def _parse_settings() -> Settings:
-    compression = os.environ.get("DDLFAST_COMPRESSION", "none").strip().lower() or "none"
-    if compression != "none":
-        raise DdlfastError(f"DDLFAST_COMPRESSION={compression!r} is not supported by this build; use 'none'")
+    compression = parse_compression(os.environ.get("DDLFAST_COMPRESSION", "none"), "DDLFAST_COMPRESSION")
     return Settings(
         bucket_bytes=_env_size("DDLFAST_BUCKET_BYTES", DEFAULT_BUCKET_BYTES, minimum=1),
         first_bucket_bytes=_env_size("DDLFAST_FIRST_BUCKET_BYTES", DEFAULT_FIRST_BUCKET_BYTES, minimum=1),

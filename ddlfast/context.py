@@ -18,7 +18,8 @@ from ddlfast import _core
 from ddlfast.agreement import Agreement, layout_of
 from ddlfast.bucketing import assign_buckets
 from ddlfast.buffers import HostBuffer, host_buffer
-from ddlfast.config import Settings, load_settings, parse_dims
+from ddlfast.compression import Codec, ErrorFeedback, run_codec, wire_by_dim
+from ddlfast.config import Settings, load_settings, parse_compression, parse_dims
 from ddlfast.dtypes import DTYPE_CODES
 from ddlfast.errors import DdlfastError
 from ddlfast.fusion import FusedBuffers, pack, unpack
@@ -41,6 +42,12 @@ class _Request(NamedTuple):
     dims: tuple[int, ...]
     settings: Settings
     result: Any
+    compression: tuple[str, ...] | Any  # codec names, or a user Codec / CollectiveHook
+    error_feedback: bool
+
+    def layout(self) -> tuple:
+        codec = self.compression if isinstance(self.compression, tuple) else type(self.compression).__name__
+        return (*layout_of(self.buffers, self.op, self.dims), codec, self.error_feedback)
 
 
 class Context:
@@ -56,6 +63,10 @@ class Context:
         self._fused = FusedBuffers()
         self._dims_cache: dict[tuple, tuple[int, ...]] = {}
         self._rank_order: tuple[int, ...] = ()  # torus position -> rank; () is identity
+        self._hosts_tier: int | None = None  # first ring dimension that crosses hosts, when known
+        self._error_feedback = ErrorFeedback()
+        self._codec_state: dict[tuple, dict] = {}
+        self._topology: Any = None  # ddlfast.topology.Topology, built at the first collective
         self._timeline = Timeline.from_env(self._core.rank)
         self._core.record_events = self._timeline is not None
         self._worker: CommThread | None = None
@@ -108,15 +119,31 @@ class Context:
 
     def _resolve_dims_uncached(self, dims: object, settings: Settings) -> tuple[int, ...]:
         chosen = settings.ring_dims if dims is None else parse_dims(dims)
-        if chosen in ("flat", "auto"):  # auto == flat until topology detection lands
-            return (self.size,)
-        product = int(np.prod(chosen))
-        if product != self.size:
-            shape = "x".join(map(str, chosen))
-            raise DdlfastError(f"ring dims {shape} multiply to {product} but the communicator has {self.size} ranks")
-        return chosen
+        return self._topology_for(settings.bucket_bytes).resolve(chosen)
 
-    def _prepare(self, arrays: Sequence[np.ndarray], op: str, dims: object, result: Any) -> _Request:
+    def _topology_for(self, plan_bytes: int, every_tier: bool = False) -> Any:
+        """Detect placement, probe, plan: collective, once, at the context's first collective (before any
+        communication thread exists). Sets the rank order the engine renumbers its rings with."""
+        if self._topology is None:
+            from ddlfast.topology import build
+
+            self._topology = build(self._control, plan_bytes, every_tier)
+            self._rank_order = self._topology.order
+        return self._topology
+
+    def _topology_info(self, every_tier: bool = False) -> Any:
+        """ddlfast.topology(): on the communication thread when there is one, so collectives stay ordered."""
+        def run() -> Any:
+            return self._topology_for(load_settings().bucket_bytes, every_tier)
+
+        if self._worker is not None and not self._worker.on_thread():
+            return self._wait(self._worker.submit(run, "topology"))
+        with self._lock:
+            self._check_open()
+            return run()
+
+    def _prepare(self, arrays: Sequence[np.ndarray], op: str, dims: object, result: Any,
+                 compression: object = None, error_feedback: bool = False) -> _Request:
         """Validate on the caller's thread, so bad input raises where it was passed."""
         self._check_open()
         if op not in OPS:
@@ -128,7 +155,26 @@ class Context:
         settings = load_settings()
         ring_dims = self._resolve_dims(dims, settings)
         buffers = [host_buffer(array, f"array {i} on rank {self.rank}") for i, array in enumerate(arrays)]
-        return _Request(buffers, op, ring_dims, settings, list(arrays) if result is None else result)
+        codec = self._resolve_compression(compression, settings, buffers)
+        return _Request(buffers, op, ring_dims, settings, list(arrays) if result is None else result, codec,
+                        bool(error_feedback))
+
+    def _resolve_compression(self, compression: object, settings: Settings,
+                             buffers: list[HostBuffer]) -> tuple[str, ...] | Any:
+        if compression is None:
+            names = settings.compression
+        elif isinstance(compression, (str, tuple, list)):
+            names = parse_compression(compression)
+        elif isinstance(compression, Codec) or callable(compression):
+            return compression  # a user codec: checked when it runs
+        else:
+            raise DdlfastError(f"compression={compression!r} is not a codec name, a Codec or a hook")
+        if names not in (("none",), ("auto",)):
+            for i, b in enumerate(buffers):
+                if b.array.dtype != np.float32:
+                    raise DdlfastError(f"array {i} on rank {self.rank} is {b.array.dtype}: wire compression "
+                                       f"({','.join(names)}) applies to float32 arrays only")
+        return names
 
     def _ensure_worker(self) -> CommThread:
         with self._lock:
@@ -157,17 +203,21 @@ class Context:
 
     # -- collectives ---------------------------------------------------------------------------------------------
 
-    def allreduce(self, array: np.ndarray, *, op: str = "sum", dims: object = None) -> np.ndarray:
+    def allreduce(self, array: np.ndarray, *, op: str = "sum", dims: object = None,
+                  compression: object = None) -> np.ndarray:
         """One array: the latency-sensitive path, with the per-call Python work kept to a minimum."""
         code = _FAST_DTYPES.get(array.dtype) if type(array) is np.ndarray else None
-        if code is None or op not in OPS or self._worker is not None or self._timeline is not None:
-            return self.fused_allreduce([array], op=op, dims=dims)[0]  # general path, full error messages
-        self._check_open()
         settings = load_settings()
+        if (code is None or op not in OPS or self._worker is not None or self._timeline is not None
+                or compression is not None or settings.compression not in (("none",), ("auto",))):
+            # The general path: full error messages, compression, queued behind async work.
+            return self.fused_allreduce([array], op=op, dims=dims, compression=compression)[0]
+        self._check_open()
         ring_dims = self._resolve_dims(dims, settings)
         layout = (op, ring_dims, ((array.dtype, array.shape),))
         with self._lock:
             self._check_open()
+            layout = (*layout, ("auto",) if settings.compression == ("auto",) else ("none",), False)
             if not self._agreement.known(layout):
                 self._agreement.check(layout)
             self._core.set_timeout(settings.timeout_s)
@@ -179,18 +229,21 @@ class Context:
                 raise
         return array
 
-    def fused_allreduce(self, arrays: Sequence[np.ndarray], *, op: str = "sum", dims: object = None) -> list:
-        return self._run_now_or_in_order(self._prepare(arrays, op, dims, None))
+    def fused_allreduce(self, arrays: Sequence[np.ndarray], *, op: str = "sum", dims: object = None,
+                        compression: object = None, error_feedback: bool = False) -> list:
+        return self._run_now_or_in_order(self._prepare(arrays, op, dims, None, compression, error_feedback))
 
     def fused_allreduce_async(self, arrays: Sequence[np.ndarray], *, op: str = "sum", dims: object = None,
+                              compression: object = None, error_feedback: bool = False,
                               result: Any = None) -> Handle:
         """Queue the collective on the communication thread; wait() returns the list (or `result`)."""
-        request = self._prepare(arrays, op, dims, result)
+        request = self._prepare(arrays, op, dims, result, compression, error_feedback)
         return self._ensure_worker().submit(lambda: self._execute(request), f"fused_allreduce of {len(arrays)} arrays")
 
-    def allreduce_async(self, array: np.ndarray, *, op: str = "sum", dims: object = None) -> Handle:
+    def allreduce_async(self, array: np.ndarray, *, op: str = "sum", dims: object = None,
+                        compression: object = None) -> Handle:
         """Queue one array; wait() returns the array."""
-        return self.fused_allreduce_async([array], op=op, dims=dims, result=array)
+        return self.fused_allreduce_async([array], op=op, dims=dims, compression=compression, result=array)
 
     def broadcast(self, array: np.ndarray, root: int = 0) -> np.ndarray:
         """Copy `root`'s array into every rank's array, in place (MPI_Bcast)."""
@@ -225,23 +278,42 @@ class Context:
     def _execute(self, request: _Request) -> Any:
         settings, buffers = request.settings, request.buffers
         self._core.set_timeout(settings.timeout_s)
-        self._agreement.check(layout_of(buffers, request.op, request.dims))
+        layout = request.layout()
+        self._agreement.check(layout)
         if len(buffers) == 1:
-            self._reduce_bucket(buffers, OPS[request.op], request.dims, settings)
+            buckets = [(0, buffers)]
         else:
-            buckets = assign_buckets(
+            assigned = assign_buckets(
                 [b.array.dtype for b in buffers], [b.nbytes for b in buffers],
                 settings.bucket_bytes, settings.first_bucket_bytes,
             )
-            for bucket in buckets:
-                self._reduce_bucket([buffers[i] for i in bucket.indices], OPS[request.op], request.dims, settings)
+            buckets = [(i, [buffers[j] for j in bucket.indices]) for i, bucket in enumerate(assigned)]
+        for index, members in buckets:
+            if isinstance(request.compression, tuple):
+                self._reduce_bucket(members, request, (layout, index))
+            else:
+                self._run_user_codec(members, request, (layout, index))
         if self._timeline is not None:
             self._timeline.flush()
         return request.result
 
-    def _reduce_bucket(self, members: list[HostBuffer], op: int, dims: tuple[int, ...], settings: Settings) -> None:
+    def _run_user_codec(self, members: list[HostBuffer], request: _Request, key: tuple) -> None:
+        fused = self._fused.get(members[0].array.dtype, sum(b.count for b in members))
+        pack(fused, members)
+        run_codec(request.compression, fused, self._codec_state.setdefault(key, {}), self, request.op)
+        unpack(fused, members)
+
+    def _reduce_bucket(self, members: list[HostBuffer], request: _Request, key: tuple) -> None:
         """Large arrays are reduced where they lie, as segments of one logical buffer;
         only the small ones are packed (their per-message cost would dominate)."""
+        settings, op, dims = request.settings, OPS[request.op], request.dims
+        wire = wire_by_dim(request.compression, dims, self._hosts_tier)
+        if wire and request.error_feedback:
+            names = [n for n in request.compression if n in ("fp16", "bf16")]
+            for position, b in enumerate(members):
+                self._error_feedback.apply((key, position), b.array, names[0])
+        check_overflow = bool(wire) and any(code == 0 for code in wire)
+        inputs_finite = check_overflow and all(np.isfinite(b.array).all() for b in members)
         small = [b for b in members if b.nbytes < PACK_BELOW_BYTES]
         if len(small) == 1:
             small = []
@@ -261,13 +333,16 @@ class Context:
                 pointers.append(b.pointer)
                 counts.append(b.count)
         self._core.allreduce_segments(pointers, counts, members[0].dtype_code, op, dims, settings.chunk_bytes,
-                                      settings.receives_in_flight, settings.small_bytes, self._rank_order)
+                                      settings.receives_in_flight, settings.small_bytes, self._rank_order, wire)
         self._record_engine_events()
         if fused is not None:
             start = time.perf_counter()
             unpack(fused, small)
             if self._timeline is not None:
                 self._timeline.add("unpack", start, time.perf_counter(), arrays=len(small), bytes=fused.nbytes)
+        if inputs_finite and not all(np.isfinite(b.array).all() for b in members):
+            raise DdlfastError(f"fp16 wire overflow on rank {self.rank}: partial sums exceeded +-65504 and the "
+                               "result holds inf; use compression='bf16' or op='average' (which pre-scales)")
 
     def _record_engine_events(self) -> None:
         if self._timeline is not None:

@@ -194,10 +194,10 @@ def save_plot(rows: list[dict], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    sizes = [row["bytes"] for row in rows]
+    sizes = [row["size_bytes"] for row in rows]
     fig, axis = plt.subplots(figsize=(7, 4.5))
-    axis.plot(sizes, [row["ddlfast"]["busbw_gbs"] for row in rows], "o-", label="ddlfast")
-    axis.plot(sizes, [row["mpi"]["busbw_gbs"] for row in rows], "s--", label="MPI_Allreduce (mpi4py)")
+    axis.plot(sizes, [row["ddlfast"]["busbw_GBps"] for row in rows], "o-", label="ddlfast")
+    axis.plot(sizes, [row["mpi"]["busbw_GBps"] for row in rows], "s--", label="MPI_Allreduce (mpi4py)")
     axis.set_xscale("log", base=2)
     axis.set_xlabel("message size (bytes)")
     axis.set_ylabel("busbw (GB/s)")
@@ -256,7 +256,9 @@ def main(argv: list[str] | None = None) -> int:
         if show:
             print("[3] allreduce bench: ddlfast beside MPI_Allreduce, same run")
         rows = bench.run_bench(sizes=bench.parse_sizes(args.sizes), dtype="float32", dims_list=["flat"],
-                               iters=None, warmup=1, op="sum", check=True)
+                               iters=None, warmup=None, op="sum", check=True)
+        if any(row.get("check") != "ok" for row in rows):
+            status = 1
         if show:
             print(bench.format_table(rows, world))
             if world > 1:

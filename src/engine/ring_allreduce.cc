@@ -4,58 +4,22 @@
 #include <chrono>
 #include <string>
 
+#include "engine/chunking.h"
 #include "kernels/cpu_kernels.h"
 #include "transport/mpi_transport.h"
 
 namespace ddlfast {
 namespace {
 
-// One chunk of one step: the unit that is received, reduced and forwarded.
-struct ChunkItem {
-  int step;
-  std::size_t offset;  // elements
-  std::size_t count;
-};
+using namespace chunking;  // NOLINT: the engine's own helpers
 
-// Cuts `range` into chunks of at most chunk_elems that never cross a segment
-// boundary; sender and receiver cut the same range identically.
-void append_chunks(const SegmentedBuffer& data, int step, ElementRange range, std::size_t chunk_elems,
-                   std::vector<ChunkItem>* items) {
-  std::size_t done = 0;
-  while (done < range.count) {
-    const std::size_t offset = range.offset + done;
-    const std::size_t n = std::min({chunk_elems, range.count - done, data.contiguous_from(offset)});
-    items->push_back({step, offset, n});
+void prescale(const SegmentedBuffer& data, float scale) {
+  for (std::size_t done = 0; done < data.count();) {
+    const std::size_t n = data.contiguous_from(done);
+    float* values = reinterpret_cast<float*>(data.address(done));
+    for (std::size_t i = 0; i < n; ++i) values[i] *= scale;
     done += n;
   }
-}
-
-std::vector<ChunkItem> chunk_items(const SegmentedBuffer& data, const RingPhase& phase, std::size_t chunk_elems) {
-  std::vector<ChunkItem> items;
-  for (int s = 0; s < static_cast<int>(phase.steps.size()); ++s) {
-    append_chunks(data, s, phase.steps[s].recv, chunk_elems, &items);
-  }
-  return items;
-}
-
-// Tags separate phases and steps so a fast rank's next-step chunks can never
-// match a slow rank's current-step receives.
-constexpr int kTagsPerPhase = 1 << 12;
-constexpr int kTagSpace = 1 << 15;  // MPI guarantees tags up to 32767
-int step_tag(int tag_base, int step) { return (tag_base + step) % kTagSpace; }
-
-// Posts step 0's sends (data this rank already holds) in chunks; later steps
-// are sent chunk by chunk as they arrive.
-Status send_first_step(Transport* transport, const SegmentedBuffer& data, const RingPhase& phase, int tag,
-                       std::size_t chunk_elems) {
-  std::vector<ChunkItem> items;
-  append_chunks(data, 0, phase.steps[0].send, chunk_elems, &items);
-  for (const ChunkItem& item : items) {
-    RequestId ignored;
-    DDLFAST_RETURN_IF_ERROR(transport->isend(data.address(item.offset), item.count * data.element_size(),
-                                             phase.successor, tag, &ignored));
-  }
-  return Status::ok();
 }
 
 double monotonic_seconds() {
@@ -130,8 +94,23 @@ Status RingAllreduce::run(const SegmentedBuffer& data, DType dtype, ReduceOp op,
   const std::size_t count = data.count();
   if (count == 0 || world == 1) return Status::ok();
   const std::size_t esize = dtype_size(dtype);
-  const int divisor = op == ReduceOp::kAverage ? world : 1;
+  int divisor = op == ReduceOp::kAverage ? world : 1;
   if (count * esize <= options.small_bytes) return run_small(data, dtype, divisor, options);
+  const bool compressed = std::any_of(options.wire_by_dim.begin(), options.wire_by_dim.end(),
+                                      [](int wire) { return wire >= 0; });
+  if (compressed) {
+    if (dtype != DType::kFloat32) return Status::invalid("wire compression needs float32 data");
+    if (options.wire_by_dim.size() != static_cast<std::size_t>(torus_.num_dims())) {
+      return Status::invalid("compression is given for " + std::to_string(options.wire_by_dim.size()) +
+                             " dimensions but the ring has " + std::to_string(torus_.num_dims()));
+    }
+    if (divisor != 1) {
+      // Average pre-scales, so partial sums stay within the inputs' range and
+      // cannot overflow fp16 where the inputs did not.
+      prescale(data, 1.0f / static_cast<float>(divisor));
+      divisor = 1;
+    }
+  }
   RingSchedule schedule = build_ring_schedule(torus_, position_, count);
   for (RingPhase& phase : schedule.phases) {  // torus positions -> communicator ranks
     phase.successor = order_[phase.successor];
@@ -145,11 +124,15 @@ Status RingAllreduce::run(const SegmentedBuffer& data, DType dtype, ReduceOp op,
     const RingPhase& phase = schedule.phases[i];
     const int tag_base = (i * kTagsPerPhase) % kTagSpace;
     const double start = monotonic_seconds();
+    const int wire = compressed ? options.wire_by_dim[phase.dim] : -1;
     if (phase.kind == PhaseKind::kReduceScatter) {
       const int final_divisor = i == last_reduce_scatter ? divisor : 1;
-      DDLFAST_RETURN_IF_ERROR(reduce_scatter_phase(data, phase, tag_base, dtype, final_divisor, options));
+      DDLFAST_RETURN_IF_ERROR(
+          wire >= 0 ? compressed_reduce_scatter_phase(data, phase, tag_base, wire, final_divisor, options)
+                    : reduce_scatter_phase(data, phase, tag_base, dtype, final_divisor, options));
     } else {
-      DDLFAST_RETURN_IF_ERROR(allgather_phase(data, phase, tag_base, dtype, options));
+      DDLFAST_RETURN_IF_ERROR(wire >= 0 ? compressed_allgather_phase(data, phase, tag_base, wire, options)
+                                        : allgather_phase(data, phase, tag_base, dtype, options));
     }
     if (options.events) {
       std::size_t phase_bytes = 0;

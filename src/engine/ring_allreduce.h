@@ -25,12 +25,15 @@ struct PhaseEvent {
 };
 
 struct EngineOptions {
-  std::size_t chunk_bytes = 512 * 1024;
+  std::size_t chunk_bytes = 1024 * 1024;
   int receives_in_flight = 4;  // scratch slots per reduce-scatter phase (>= 2)
   // Buffers of at most this many bytes go to MPI_Allreduce (latency-bound
   // sizes, where log(p) steps beat 2(p-1)). 0 disables the handoff.
   std::size_t small_bytes = 0;
   std::vector<PhaseEvent>* events = nullptr;  // append phase events here when set
+  // Wire type per torus dimension for float32 data: -1 sends float32, 0 fp16,
+  // 1 bf16 (WireType). Empty: no compression anywhere.
+  std::vector<int> wire_by_dim;
 };
 
 class MpiTransport;
@@ -56,6 +59,11 @@ class RingAllreduce {
   Status run_small(const SegmentedBuffer& data, DType dtype, int divisor, const EngineOptions& options);
   Status reduce_scatter_phase(const SegmentedBuffer& data, const RingPhase& phase, int tag_base, DType dtype, int final_divisor,
                               const EngineOptions& options);
+  // Compressed variants: the wire carries fp16/bf16, accumulation stays fp32.
+  Status compressed_reduce_scatter_phase(const SegmentedBuffer& data, const RingPhase& phase, int tag_base,
+                                         int wire, int final_divisor, const EngineOptions& options);
+  Status compressed_allgather_phase(const SegmentedBuffer& data, const RingPhase& phase, int tag_base, int wire,
+                                    const EngineOptions& options);
   Status allgather_phase(const SegmentedBuffer& data, const RingPhase& phase, int tag_base, DType dtype,
                          const EngineOptions& options);
 
@@ -67,6 +75,8 @@ class RingAllreduce {
   std::vector<int> order_;  // torus position -> communicator rank
   int position_;            // this rank's torus position
   std::vector<unsigned char> scratch_;  // persistent across calls
+  std::vector<unsigned char> send_stage_;  // encoded chunks until their sends complete
+  std::vector<unsigned char> recv_stage_;  // encoded allgather chunks, kept for forwarding
 };
 
 }  // namespace ddlfast

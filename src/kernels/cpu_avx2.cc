@@ -62,6 +62,49 @@ void reduce_bf16(void* dst_v, const void* src_v, std::size_t n, int divisor) {
   for (; i < n; ++i) dst[i] = float_to_bfloat16((bfloat16_to_float(dst[i]) + bfloat16_to_float(src[i])) * scale_value);
 }
 
+void encode_fp16(void* dst_v, const float* src, std::size_t n) {
+  auto* dst = static_cast<std::uint16_t*>(dst_v);
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+  }
+  for (; i < n; ++i) dst[i] = float_to_half(src[i]);
+}
+
+void encode_bf16(void* dst_v, const float* src, std::size_t n) {
+  auto* dst = static_cast<std::uint16_t*>(dst_v);
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), ps_to_bf16x8(_mm256_loadu_ps(src + i)));
+  for (; i < n; ++i) dst[i] = float_to_bfloat16(src[i]);
+}
+
+inline __m256 fp16x8_to_ps(const std::uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+template <__m256 (*Load)(const std::uint16_t*), float (*ToFloat)(std::uint16_t)>
+void decode_wire(float* dst, const void* src_v, std::size_t n) {
+  const auto* src = static_cast<const std::uint16_t*>(src_v);
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, Load(src + i));
+  for (; i < n; ++i) dst[i] = ToFloat(src[i]);
+}
+
+template <__m256 (*Load)(const std::uint16_t*), float (*ToFloat)(std::uint16_t)>
+void accumulate_wire(float* dst, const void* src_v, std::size_t n, int divisor) {
+  const auto* src = static_cast<const std::uint16_t*>(src_v);
+  const float scale_value = divisor == 1 ? 1.0f : 1.0f / static_cast<float>(divisor);
+  const __m256 scale = _mm256_set1_ps(scale_value);
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 sum = _mm256_add_ps(_mm256_loadu_ps(dst + i), Load(src + i));
+    if (divisor != 1) sum = _mm256_mul_ps(sum, scale);
+    _mm256_storeu_ps(dst + i, sum);
+  }
+  for (; i < n; ++i) dst[i] = divisor == 1 ? dst[i] + ToFloat(src[i]) : (dst[i] + ToFloat(src[i])) * scale_value;
+}
+
 }  // namespace
 
 const KernelTable* avx2_kernels() {
@@ -76,6 +119,9 @@ const KernelTable* avx2_kernels() {
           &generic::reduce_int<std::int32_t>,
           &generic::reduce_int<std::int64_t>,
       },
+      {&encode_fp16, &encode_bf16},
+      {&decode_wire<fp16x8_to_ps, half_to_float>, &decode_wire<bf16x8_to_ps, bfloat16_to_float>},
+      {&accumulate_wire<fp16x8_to_ps, half_to_float>, &accumulate_wire<bf16x8_to_ps, bfloat16_to_float>},
   };
   return supported ? &table : nullptr;
 }

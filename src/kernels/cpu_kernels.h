@@ -13,9 +13,22 @@ namespace ddlfast {
 // fp16/bf16 add in fp32 and round once.
 using ReduceFn = void (*)(void* dst, const void* src, std::size_t n, int divisor);
 
+// Wire codecs for compressed transfers of float32 data (index: WireType).
+enum class WireType : int { kFloat16 = 0, kBFloat16 = 1 };
+constexpr int kNumWireTypes = 2;
+// dst_wire[i] = wire(src[i]), rounding to nearest even.
+using EncodeFn = void (*)(void* dst_wire, const float* src, std::size_t n);
+// dst[i] = float(src_wire[i]).
+using DecodeFn = void (*)(float* dst, const void* src_wire, std::size_t n);
+// dst[i] = (dst[i] + float(src_wire[i])) / divisor: accumulation stays in fp32.
+using AccumulateFn = void (*)(float* dst, const void* src_wire, std::size_t n, int divisor);
+
 struct KernelTable {
   const char* name;
   ReduceFn reduce[kNumDTypes];
+  EncodeFn encode[kNumWireTypes];
+  DecodeFn decode[kNumWireTypes];
+  AccumulateFn accumulate[kNumWireTypes];
 };
 
 const KernelTable& scalar_kernels();
@@ -26,5 +39,7 @@ const KernelTable& best_kernels();
 inline void reduce_into(DType dtype, void* dst, const void* src, std::size_t n, int divisor) {
   best_kernels().reduce[static_cast<int>(dtype)](dst, src, n, divisor);
 }
+
+inline std::size_t wire_size(WireType) { return 2; }
 
 }  // namespace ddlfast

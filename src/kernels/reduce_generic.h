@@ -48,6 +48,29 @@ inline void reduce_half_scalar(void* dst_v, const void* src_v, std::size_t n, in
   for (std::size_t i = 0; i < n; ++i) dst[i] = FromFloat((ToFloat(dst[i]) + ToFloat(src[i])) * scale);
 }
 
+template <std::uint16_t (*FromFloat)(float)>
+inline void encode_scalar(void* dst_v, const float* src, std::size_t n) {
+  auto* dst = static_cast<std::uint16_t*>(dst_v);
+  for (std::size_t i = 0; i < n; ++i) dst[i] = FromFloat(src[i]);
+}
+
+template <float (*ToFloat)(std::uint16_t)>
+inline void decode_scalar(float* dst, const void* src_v, std::size_t n) {
+  const auto* src = static_cast<const std::uint16_t*>(src_v);
+  for (std::size_t i = 0; i < n; ++i) dst[i] = ToFloat(src[i]);
+}
+
+template <float (*ToFloat)(std::uint16_t)>
+inline void accumulate_scalar(float* dst, const void* src_v, std::size_t n, int divisor) {
+  const auto* src = static_cast<const std::uint16_t*>(src_v);
+  if (divisor == 1) {
+    for (std::size_t i = 0; i < n; ++i) dst[i] = dst[i] + ToFloat(src[i]);
+  } else {
+    const float scale = 1.0f / static_cast<float>(divisor);
+    for (std::size_t i = 0; i < n; ++i) dst[i] = (dst[i] + ToFloat(src[i])) * scale;
+  }
+}
+
 }  // namespace generic
 }  // namespace
 }  // namespace ddlfast

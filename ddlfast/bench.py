@@ -1,0 +1,408 @@
+"""Benchmark ddlfast's allreduce beside MPI's own MPI_Allreduce (nccl-tests conventions).
+
+    mpiexec -n 4 python -m ddlfast.bench --sizes 4KiB,1MiB,64MiB --dims flat,2x2 --check
+
+For every size (and every ring shape in --dims) the two allreduces alternate, iteration by iteration, so both see
+the same machine conditions: ddlfast.allreduce, then mpi4py's comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM), then
+ddlfast again, and so on. Before each timed call the buffer is reset from a pristine copy and the ranks meet at a
+Barrier (neither is timed); MPI.Wtime times the call alone. An iteration's time is the slowest rank's time (an
+allreduce MAX over the ranks) and a row reports the median over iterations.
+
+    algbw = bytes / time          busbw = algbw * 2(p-1)/p          ratio = busbw_ddlfast / busbw_mpi
+
+ratio > 1 means ddlfast is faster. With one rank nothing moves (2(p-1)/p = 0): busbw and ratio print "n/a".
+run_bench() and format_table() are the same machinery for other code (the demo, tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from collections.abc import Sequence
+from statistics import median
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+import ddlfast
+from ddlfast import config
+from ddlfast.errors import DdlfastError
+
+DEFAULT_SIZES = "4KiB,64KiB,1MiB,16MiB,64MiB"
+DTYPES = ("float32", "float64", "float16", "int32", "int64")
+OPS = ("sum", "average")
+# Auto iteration count: about this many bytes reduced per row and per library, clamped to [MIN, MAX] iterations.
+AUTO_BYTES_PER_ROW = 512 << 20
+AUTO_MIN_ITERS = 5
+AUTO_MAX_ITERS = 200
+BASELINE = "mpi4py comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)"
+_SEED = 20240917
+
+
+# -- sizes, shapes, iteration counts --------------------------------------------------------------------------------
+
+
+def parse_sizes(text: str) -> list[int]:
+    """'4KiB,1MiB,64M' -> [4096, 1048576, 67108864] (bytes)."""
+    sizes = []
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        value = config.parse_size(part, "--sizes")
+        if value <= 0:
+            raise DdlfastError(f"--sizes: {part.strip()!r} must be more than 0 bytes")
+        sizes.append(value)
+    if not sizes:
+        raise DdlfastError("--sizes is empty; use e.g. 4KiB,1MiB,64MiB")
+    return sizes
+
+
+def parse_dims_list(text: str | Sequence[object], world: int) -> list[str]:
+    """'flat,2x2' -> ['flat', '2x2'], each checked against the world size."""
+    items = text.split(",") if isinstance(text, str) else list(text)
+    names = []
+    for item in items:
+        if isinstance(item, str) and not item.strip():
+            continue
+        dims = config.parse_dims(item.strip() if isinstance(item, str) else item, "--dims")
+        if isinstance(dims, tuple):
+            product = int(np.prod(dims))
+            if product != world:
+                shape = "x".join(map(str, dims))
+                raise DdlfastError(f"--dims {shape} multiplies to {product} but there are {world} ranks")
+            names.append("x".join(map(str, dims)))
+        else:
+            names.append(dims)
+    if not names:
+        raise DdlfastError("--dims is empty; use e.g. flat or flat,2x2")
+    return names
+
+
+def auto_iters(nbytes: int) -> int:
+    """Many iterations for small sizes (cheap, noisy), at least AUTO_MIN_ITERS for the big ones."""
+    return max(AUTO_MIN_ITERS, min(AUTO_MAX_ITERS, AUTO_BYTES_PER_ROW // max(nbytes, 1)))
+
+
+def auto_warmup(iters: int) -> int:
+    return max(2, min(10, iters // 10))
+
+
+def format_bytes(nbytes: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:
+            return f"{nbytes >> shift}{unit}"
+    return f"{nbytes}B"
+
+
+def busbw_factor(world: int) -> float:
+    return 2.0 * (world - 1) / world
+
+
+# -- inputs and the correctness check -------------------------------------------------------------------------------
+
+
+def _pristine(count: int, dtype: np.dtype, rank: int, world: int) -> np.ndarray:
+    """Deterministic per-rank input: floats in [-1, 1), ints in [-1000, 1000] (no overflow, exact sums)."""
+    rng = np.random.default_rng([_SEED, world, rank, count])
+    if dtype.kind == "f":
+        return (rng.random(count, dtype=np.float32) * 2.0 - 1.0).astype(dtype)
+    return rng.integers(-1000, 1001, size=count, dtype=dtype)
+
+
+def _expected_from_mpi(mpi_sum: np.ndarray, op: str, world: int) -> np.ndarray:
+    if op == "sum":
+        return mpi_sum
+    if mpi_sum.dtype.kind == "f":
+        return (mpi_sum.astype(np.float64) / world).astype(mpi_sum.dtype)
+    # Integer average truncates toward zero, like C division.
+    return (np.sign(mpi_sum) * (np.abs(mpi_sum) // world)).astype(mpi_sum.dtype)
+
+
+def _check_row(ours: np.ndarray, mpi_sum: np.ndarray, pristine: np.ndarray, op: str, comm: MPI.Intracomm,
+               what: str) -> list[str]:
+    """Compare ddlfast's result with MPI's on every rank; [] when they agree. Collective: every rank calls it."""
+    world, rank = comm.Get_size(), comm.Get_rank()
+    expected = _expected_from_mpi(mpi_sum, op, world)
+    problem = None
+    if ours.dtype.kind == "f":
+        # Per element: two summation orders of p terms each differ by at most ~2(p+1) eps * sum_r |x_r|.
+        abs_sum = np.abs(pristine.astype(np.float64))
+        comm.Allreduce(MPI.IN_PLACE, abs_sum, op=MPI.SUM)
+        eps = float(np.finfo(ours.dtype).eps)
+        scale = 1.0 / world if op == "average" else 1.0
+        tolerance = 2.0 * (world + 1) * eps * abs_sum * scale + float(np.finfo(ours.dtype).tiny)
+        diff = np.abs(ours.astype(np.float64) - expected.astype(np.float64))
+        bad = ~(diff <= tolerance)  # NaN counts as a mismatch
+        if bad.any():
+            index = int(np.flatnonzero(bad)[0])
+            problem = (
+                f"{what}: rank {rank}: {int(bad.sum())} of {ours.size} elements differ from MPI_Allreduce beyond "
+                f"tolerance; first at index {index}: ddlfast={float(ours[index])!r}, MPI={float(expected[index])!r}, "
+                f"|diff|={diff[index]:.3g} > tolerance {tolerance[index]:.3g} (max |diff| {np.nanmax(diff):.3g})"
+            )
+    else:
+        bad = ours != expected
+        if bad.any():
+            index = int(np.flatnonzero(bad)[0])
+            problem = (
+                f"{what}: rank {rank}: {int(bad.sum())} of {ours.size} elements differ from MPI_Allreduce "
+                f"(integers must match exactly); first at index {index}: ddlfast={int(ours[index])}, "
+                f"MPI={int(expected[index])}"
+            )
+    problems = [p for p in comm.allgather(problem) if p is not None]
+    # ddlfast promises identical bits on every rank.
+    digest = hashlib.blake2b(ours.view(np.uint8), digest_size=16).hexdigest()
+    digests = comm.allgather(digest)
+    if len(set(digests)) > 1:
+        groups: dict[str, list[int]] = {}
+        for r, d in enumerate(digests):
+            groups.setdefault(d, []).append(r)
+        described = "; ".join(
+            f"rank{'s' if len(r) > 1 else ''} {','.join(map(str, r))}: {d[:12]}" for d, r in groups.items()
+        )
+        problems.append(f"{what}: ddlfast results are not bitwise identical on every rank ({described})")
+    return problems
+
+
+# -- the measurement ------------------------------------------------------------------------------------------------
+
+
+def _summary(samples_s: np.ndarray, nbytes: int, world: int) -> dict[str, Any]:
+    time_s = float(median(samples_s.tolist()))
+    algbw = nbytes / time_s / 1e9 if time_s > 0 else None
+    busbw = algbw * busbw_factor(world) if algbw is not None and world > 1 else None
+    return {
+        "median_us": time_s * 1e6,
+        "algbw_GBps": algbw,
+        "busbw_GBps": busbw,
+        "samples_us": [t * 1e6 for t in samples_s.tolist()],
+    }
+
+
+def run_bench(
+    sizes: Sequence[int],
+    dtype: str = "float32",
+    dims_list: Sequence[object] = ("flat",),
+    iters: int | None = None,
+    warmup: int | None = None,
+    op: str = "sum",
+    check: bool = False,
+    *,
+    comm: MPI.Intracomm | None = None,
+) -> list[dict[str, Any]]:
+    """Measure ddlfast.allreduce beside comm.Allreduce for every size (bytes) and ring shape; collective.
+
+    iters/warmup None = automatic (see auto_iters). Returns the same rows on every rank: one dict per
+    (dims, size) with both libraries' per-iteration samples (max over ranks), medians and bandwidths, and,
+    with check=True, "check" ("ok"/"FAIL") and "check_errors" (messages naming rank, index and values).
+    """
+    comm = MPI.COMM_WORLD if comm is None else comm
+    if op not in OPS:
+        raise DdlfastError(f"op={op!r} is not one of {', '.join(OPS)}")
+    if dtype not in DTYPES:
+        raise DdlfastError(f"dtype={dtype!r} is not one of {', '.join(DTYPES)}")
+    world, rank = comm.Get_size(), comm.Get_rank()
+    np_dtype = np.dtype(dtype)
+    dims_names = parse_dims_list(dims_list, world)
+    settings = config.load_settings()
+    rows = []
+    for dims in dims_names:
+        for size in sizes:
+            count = size // np_dtype.itemsize
+            if count < 1:
+                raise DdlfastError(f"size {size} B is smaller than one {dtype} element")
+            nbytes = count * np_dtype.itemsize
+            n_iters = auto_iters(nbytes) if iters is None else int(iters)
+            n_warmup = auto_warmup(n_iters) if warmup is None else int(warmup)
+            if n_iters < 1 or n_warmup < 0:
+                raise DdlfastError(f"iters must be >= 1 and warmup >= 0 (got {n_iters}, {n_warmup})")
+            pristine = _pristine(count, np_dtype, rank, world)
+            ours = np.empty_like(pristine)
+            theirs = np.empty_like(pristine)
+
+            def run_ours(buf: np.ndarray = ours, dims: str = dims) -> None:
+                ddlfast.allreduce(buf, op=op, dims=dims, comm=comm)
+
+            def run_theirs(buf: np.ndarray = theirs) -> None:
+                comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+
+            samples = np.zeros((n_iters, 2), dtype=np.float64)
+            for i in range(n_warmup + n_iters):
+                for column, (buf, call) in enumerate(((ours, run_ours), (theirs, run_theirs))):
+                    np.copyto(buf, pristine)
+                    comm.Barrier()
+                    start = MPI.Wtime()
+                    call()
+                    elapsed = MPI.Wtime() - start
+                    if i >= n_warmup:
+                        samples[i - n_warmup, column] = elapsed
+            comm.Allreduce(MPI.IN_PLACE, samples, op=MPI.MAX)  # each iteration: the slowest rank's time
+
+            row: dict[str, Any] = {
+                "size_bytes": nbytes,
+                "count": count,
+                "dtype": dtype,
+                "dims": dims,
+                "op": op,
+                "world": world,
+                "iters": n_iters,
+                "warmup": n_warmup,
+                "chunk_bytes": settings.chunk_bytes,
+                "small_bytes": settings.small_bytes,
+                # The core hands buffers <= DDLFAST_SMALL_BYTES to MPI_Allreduce (latency-bound sizes).
+                "path": "local" if world == 1 else "mpi-handoff" if nbytes <= settings.small_bytes else "ring",
+                "ddlfast": _summary(samples[:, 0], nbytes, world),
+                "mpi": _summary(samples[:, 1], nbytes, world),
+            }
+            ours_bw, theirs_bw = row["ddlfast"]["busbw_GBps"], row["mpi"]["busbw_GBps"]
+            row["ratio"] = ours_bw / theirs_bw if ours_bw is not None and theirs_bw else None
+            if check:
+                what = f"{format_bytes(nbytes)} {dtype} dims {dims} op {op}"
+                errors = _check_row(ours, theirs, pristine, op, comm, what)
+                row["check"] = "FAIL" if errors else "ok"
+                row["check_errors"] = errors
+            rows.append(row)
+            del pristine, ours, theirs
+    return rows
+
+
+# -- output ---------------------------------------------------------------------------------------------------------
+
+
+def _num(value: float | None, digits: int = 2) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def header_lines(rows: Sequence[dict[str, Any]], world: int) -> list[str]:
+    info = ddlfast.build_info()
+    first = rows[0] if rows else {}
+    chunk = first.get("chunk_bytes", config.load_settings().chunk_bytes)
+    small = first.get("small_bytes", config.load_settings().small_bytes)
+    op = first.get("op", "sum")
+    factor = f"{busbw_factor(world):.3f}" if world > 1 else "0 -> busbw n/a"
+    lines = [
+        f"# ddlfast bench: allreduce op={op}, world size {world} (busbw factor 2(p-1)/p = {factor})",
+        f"# build: kernel {info.get('kernel_selected', '?')} (available: {', '.join(info.get('kernel_paths', []))}), "
+        f"MPI library: {' '.join(str(info.get('mpi_library', '?')).split())}, "
+        f"mpi4py on {info.get('mpi4py_vendor', '?')}, compiler {info.get('compiler', '?')}",
+        f"# settings: chunk bytes {chunk} ({format_bytes(chunk)}, DDLFAST_CHUNK_BYTES), small bytes {small} "
+        f"(DDLFAST_SMALL_BYTES: buffers <= this go to MPI_Allreduce, path 'mpi-handoff')",
+        f"# baseline: {BASELINE}, alternated with ddlfast every iteration",
+        "# time: median over iterations of the slowest rank's time; GB/s = 1e9 B/s; "
+        "ratio = busbw_ddlfast / busbw_mpi (>1: ddlfast faster)",
+    ]
+    if op == "average":
+        lines.append("# note: op=average; the MPI baseline is Allreduce SUM (MPI has no average op)")
+    return lines
+
+
+def format_table(rows: Sequence[dict[str, Any]], world: int) -> str:
+    """nccl-tests style table (header lines included) of run_bench rows."""
+    checked = any("check" in row for row in rows)
+    left = f"{'size(B)':>12} {'count':>11} {'type':>8} {'dims':>6} {'path':>11}"
+    lib = f"{'time(us)':>10} {'algbw':>7} {'busbw':>7}"
+    units = f"{'':>10} {'(GB/s)':>7} {'(GB/s)':>7}"
+    span = len(lib)
+    lines = header_lines(rows, world) + [
+        "#",
+        f"# {'':{len(left)}} | {'ddlfast':^{span}} | {'MPI_Allreduce':^{span}} |",
+        f"# {left} | {lib} | {lib} | {'ratio':>6}" + (f" {'check':>6}" if checked else ""),
+        f"# {'':{len(left)}} | {units} | {units} |",
+    ]
+    for row in rows:
+        cells = [f"{row['size_bytes']:>12} {row['count']:>11} {row['dtype']:>8} {row['dims']:>6} {row['path']:>11}"]
+        for lib_name in ("ddlfast", "mpi"):
+            r = row[lib_name]
+            cells.append(f"{r['median_us']:>10.1f} {_num(r['algbw_GBps']):>7} {_num(r['busbw_GBps']):>7}")
+        cells.append(f"{_num(row['ratio']):>6}" + (f" {row.get('check', '-'):>6}" if checked else ""))
+        lines.append("  " + " | ".join(cells))
+    return "\n".join(lines)
+
+
+def json_document(rows: Sequence[dict[str, Any]], world: int) -> dict[str, Any]:
+    return {
+        "benchmark": "ddlfast.allreduce vs MPI_Allreduce",
+        "world": world,
+        "baseline": BASELINE,
+        "time": "per iteration the max over ranks (us); median_us is the median over iterations",
+        "bandwidth": "algbw = bytes/time, busbw = algbw*2(p-1)/p, GB/s = 1e9 B/s; null when p = 1",
+        "build_info": ddlfast.build_info(),
+        "rows": list(rows),
+    }
+
+
+# -- command line ---------------------------------------------------------------------------------------------------
+
+
+class _RankZeroParser(argparse.ArgumentParser):
+    """Help and usage errors printed once (by rank 0), not once per rank."""
+
+    def _print_message(self, message: str, file: Any = None) -> None:
+        if MPI.COMM_WORLD.Get_rank() == 0:
+            super()._print_message(message, file)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _RankZeroParser(
+        prog="python -m ddlfast.bench",
+        description="ddlfast allreduce beside MPI_Allreduce, alternating per iteration (nccl-tests conventions). "
+        "Run under mpiexec -n P.",
+    )
+    parser.add_argument("--sizes", default=DEFAULT_SIZES, help=f"comma list of byte sizes (default {DEFAULT_SIZES})")
+    parser.add_argument("--dtype", default="float32", choices=DTYPES)
+    parser.add_argument("--dims", default="flat", help="ring shape(s), comma list: flat, auto, 2x2, ... (default flat)")
+    parser.add_argument("--iters", type=int, default=None,
+                        help=f"timed iterations per size (default auto: {AUTO_MIN_ITERS}..{AUTO_MAX_ITERS}, "
+                        f"about {format_bytes(AUTO_BYTES_PER_ROW)} per size)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed iterations first (default auto: 2..10)")
+    parser.add_argument("--op", default="sum", choices=OPS, help="sum or average (MPI baseline is SUM either way)")
+    parser.add_argument("--json", action="store_true", help="print one JSON document (rank 0) instead of the table")
+    parser.add_argument("--check", action="store_true",
+                        help="verify ddlfast's result against MPI's (ints exactly, floats within tolerance)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    comm = MPI.COMM_WORLD
+    rank, world = comm.Get_rank(), comm.Get_size()
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        sizes = parse_sizes(args.sizes)
+        dims_list = parse_dims_list(args.dims, world)
+        if args.iters is not None and args.iters < 1:
+            raise DdlfastError("--iters must be >= 1")
+        if args.warmup is not None and args.warmup < 0:
+            raise DdlfastError("--warmup must be >= 0")
+    except DdlfastError as error:
+        parser.error(str(error))  # exits 2 on every rank, message printed once
+    try:
+        rows = run_bench(sizes, args.dtype, dims_list, args.iters, args.warmup, args.op, args.check, comm=comm)
+    except DdlfastError as error:
+        if rank == 0:
+            print(f"ddlfast bench: error: {error}", file=sys.stderr)
+        return 1
+    failures = [message for row in rows for message in row.get("check_errors", [])]
+    if rank == 0:
+        if args.json:
+            print(json.dumps(json_document(rows, world)))
+        else:
+            print(format_table(rows, world))
+            if args.check and not failures:
+                print(f"# check: ddlfast matches MPI_Allreduce on every rank in all {len(rows)} rows "
+                      f"({'exactly' if np.dtype(args.dtype).kind == 'i' else 'within floating-point tolerance'})"
+                      f", identical bits on every rank")
+        sys.stdout.flush()
+        if failures:
+            print(f"ddlfast bench: CHECK FAILED in {sum(r.get('check') == 'FAIL' for r in rows)} of {len(rows)} "
+                  "rows:", file=sys.stderr)
+            for message in failures:
+                print(f"  {message}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,236 @@
+"""Where the ranks are, and the ring shape `DDLFAST_RING_DIMS=auto` picks for them.
+
+Placement comes from MPI's shared-memory split (`MPI_Comm_split_type(COMM_TYPE_SHARED)`): ranks that share a
+node form a host; hosts are numbered by their lowest rank. Torus positions are the ranks sorted by host, so
+each host owns consecutive positions even when the launcher placed ranks round-robin (`order[v]` is the rank
+that plays position v; the engine renumbers its rings with it). Optionally DDLFAST_HOSTS_PER_GROUP groups
+consecutive hosts into racks, a third tier.
+
+`auto` then asks the planner (ddlfast.plan) for the fastest shape of a bucket (DDLFAST_BUCKET_BYTES) with each
+tier's link measured by ddlfast.probe. Placements with different rank counts per host fall back to a flat ring
+(in host order) with a TopologyWarning. Everything is decided once per Context, at its first collective.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass
+
+from mpi4py import MPI
+
+from ddlfast import probe
+from ddlfast.errors import DdlfastError
+from ddlfast.plan import DEFAULT_INTER, DEFAULT_INTRA, Cluster, Link, Prediction, plan
+
+# Environment that changes which transport MPI uses between hosts, so a cached probe would not apply.
+_TRANSPORT_VARIABLES = ("MPIR_CVAR_CH4_NETMOD", "FI_PROVIDER", "FI_TCP_IFACE", "UCX_TLS", "UCX_NET_DEVICES")
+
+
+class TopologyWarning(UserWarning):
+    """auto could not use the detected topology and chose something safe instead."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    host_of_rank: tuple[int, ...]  # host index of each communicator rank
+    host_names: tuple[str, ...]  # MPI processor name of each host's first rank
+
+    @property
+    def size(self) -> int:
+        return len(self.host_of_rank)
+
+    @property
+    def hosts(self) -> int:
+        return len(self.host_names)
+
+    @property
+    def ranks_per_host(self) -> tuple[int, ...]:
+        counts = [0] * self.hosts
+        for host in self.host_of_rank:
+            counts[host] += 1
+        return tuple(counts)
+
+    @property
+    def regular(self) -> bool:
+        return len(set(self.ranks_per_host)) == 1
+
+    @property
+    def order(self) -> tuple[int, ...]:
+        """Torus position -> rank: ranks grouped by host, hosts and ranks in rank order."""
+        return tuple(sorted(range(self.size), key=lambda r: (self.host_of_rank[r], r)))
+
+    @property
+    def contiguous(self) -> bool:
+        return self.order == tuple(range(self.size))
+
+    def ring_straddles_hosts(self, d1: int) -> bool:
+        """Would dimension-1 rings of d1 positions split a host without covering whole hosts?"""
+        order = self.order
+        for start in range(0, self.size, d1):
+            hosts = {self.host_of_rank[r] for r in order[start:start + d1]}
+            whole = sum(self.ranks_per_host[h] for h in hosts) == d1
+            if len(hosts) > 1 and not whole:
+                return True
+        return False
+
+
+def detect_placement(comm: MPI.Intracomm) -> Placement:
+    """Collective over `comm`."""
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
+    try:
+        leader = local.allreduce(comm.rank, op=MPI.MIN)
+    finally:
+        local.Free()
+    entries = comm.allgather((leader, MPI.Get_processor_name()))
+    leaders = sorted({entry[0] for entry in entries})
+    index = {leader: i for i, leader in enumerate(leaders)}
+    return Placement(tuple(index[entry[0]] for entry in entries), tuple(entries[r][1] for r in leaders))
+
+
+def hosts_per_group(hosts: int) -> tuple[int, str | None]:
+    """DDLFAST_HOSTS_PER_GROUP (default 1: no racks) and a warning when it cannot be used as given."""
+    raw = os.environ.get("DDLFAST_HOSTS_PER_GROUP", "").strip()
+    if not raw:
+        return 1, None
+    if not raw.isdigit() or int(raw) < 1:
+        raise DdlfastError(f"DDLFAST_HOSTS_PER_GROUP={raw!r} must be an integer >= 1 (hosts per rack)")
+    value = int(raw)
+    if hosts % value:
+        return 1, f"DDLFAST_HOSTS_PER_GROUP={value} does not divide the {hosts} hosts; ignoring it"
+    return value, None
+
+
+def probe_pairs(placement: Placement, group: int, every_tier: bool) -> dict[str, tuple[int, int]]:
+    """The (leader, follower) ranks that measure each tier; empty when auto has nothing to choose between."""
+    if not every_tier and (placement.hosts == 1 or not placement.regular):
+        return {}
+    order, rph = placement.order, placement.ranks_per_host
+    first = [order[sum(rph[:h])] for h in range(placement.hosts)]
+    pairs = {}
+    if rph[0] > 1:
+        pairs["intra"] = (order[0], order[1])
+    if placement.hosts > 1:
+        pairs["inter"] = (first[0], first[1])
+    if group > 1 and placement.hosts > group:
+        pairs["group"] = (first[0], first[group])
+    return pairs
+
+
+@dataclass(frozen=True)
+class Topology:
+    """What was detected, measured and chosen (ddlfast.topology() returns this)."""
+
+    rank: int
+    placement: Placement
+    hosts_per_group: int
+    links: probe.Links
+    cluster: Cluster | None  # None: irregular placement, auto is flat
+    plan_bytes: int
+    auto_dims: tuple[int, ...]
+    candidates: tuple[Prediction, ...]  # fastest first
+    warnings: tuple[str, ...]
+
+    @property
+    def order(self) -> tuple[int, ...]:
+        """Torus position -> rank for the engine; () when that is the identity."""
+        return () if self.placement.contiguous else self.placement.order
+
+    def resolve(self, chosen: str | tuple[int, ...]) -> tuple[int, ...]:
+        """'flat' | 'auto' | explicit dims -> the dims to run, with the checks DESIGN §1 asks for."""
+        size = self.placement.size
+        if chosen == "flat":
+            return (size,)
+        if chosen == "auto":
+            if self.rank == 0:
+                for message in self.warnings:
+                    warnings.warn(f"ddlfast: {message}", TopologyWarning, stacklevel=4)
+            return self.auto_dims
+        product = 1
+        for d in chosen:
+            product *= d
+        shape = "x".join(map(str, chosen))
+        if product != size:
+            raise DdlfastError(f"ring dims {shape} multiply to {product} but the communicator has {size} ranks")
+        d1 = next((d for d in chosen if d > 1), 1)
+        if self.placement.ring_straddles_hosts(d1):
+            raise DdlfastError(
+                f"ring dims {shape}: dimension-1 rings of {d1} ranks would split hosts (ranks per host: "
+                f"{_counts(self.placement)}); use a first dimension that divides the ranks of a host or covers "
+                f"whole hosts, or auto (here {'x'.join(map(str, self.auto_dims))})"
+            )
+        return tuple(chosen)
+
+    def describe(self) -> str:
+        p = self.placement
+        text = f"{p.hosts} host{'s' if p.hosts > 1 else ''} x {_counts(p)} ranks"
+        if self.hosts_per_group > 1:
+            text += f" in groups of {self.hosts_per_group} hosts"
+        text += ", host-contiguous" if p.contiguous else ", renumbered host-contiguous"
+        text += f"; auto {'x'.join(map(str, self.auto_dims))} for {self.plan_bytes / 2**20:.3g} MiB buckets"
+        tiers = [f"{t} {getattr(self.links, t)}" for t in probe.TIERS if getattr(self.links, t) is not None]
+        return text + f" (links from {self.links.source}{': ' if tiers else ''}{', '.join(tiers)})"
+
+    def as_dict(self) -> dict:
+        p = self.placement
+        return {
+            "size": p.size, "hosts": p.hosts, "ranks_per_host": list(p.ranks_per_host),
+            "host_names": list(p.host_names), "host_of_rank": list(p.host_of_rank), "regular": p.regular,
+            "contiguous": p.contiguous, "order": list(self.order), "hosts_per_group": self.hosts_per_group,
+            "links": self.links.as_dict(), "plan_bytes": self.plan_bytes,
+            "auto_dims": "x".join(map(str, self.auto_dims)),
+            "candidates": [{"dims": c.name, "seconds": c.seconds} for c in self.candidates[:8]],
+            "warnings": list(self.warnings),
+        }
+
+
+def _counts(placement: Placement) -> str:
+    counts = placement.ranks_per_host
+    return str(counts[0]) if placement.regular else ",".join(map(str, counts))
+
+
+def build(comm: MPI.Intracomm, plan_bytes: int, every_tier: bool = False) -> Topology:
+    """Collective over `comm`: detect, probe (or read the cache), plan. Uses its own duplicate of `comm`."""
+    work = comm.Dup()
+    try:
+        placement = detect_placement(work)
+        group, group_warning = hosts_per_group(placement.hosts)
+        pairs = probe_pairs(placement, group, every_tier)
+        description = {
+            "host_of_rank": placement.host_of_rank, "host_names": placement.host_names, "group": group,
+            "pairs": pairs, "mpi": MPI.Get_library_version().splitlines()[0],
+            "env": {k: os.environ.get(k) for k in _TRANSPORT_VARIABLES},
+        }
+        links = probe.links_for(work, pairs, description)
+    finally:
+        work.Free()
+    return decide(comm.rank, placement, group, links, plan_bytes, [group_warning] if group_warning else [])
+
+
+def decide(rank: int, placement: Placement, group: int, links: probe.Links, plan_bytes: int,
+           notes: list[str] | None = None) -> Topology:
+    """The pure part of build(): the shape auto runs, from what was detected and measured."""
+    notes = list(notes or [])
+    if not placement.regular:
+        notes.append(f"ranks per host differ ({_counts(placement)} on hosts {', '.join(placement.host_names)}); "
+                     f"auto uses a flat ring in host order")
+        return Topology(rank, placement, group, links, None, plan_bytes, (placement.size,), (), tuple(notes))
+    cluster = Cluster(
+        hosts=placement.hosts, ranks_per_host=placement.ranks_per_host[0],
+        intra=links.intra or Link(*DEFAULT_INTRA), inter=links.inter or Link(*DEFAULT_INTER),
+        gamma=links.gamma, hosts_per_group=group, group=links.group,
+    )
+    pick, candidates = plan(cluster, plan_bytes)
+    return Topology(rank, placement, group, links, cluster, plan_bytes, pick.dims, tuple(candidates), tuple(notes))
+
+
+def topology(comm: MPI.Comm | None = None, *, probe_every_tier: bool = False) -> Topology:
+    """What ddlfast detected and chose for `comm` (default COMM_WORLD).
+
+    Collective on the first call for a communicator (it is what the first allreduce would do anyway): call it
+    on every rank. `probe_every_tier` measures links even where auto would not need them (one host); it only
+    matters when this is the communicator's first collective.
+    """
+    from ddlfast.api import _context_for  # the API module imports Context, which imports this module
+
+    return _context_for(comm)._topology_info(probe_every_tier)
