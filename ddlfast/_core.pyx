@@ -17,6 +17,8 @@ from ddlfast._core cimport (
     cuda_compiled, cuda_version_string, mpi_library_version, pack, scalar_kernels, unpack,
 )
 
+import operator
+
 from ddlfast.errors import DdlfastError, DdlfastTimeoutError
 
 _STATUS_TIMEOUT = 3
@@ -31,10 +33,16 @@ cdef int raise_on_error(const Status& status) except -1:
     raise DdlfastError(message)
 
 
-cdef vector[int] to_dims(dims):
+cdef vector[int] to_dims(dims) except *:
     cdef vector[int] result
     for d in dims:
-        result.push_back(int(d))
+        try:
+            value = operator.index(d)  # ints and NumPy integers, not floats
+        except TypeError:
+            value = None
+        if value is None or d is True or d is False or not -(1 << 30) <= value < (1 << 30):
+            raise DdlfastError(f"{d!r} in {tuple(dims)!r} is not a small integer")
+        result.push_back(value)
     return result
 
 
@@ -67,6 +75,8 @@ def reduce_into(uintptr_t dst, uintptr_t src, size_t count, int dtype, int divis
     cdef const KernelTable* table = _table(path)
     if dtype < 0 or dtype >= 6:
         raise DdlfastError(f"unknown dtype code {dtype}")
+    if divisor < 1:
+        raise DdlfastError(f"divisor must be >= 1, got {divisor}")
     with nogil:
         table.reduce[dtype](<void*>dst, <const void*>src, count, divisor)
 
@@ -92,6 +102,8 @@ def accumulate_wire(uintptr_t dst, uintptr_t src, size_t count, int wire, int di
     cdef const KernelTable* table = _table(path)
     if wire < 0 or wire > 1:
         raise DdlfastError(f"unknown wire type {wire}")
+    if divisor < 1:
+        raise DdlfastError(f"divisor must be >= 1, got {divisor}")
     with nogil:
         table.accumulate[wire](<float*>dst, <const void*>src, count, divisor)
 
@@ -105,9 +117,11 @@ def ring_schedule(dims, int rank, size_t count):
     """
     cdef Torus torus
     cdef vector[int] dims_vector = to_dims(dims)
-    cdef int world = 1
+    world = 1
     for d in dims:
-        world *= int(d)
+        world *= d
+    if world > (1 << 30):
+        raise DdlfastError(f"ring dims {tuple(dims)!r} describe {world} ranks, more than ddlfast supports")
     raise_on_error(Torus.make(dims_vector, world, &torus))
     if rank < 0 or rank >= world:
         raise DdlfastError(f"rank {rank} is outside a world of {world}")
@@ -128,6 +142,8 @@ def pack_arrays(uintptr_t bucket, list pointers, list nbytes):
     """Copy many buffers back to back into `bucket` (one call per bucket)."""
     cdef vector[const void*] sources
     cdef vector[size_t] sizes
+    if len(pointers) != len(nbytes):
+        raise DdlfastError(f"{len(pointers)} pointers but {len(nbytes)} sizes")
     for pointer, size in zip(pointers, nbytes):
         sources.push_back(<const void*><uintptr_t>pointer)
         sizes.push_back(<size_t>size)
@@ -139,6 +155,8 @@ def unpack_arrays(uintptr_t bucket, list pointers, list nbytes):
     """Copy a bucket's contents back out to many buffers."""
     cdef vector[void*] targets
     cdef vector[size_t] sizes
+    if len(pointers) != len(nbytes):
+        raise DdlfastError(f"{len(pointers)} pointers but {len(nbytes)} sizes")
     for pointer, size in zip(pointers, nbytes):
         targets.push_back(<void*><uintptr_t>pointer)
         sizes.push_back(<size_t>size)
@@ -201,6 +219,8 @@ cdef class CoreContext:
         """Allreduce several same-dtype buffers as one logical buffer, each in place (no packing)."""
         cdef vector[char*] bases
         cdef vector[size_t] sizes
+        if len(pointers) != len(counts):
+            raise DdlfastError(f"{len(pointers)} pointers but {len(counts)} counts")
         for pointer, count in zip(pointers, counts):
             bases.push_back(<char*><uintptr_t>pointer)
             sizes.push_back(<size_t>count)

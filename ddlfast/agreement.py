@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 
+import numpy as np
 from mpi4py import MPI
 
 from ddlfast.buffers import HostBuffer
@@ -47,8 +48,10 @@ class Agreement:
 
 
 def describe(layout: tuple) -> dict:
-    op, dims, arrays = layout
-    return {"op": op, "dims": dims, "arrays": [(dtype.name, tuple(shape)) for dtype, shape in arrays]}
+    """layout: (op, dims, ((dtype, shape), ...), *extras) -> plain data for the message."""
+    op, dims, arrays, *extras = layout
+    return {"op": op, "dims": dims, "arrays": [(np.dtype(dtype).name, tuple(shape)) for dtype, shape in arrays],
+            "compression": extras[0] if extras else None, "error_feedback": extras[1] if len(extras) > 1 else None}
 
 
 def _by_rank(descriptions: list[dict], key_of: Callable[[dict], str]) -> str:
@@ -60,7 +63,7 @@ def _by_rank(descriptions: list[dict], key_of: Callable[[dict], str]) -> str:
 
 def disagreement_message(descriptions: list[dict]) -> str:
     """Name the first thing the ranks disagree on, and which ranks passed what."""
-    for field in ("op", "dims"):
+    for field in ("op", "dims", "compression", "error_feedback"):
         if len({repr(d[field]) for d in descriptions}) > 1:
             return f"ranks disagree on {field}: " + _by_rank(descriptions, lambda d, f=field: repr(d[f]))
     if len({len(d["arrays"]) for d in descriptions}) > 1:

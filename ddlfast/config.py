@@ -40,7 +40,7 @@ def parse_dims(value: object, name: str = "dims") -> str | tuple[int, ...]:
         if text in ("flat", "auto"):
             return text
         parts = text.split("x")
-        if not all(part.strip().isdigit() for part in parts):
+        if not all(part.strip().isdecimal() for part in parts):
             raise DdlfastError(f"{name}={value!r} is not 'flat', 'auto' or a shape like '4x2'")
         dims = tuple(int(part) for part in parts)
     elif isinstance(value, (tuple, list)):
@@ -91,7 +91,7 @@ def _env_int(name: str, default: int, minimum: int) -> int:
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
         return default
-    if not raw.strip().isdigit() or int(raw) < minimum:
+    if not raw.strip().isdecimal() or int(raw) < minimum:
         raise DdlfastError(f"{name}={raw!r} must be an integer >= {minimum}")
     return int(raw)
 
@@ -155,7 +155,7 @@ def _parse_settings() -> Settings:
         chunk_bytes=_env_size("DDLFAST_CHUNK_BYTES", DEFAULT_CHUNK_BYTES, minimum=8, maximum=MAX_CHUNK_BYTES),
         small_bytes=_env_size("DDLFAST_SMALL_BYTES", DEFAULT_SMALL_BYTES, minimum=0),
         receives_in_flight=_env_int("DDLFAST_RECEIVES_IN_FLIGHT", DEFAULT_RECEIVES_IN_FLIGHT, minimum=2),
-        ring_dims=parse_dims(os.environ.get("DDLFAST_RING_DIMS", "flat"), "DDLFAST_RING_DIMS"),
+        ring_dims=parse_dims(os.environ.get("DDLFAST_RING_DIMS", "").strip() or "flat", "DDLFAST_RING_DIMS"),
         timeout_s=_env_seconds("DDLFAST_TIMEOUT_S", 300.0),
         compression=compression,
     )

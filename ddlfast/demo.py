@@ -113,7 +113,7 @@ class TrainResult:
 
 
 def train_numpy(data: Dataset, epochs: int, batch: int, lr: float, comm: MPI.Intracomm | None,
-                show: bool) -> TrainResult:
+                show: bool, compression: object = None) -> TrainResult:
     """comm=None: the single-process reference with the same global batches."""
     rank, world = (comm.Get_rank(), comm.Get_size()) if comm is not None else (0, 1)
     params = init_mlp(data.train_x.shape[1], 10)
@@ -127,7 +127,8 @@ def train_numpy(data: Dataset, epochs: int, batch: int, lr: float, comm: MPI.Int
             loss, grads = mlp_loss_and_grads(params, data.train_x[mine], data.train_y[mine], len(indices))
             if comm is not None:
                 t = time.perf_counter()
-                ddlfast.fused_allreduce(grads, op="sum", comm=comm)  # shard grads already carry 1/batch
+                # Shard gradients already carry 1/batch: their sum is the global-batch gradient.
+                ddlfast.fused_allreduce(grads, op="sum", comm=comm, compression=compression)
                 communication += time.perf_counter() - t
             for p, g in zip(params, grads, strict=True):
                 p -= lr * g

@@ -41,7 +41,7 @@ class Timeline:
         if not path:
             return None
         raw_max = os.environ.get("DDLFAST_TIMELINE_MAX_EVENTS", str(DEFAULT_MAX_EVENTS)).strip()
-        if not raw_max.isdigit() or int(raw_max) < 1:
+        if not raw_max.isdecimal() or int(raw_max) < 1:
             raise DdlfastError(f"DDLFAST_TIMELINE_MAX_EVENTS={raw_max!r} must be an integer >= 1")
         return Timeline(path, rank, int(raw_max))
 

@@ -44,9 +44,10 @@ static inline std::uint16_t float_to_half(float f) {
   const std::uint32_t bits = float_to_bits(f);
   const std::uint16_t sign = static_cast<std::uint16_t>((bits >> 16) & 0x8000u);
   const std::uint32_t abs = bits & 0x7fffffffu;
-  if (abs >= 0x7f800000u) {  // inf or nan (keep nan quiet)
-    return sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u);
+  if (abs > 0x7f800000u) {  // nan: quiet, top payload bits kept (what F16C does)
+    return sign | 0x7e00u | static_cast<std::uint16_t>((abs & 0x7fffffu) >> 13);
   }
+  if (abs == 0x7f800000u) return sign | 0x7c00u;
   if (abs >= 0x477ff000u) return sign | 0x7c00u;  // rounds past 65504 -> inf
   if (abs < 0x38800000u) {  // result is subnormal or zero
     if (abs < 0x33000000u) return sign;  // below half the smallest subnormal

@@ -1,0 +1,266 @@
+"""DDLFAST_* environment parsing: values, bounds, defaults, and errors that name the variable."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddlfast import config
+from ddlfast.errors import DdlfastError
+
+VARIABLES = (
+    "DDLFAST_BUCKET_BYTES",
+    "DDLFAST_FIRST_BUCKET_BYTES",
+    "DDLFAST_CHUNK_BYTES",
+    "DDLFAST_SMALL_BYTES",
+    "DDLFAST_RECEIVES_IN_FLIGHT",
+    "DDLFAST_RING_DIMS",
+    "DDLFAST_TIMEOUT_S",
+    "DDLFAST_COMPRESSION",
+)
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No DDLFAST_* setting of the developer's shell leaks into these tests."""
+    for name in VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+
+
+def codec_names(compression: object) -> tuple[str, ...]:
+    """Settings.compression as a tuple of codec names (one name, or one per ring dimension)."""
+    return (compression,) if isinstance(compression, str) else tuple(compression)
+
+
+# ---------------------------------------------------------------- parse_size
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("0", 0),
+        ("4096", 4096),
+        (" 4096 ", 4096),
+        ("8b", 8),
+        ("8B", 8),
+        ("1k", 1024),
+        ("1K", 1024),
+        ("512KiB", 512 << 10),
+        ("512kib", 512 << 10),
+        ("512KB", 512 << 10),  # binary units throughout
+        ("64M", 64 << 20),
+        ("64MiB", 64 << 20),
+        ("64 MiB", 64 << 20),
+        ("1g", 1 << 30),
+        ("2GiB", 2 << 30),
+        ("007", 7),
+    ],
+)
+def test_parse_size_accepts(text: str, expected: int) -> None:
+    assert config.parse_size(text, "SOME_VAR") == expected
+
+
+@pytest.mark.parametrize("text", ["", " ", "abc", "-1", "+1", "1.5M", "1e3", "1T", "1 TiB", "1KiBB", "KiB", "1 2",
+                                  "0x10", "1MiB!"])
+def test_parse_size_rejects_naming_the_variable(text: str) -> None:
+    with pytest.raises(DdlfastError) as error:
+        config.parse_size(text, "SOME_VAR")
+    assert "SOME_VAR" in str(error.value)
+    assert repr(text) in str(error.value)
+
+
+# ---------------------------------------------------------------- parse_dims
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("flat", "flat"),
+        ("auto", "auto"),
+        (" FLAT ", "flat"),
+        ("Auto", "auto"),
+        ("8", (8,)),
+        ("4x2", (4, 2)),
+        ("4X2", (4, 2)),
+        (" 4 x 2 ", (4, 2)),
+        ("3x5x2", (3, 5, 2)),
+        ("1x8", (1, 8)),
+        ((4, 2), (4, 2)),
+        ([4, 2], (4, 2)),
+        ((1,), (1,)),
+    ],
+)
+def test_parse_dims_accepts(value: object, expected: object) -> None:
+    assert config.parse_dims(value, "DIMS_VAR") == expected
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["", "x", "4x", "x4", "4x0", "0", "4*2", "4,2", "-4x2", "4x-2", "2.0x2", "four", "flatx2", (), [], (4, 0),
+     (-1, 2), (4, 2.0), [4, "2"], (True, 2), 8, 4.0, None, {"a": 1}],
+)
+def test_parse_dims_rejects_naming_the_variable(value: object) -> None:
+    with pytest.raises(DdlfastError, match="DIMS_VAR"):
+        config.parse_dims(value, "DIMS_VAR")
+
+
+def test_parse_dims_unicode_digits_are_a_clear_error() -> None:
+    with pytest.raises(DdlfastError, match="DIMS_VAR"):
+        config.parse_dims("4x\u00b2", "DIMS_VAR")
+
+
+# ---------------------------------------------------------------- load_settings
+
+
+def test_defaults_when_nothing_is_set() -> None:
+    settings = config.load_settings()
+    assert settings.bucket_bytes == config.DEFAULT_BUCKET_BYTES
+    assert settings.first_bucket_bytes == config.DEFAULT_FIRST_BUCKET_BYTES
+    assert settings.chunk_bytes == config.DEFAULT_CHUNK_BYTES
+    assert settings.small_bytes == config.DEFAULT_SMALL_BYTES
+    assert settings.receives_in_flight == config.DEFAULT_RECEIVES_IN_FLIGHT
+    assert settings.ring_dims in ("flat", "auto")
+    assert settings.timeout_s > 0
+    assert codec_names(settings.compression) == ("none",)
+    assert 8 <= settings.chunk_bytes <= config.MAX_CHUNK_BYTES
+    assert settings.receives_in_flight >= 2
+
+
+@pytest.mark.parametrize("name", VARIABLES)
+def test_empty_or_blank_means_default(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    defaults = config.load_settings()
+    for blank in ("", "  "):
+        monkeypatch.setenv(name, blank)
+        assert config.load_settings() == defaults
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "field", "expected"),
+    [
+        ("DDLFAST_BUCKET_BYTES", "25MiB", "bucket_bytes", 25 << 20),
+        ("DDLFAST_BUCKET_BYTES", "1", "bucket_bytes", 1),
+        ("DDLFAST_FIRST_BUCKET_BYTES", "1", "first_bucket_bytes", 1),
+        ("DDLFAST_FIRST_BUCKET_BYTES", "256k", "first_bucket_bytes", 256 << 10),
+        ("DDLFAST_CHUNK_BYTES", "8", "chunk_bytes", 8),
+        ("DDLFAST_CHUNK_BYTES", "1GiB", "chunk_bytes", 1 << 30),
+        ("DDLFAST_CHUNK_BYTES", "64KiB", "chunk_bytes", 64 << 10),
+        ("DDLFAST_SMALL_BYTES", "0", "small_bytes", 0),
+        ("DDLFAST_SMALL_BYTES", "1m", "small_bytes", 1 << 20),
+        ("DDLFAST_RECEIVES_IN_FLIGHT", "2", "receives_in_flight", 2),
+        ("DDLFAST_RECEIVES_IN_FLIGHT", " 16 ", "receives_in_flight", 16),
+        ("DDLFAST_RING_DIMS", "4x2", "ring_dims", (4, 2)),
+        ("DDLFAST_RING_DIMS", "auto", "ring_dims", "auto"),
+        ("DDLFAST_RING_DIMS", "flat", "ring_dims", "flat"),
+        ("DDLFAST_TIMEOUT_S", "0", "timeout_s", 0.0),
+        ("DDLFAST_TIMEOUT_S", "2.5", "timeout_s", 2.5),
+        ("DDLFAST_TIMEOUT_S", "1e3", "timeout_s", 1000.0),
+    ],
+)
+def test_each_variable_is_read(monkeypatch: pytest.MonkeyPatch, name: str, value: str, field: str,
+                               expected: object) -> None:
+    defaults = config.load_settings()
+    monkeypatch.setenv(name, value)
+    settings = config.load_settings()
+    assert getattr(settings, field) == expected
+    others = {f: getattr(settings, f) for f in settings.__dataclass_fields__ if f != field}
+    assert others == {f: getattr(defaults, f) for f in others}, f"{name} changed other settings"
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("DDLFAST_BUCKET_BYTES", "0"),
+        ("DDLFAST_BUCKET_BYTES", "-5"),
+        ("DDLFAST_BUCKET_BYTES", "lots"),
+        ("DDLFAST_FIRST_BUCKET_BYTES", "0"),
+        ("DDLFAST_FIRST_BUCKET_BYTES", "1.5MiB"),
+        ("DDLFAST_CHUNK_BYTES", "7"),
+        ("DDLFAST_CHUNK_BYTES", "0"),
+        ("DDLFAST_CHUNK_BYTES", str((1 << 30) + 1)),
+        ("DDLFAST_CHUNK_BYTES", "2GiB"),
+        ("DDLFAST_CHUNK_BYTES", "lots"),
+        ("DDLFAST_SMALL_BYTES", "-1"),
+        ("DDLFAST_SMALL_BYTES", "small"),
+        ("DDLFAST_RECEIVES_IN_FLIGHT", "1"),
+        ("DDLFAST_RECEIVES_IN_FLIGHT", "0"),
+        ("DDLFAST_RECEIVES_IN_FLIGHT", "-3"),
+        ("DDLFAST_RECEIVES_IN_FLIGHT", "2.0"),
+        ("DDLFAST_RECEIVES_IN_FLIGHT", "many"),
+        ("DDLFAST_RING_DIMS", "4x0"),
+        ("DDLFAST_RING_DIMS", "4,2"),
+        ("DDLFAST_RING_DIMS", "square"),
+        ("DDLFAST_TIMEOUT_S", "-1"),
+        ("DDLFAST_TIMEOUT_S", "inf"),
+        ("DDLFAST_TIMEOUT_S", "nan"),
+        ("DDLFAST_TIMEOUT_S", "soon"),
+        ("DDLFAST_TIMEOUT_S", "10s"),
+        ("DDLFAST_COMPRESSION", "zip"),
+        ("DDLFAST_COMPRESSION", "fp16x"),
+    ],
+)
+def test_malformed_value_names_the_variable(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:
+    defaults = config.load_settings()
+    monkeypatch.setenv(name, value)
+    with pytest.raises(DdlfastError, match=name) as error:
+        config.load_settings()
+    assert value.strip().lower() in str(error.value).lower(), "the message should quote the bad value"
+    # The error is not cached as a result: it raises again, and a fixed value is picked up.
+    with pytest.raises(DdlfastError, match=name):
+        config.load_settings()
+    monkeypatch.delenv(name)
+    assert config.load_settings() == defaults
+
+
+@pytest.mark.parametrize("value", ["none", " NONE ", "None"])
+def test_compression_none(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("DDLFAST_COMPRESSION", value)
+    assert codec_names(config.load_settings().compression) == ("none",)
+
+
+@pytest.mark.skipif(not hasattr(config, "parse_compression"), reason="this build has no wire compression")
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("fp16", ("fp16",)), ("BF16", ("bf16",)), ("none,fp16", ("none", "fp16")), (" none , bf16 ", ("none", "bf16"))],
+)
+def test_compression_codecs(monkeypatch: pytest.MonkeyPatch, value: str, expected: tuple[str, ...]) -> None:
+    monkeypatch.setenv("DDLFAST_COMPRESSION", value)
+    assert codec_names(config.load_settings().compression) == expected
+
+
+@pytest.mark.skipif(not hasattr(config, "parse_compression"), reason="this build has no wire compression")
+@pytest.mark.parametrize("value", ["fp8", "none,", ",fp16", "fp16;bf16", "auto,fp16"])
+def test_compression_malformed(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("DDLFAST_COMPRESSION", value)
+    with pytest.raises(DdlfastError, match="DDLFAST_COMPRESSION"):
+        config.load_settings()
+
+
+def test_receives_in_flight_unicode_digit_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DDLFAST_RECEIVES_IN_FLIGHT", "\u00b2")
+    with pytest.raises(DdlfastError, match="DDLFAST_RECEIVES_IN_FLIGHT"):
+        config.load_settings()
+
+
+def test_settings_follow_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cache must notice every change, including a return to a value seen before and an unset."""
+    monkeypatch.setenv("DDLFAST_CHUNK_BYTES", "64KiB")
+    assert config.load_settings().chunk_bytes == 64 << 10
+    monkeypatch.setenv("DDLFAST_CHUNK_BYTES", "128KiB")
+    assert config.load_settings().chunk_bytes == 128 << 10
+    monkeypatch.setenv("DDLFAST_CHUNK_BYTES", "64KiB")
+    assert config.load_settings().chunk_bytes == 64 << 10
+    monkeypatch.setenv("DDLFAST_RING_DIMS", "2x4")
+    assert config.load_settings().ring_dims == (2, 4)
+    assert config.load_settings().chunk_bytes == 64 << 10
+    monkeypatch.delenv("DDLFAST_CHUNK_BYTES")
+    assert config.load_settings().chunk_bytes == config.DEFAULT_CHUNK_BYTES
+    monkeypatch.setenv("DDLFAST_CHUNK_BYTES", "lots")
+    with pytest.raises(DdlfastError, match="DDLFAST_CHUNK_BYTES"):
+        config.load_settings()
+    monkeypatch.setenv("DDLFAST_CHUNK_BYTES", "64KiB")
+    assert config.load_settings().chunk_bytes == 64 << 10
+
+
+def test_settings_are_immutable() -> None:
+    settings = config.load_settings()
+    with pytest.raises(AttributeError):
+        settings.chunk_bytes = 1  # type: ignore[misc]
