@@ -100,7 +100,7 @@ cdef extern from "transport/mpi_transport.h" namespace "ddlfast" nogil:
 cdef extern from "engine/context.h" namespace "ddlfast" nogil:
     cdef cppclass Context:
         @staticmethod
-        Status create(MPI_Comm comm, unique_ptr[Context]* out)
+        Status create(MPI_Comm comm, double timeout_s, unique_ptr[Context]* out)
         int rank()
         int size()
         MpiTransport& transport()

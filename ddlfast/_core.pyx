@@ -9,7 +9,7 @@ from libc.stddef cimport size_t
 from libcpp.memory cimport unique_ptr
 from libcpp.vector cimport vector
 from mpi4py cimport MPI
-from mpi4py.libmpi cimport MPI_COMM_NULL
+from mpi4py.libmpi cimport MPI_COMM_NULL, MPI_Comm
 
 from ddlfast._core cimport (
     Context, DType, ElementRange, EngineOptions, KernelTable, PhaseEvent, PhaseKind, ReduceOp, RingPhase,
@@ -181,12 +181,16 @@ cdef class CoreContext:
     cdef vector[PhaseEvent] events
     cdef public bint record_events
 
-    def __cinit__(self, MPI.Comm comm not None):
+    def __cinit__(self, MPI.Comm comm not None, double timeout_s=0):
         if comm.ob_mpi == MPI_COMM_NULL:
             raise DdlfastError("the communicator is MPI.COMM_NULL")
         if comm.Is_inter():
             raise DdlfastError("ddlfast needs an intracommunicator, got an intercommunicator")
-        raise_on_error(Context.create(comm.ob_mpi, &self.context))
+        cdef Status status
+        cdef MPI_Comm handle = comm.ob_mpi
+        with nogil:
+            status = Context.create(handle, timeout_s, &self.context)
+        raise_on_error(status)
 
     cdef Context* get(self) except NULL:
         if not self.context:

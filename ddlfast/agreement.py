@@ -9,13 +9,14 @@ Agreed layouts are cached, so steady-state steps pay one set lookup.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
 from mpi4py import MPI
 
 from ddlfast.buffers import HostBuffer
-from ddlfast.errors import DdlfastError
+from ddlfast.errors import DdlfastError, DdlfastTimeoutError
 
 MAX_CACHED_LAYOUTS = 4096
 
@@ -24,10 +25,16 @@ def layout_of(buffers: Sequence[HostBuffer], op: str, dims: tuple[int, ...]) -> 
     return (op, dims, tuple((b.array.dtype, b.array.shape) for b in buffers))
 
 
+_DIGEST_TAG = 7101
+_VERDICT_TAG = 7102
+_OK, _MISSING = 0, 1
+
+
 class Agreement:
     def __init__(self, control: MPI.Intracomm) -> None:
         self._control = control
         self._agreed: set[tuple] = set()
+        self.timeout_s = 0.0  # 0: wait forever
 
     def known(self, layout: tuple) -> bool:
         return layout in self._agreed
@@ -37,7 +44,7 @@ class Agreement:
         if layout in self._agreed:
             return
         digest = hashlib.blake2b(repr(layout).encode(), digest_size=16).digest()
-        digests = self._control.allgather(digest)
+        digests = self._exchange(digest)
         if all(d == digest for d in digests):
             if len(self._agreed) >= MAX_CACHED_LAYOUTS:  # layouts that never repeat must not grow memory
                 self._agreed.clear()
@@ -45,6 +52,78 @@ class Agreement:
             return
         descriptions = self._control.allgather(describe(layout))
         raise DdlfastError(disagreement_message(descriptions))
+
+
+    def name_missing(self, stalled: Exception) -> Exception:
+        """After a stalled collective: which ranks never joined? (a census through rank 0)."""
+        try:
+            self._exchange(b"ddlfast-census!!")
+        except DdlfastTimeoutError as named:
+            return named
+        return DdlfastTimeoutError(f"{stalled}; every rank is alive, so the collective was only slower than "
+                                   "DDLFAST_TIMEOUT_S allows")
+
+    def _exchange(self, digest: bytes) -> list[bytes]:
+        """Every rank's digest, through rank 0, with a stall limit.
+
+        Point-to-point rather than an allgather so that rank 0 knows exactly
+        which ranks never arrived and can tell the others: every waiting rank
+        raises DdlfastTimeoutError naming them instead of hanging.
+        """
+        comm, size, rank = self._control, self._control.Get_size(), self._control.Get_rank()
+        if size == 1:
+            return [digest]
+        verdict = np.zeros(2 + size + 2 * size, dtype=np.int64)  # status, count, missing ranks, digests
+        if rank == 0:
+            digests = np.zeros((size, 16), dtype=np.uint8)
+            digests[0] = np.frombuffer(digest, dtype=np.uint8)
+            receives = [comm.Irecv(digests[r], source=r, tag=_DIGEST_TAG) for r in range(1, size)]
+            done = wait_all(receives, self.timeout_s)
+            missing = [r for r, finished in zip(range(1, size), done, strict=True) if not finished]
+            if missing:
+                for request, finished in zip(receives, done, strict=True):
+                    if not finished:
+                        request.Cancel()
+                verdict[0], verdict[1] = _MISSING, len(missing)
+                verdict[2:2 + len(missing)] = missing
+            else:
+                verdict[2 + size:] = digests.view(np.int64).reshape(-1)
+            arrived = [r for r in range(1, size) if r not in missing]
+            sends = [comm.Isend(verdict, dest=r, tag=_VERDICT_TAG) for r in arrived]
+            wait_all(sends, self.timeout_s)
+        else:
+            send = comm.Isend(np.frombuffer(digest, dtype=np.uint8).copy(), dest=0, tag=_DIGEST_TAG)
+            receive = comm.Irecv(verdict, source=0, tag=_VERDICT_TAG)
+            # Rank 0 may itself wait timeout_s for a missing rank before it answers.
+            patience = 2 * self.timeout_s + 1 if self.timeout_s > 0 else 0
+            if not all(wait_all([receive], patience)):
+                receive.Cancel()
+                raise DdlfastTimeoutError(
+                    f"rank {rank} waited {patience:g} s for rank 0 to confirm the collective's arguments; "
+                    "rank 0 never joined (DDLFAST_TIMEOUT_S). Abort the job: this communicator is out of step.")
+            wait_all([send], self.timeout_s)
+        if verdict[0] == _MISSING:
+            missing = verdict[2:2 + verdict[1]].tolist()
+            raise DdlfastTimeoutError(
+                f"rank {rank}: ranks {','.join(map(str, missing))} did not join the collective within "
+                f"{self.timeout_s:g} s (DDLFAST_TIMEOUT_S). Abort the job: this communicator is out of step.")
+        table = verdict[2 + size:].view(np.uint8).reshape(size, 16)
+        return [bytes(row) for row in table]
+
+
+def wait_all(requests: list[MPI.Request], timeout_s: float) -> list[bool]:
+    """Poll until all complete or timeout_s passes (0: forever); which ones completed."""
+    done = [False] * len(requests)
+    deadline = time.monotonic() + timeout_s if timeout_s > 0 else None
+    pause = 1e-5
+    while True:
+        for i, request in enumerate(requests):
+            if not done[i]:
+                done[i] = request.Test()
+        if all(done) or (deadline is not None and time.monotonic() > deadline):
+            return done
+        time.sleep(pause)
+        pause = min(pause * 2, 1e-3)
 
 
 def describe(layout: tuple) -> dict:

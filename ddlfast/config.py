@@ -21,6 +21,8 @@ DEFAULT_FIRST_BUCKET_BYTES = 1 << 20
 DEFAULT_CHUNK_BYTES = 1 << 20
 DEFAULT_SMALL_BYTES = 8 << 10
 DEFAULT_RECEIVES_IN_FLIGHT = 4
+# Generous for one message on a slow link, short enough that a missing rank is named promptly.
+DEFAULT_TIMEOUT_S = 120.0
 MAX_CHUNK_BYTES = 1 << 30
 
 
@@ -156,6 +158,6 @@ def _parse_settings() -> Settings:
         small_bytes=_env_size("DDLFAST_SMALL_BYTES", DEFAULT_SMALL_BYTES, minimum=0),
         receives_in_flight=_env_int("DDLFAST_RECEIVES_IN_FLIGHT", DEFAULT_RECEIVES_IN_FLIGHT, minimum=2),
         ring_dims=parse_dims(os.environ.get("DDLFAST_RING_DIMS", "").strip() or "flat", "DDLFAST_RING_DIMS"),
-        timeout_s=_env_seconds("DDLFAST_TIMEOUT_S", 300.0),
+        timeout_s=_env_seconds("DDLFAST_TIMEOUT_S", DEFAULT_TIMEOUT_S),
         compression=compression,
     )

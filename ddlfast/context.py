@@ -15,13 +15,13 @@ import numpy as np
 from mpi4py import MPI
 
 from ddlfast import _core
-from ddlfast.agreement import Agreement, layout_of
+from ddlfast.agreement import Agreement, layout_of, wait_all
 from ddlfast.bucketing import assign_buckets
 from ddlfast.buffers import HostBuffer, host_buffer
 from ddlfast.compression import Codec, ErrorFeedback, run_codec, wire_by_dim
 from ddlfast.config import Settings, load_settings, parse_compression, parse_dims
 from ddlfast.dtypes import DTYPE_CODES
-from ddlfast.errors import DdlfastError
+from ddlfast.errors import DdlfastError, DdlfastTimeoutError
 from ddlfast.fusion import FusedBuffers, pack, unpack
 from ddlfast.timeline import Timeline
 from ddlfast.worker import CommThread, Handle
@@ -50,6 +50,14 @@ class _Request(NamedTuple):
         return (*layout_of(self.buffers, self.op, self.dims), codec, self.error_feedback)
 
 
+def _dup_with_timeout(comm: MPI.Intracomm, timeout_s: float) -> MPI.Intracomm:
+    duplicate, request = comm.Idup()
+    if not wait_all([request], timeout_s)[0]:
+        raise DdlfastTimeoutError(f"rank {comm.Get_rank()} waited {timeout_s:g} s for the other ranks to create "
+                                  "their ddlfast context; some rank never called ddlfast (DDLFAST_TIMEOUT_S)")
+    return duplicate
+
+
 class Context:
     """Communication state for one MPI intracommunicator (default COMM_WORLD)."""
 
@@ -57,8 +65,9 @@ class Context:
         comm = MPI.COMM_WORLD if comm is None else comm
         if not isinstance(comm, MPI.Comm):
             raise DdlfastError(f"comm must be an mpi4py communicator, not {type(comm).__name__}")
-        self._core = _core.CoreContext(comm)
-        self._control = comm.Dup()  # small agreement messages, apart from the data path
+        timeout_s = load_settings().timeout_s
+        self._core = _core.CoreContext(comm, timeout_s)
+        self._control = _dup_with_timeout(comm, timeout_s)  # agreement messages, apart from the data path
         self._agreement = Agreement(self._control)
         self._fused = FusedBuffers()
         self._dims_cache: dict[tuple, tuple[int, ...]] = {}
@@ -219,11 +228,14 @@ class Context:
             self._check_open()
             layout = (*layout, ("auto",) if settings.compression == ("auto",) else ("none",), False)
             if not self._agreement.known(layout):
+                self._agreement.timeout_s = settings.timeout_s
                 self._agreement.check(layout)
             self._core.set_timeout(settings.timeout_s)
             try:
                 self._core.allreduce_array(array, array.size, code, OPS[op], ring_dims, settings.chunk_bytes,
                                            settings.receives_in_flight, settings.small_bytes, self._rank_order)
+            except DdlfastTimeoutError as stalled:
+                raise self._agreement.name_missing(stalled) from stalled
             except BufferError:
                 host_buffer(array, f"array 0 on rank {self.rank}")  # raises the precise DdlfastError
                 raise
@@ -263,6 +275,7 @@ class Context:
 
     def _broadcast(self, target: np.ndarray, root: int, result: Any) -> Any:
         def run() -> Any:
+            self._agreement.timeout_s = load_settings().timeout_s
             self._agreement.check(("broadcast", root, ((target.dtype, target.shape),)))
             self._control.Bcast([target.reshape(-1).view(np.uint8), MPI.BYTE], root=root)
             return result
@@ -278,6 +291,7 @@ class Context:
     def _execute(self, request: _Request) -> Any:
         settings, buffers = request.settings, request.buffers
         self._core.set_timeout(settings.timeout_s)
+        self._agreement.timeout_s = settings.timeout_s
         layout = request.layout()
         self._agreement.check(layout)
         if len(buffers) == 1:
@@ -332,8 +346,11 @@ class Context:
             if id(b) not in packed:
                 pointers.append(b.pointer)
                 counts.append(b.count)
-        self._core.allreduce_segments(pointers, counts, members[0].dtype_code, op, dims, settings.chunk_bytes,
-                                      settings.receives_in_flight, settings.small_bytes, self._rank_order, wire)
+        try:
+            self._core.allreduce_segments(pointers, counts, members[0].dtype_code, op, dims, settings.chunk_bytes,
+                                          settings.receives_in_flight, settings.small_bytes, self._rank_order, wire)
+        except DdlfastTimeoutError as stalled:
+            raise self._agreement.name_missing(stalled) from stalled
         self._record_engine_events()
         if fused is not None:
             start = time.perf_counter()

@@ -2,9 +2,9 @@
 
 namespace ddlfast {
 
-Status Context::create(MPI_Comm comm, std::unique_ptr<Context>* out) {
+Status Context::create(MPI_Comm comm, double timeout_s, std::unique_ptr<Context>* out) {
   std::unique_ptr<Context> context(new Context());
-  DDLFAST_RETURN_IF_ERROR(MpiTransport::create(comm, &context->transport_));
+  DDLFAST_RETURN_IF_ERROR(MpiTransport::create(comm, timeout_s, &context->transport_));
   *out = std::move(context);
   return Status::ok();
 }

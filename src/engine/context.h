@@ -13,7 +13,7 @@ namespace ddlfast {
 
 class Context {
  public:
-  static Status create(MPI_Comm comm, std::unique_ptr<Context>* out);
+  static Status create(MPI_Comm comm, double timeout_s, std::unique_ptr<Context>* out);
 
   int rank() const { return transport_->rank(); }
   int size() const { return transport_->size(); }

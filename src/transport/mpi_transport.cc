@@ -48,10 +48,37 @@ std::string mpi_library_version() {
   return version;
 }
 
-Status MpiTransport::create(MPI_Comm comm, std::unique_ptr<MpiTransport>* out) {
+Status MpiTransport::create(MPI_Comm comm, double timeout_s, std::unique_ptr<MpiTransport>* out) {
   std::unique_ptr<MpiTransport> transport(new MpiTransport());
-  int code = MPI_Comm_dup(comm, &transport->comm_);
-  if (code != MPI_SUCCESS) return Status(StatusCode::kMpiError, "MPI_Comm_dup failed: " + mpi_error_string(code));
+  // Non-blocking dup, so a rank that never creates its context is a timeout
+  // error on the others rather than a hang.
+  // MPI writes the new handle whenever the dup completes, possibly after we
+  // gave up; so it lands in a heap cell that is deliberately leaked on timeout.
+  auto pending = std::make_unique<MPI_Comm>(MPI_COMM_NULL);
+  MPI_Request request;
+  int code = MPI_Comm_idup(comm, pending.get(), &request);
+  if (code != MPI_SUCCESS) return Status(StatusCode::kMpiError, "MPI_Comm_idup failed: " + mpi_error_string(code));
+  const auto start = std::chrono::steady_clock::now();
+  for (int spins = 0;; ++spins) {
+    int done = 0;
+    code = MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    if (code != MPI_SUCCESS) return Status(StatusCode::kMpiError, "MPI_Comm_idup failed: " + mpi_error_string(code));
+    if (done) break;
+    if (spins % kSpinsBeforeYield == 0) {
+      sched_yield();
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (timeout_s > 0 && waited > timeout_s) {
+        pending.release();  // see above: MPI may still complete the dup into it
+        int rank = 0;
+        MPI_Comm_rank(comm, &rank);
+        return Status(StatusCode::kTimeout,
+                      "rank " + std::to_string(rank) + " waited " + std::to_string(waited) +
+                          " s for the other ranks to create their ddlfast context (a collective step); some rank "
+                          "never called ddlfast (DDLFAST_TIMEOUT_S). Abort the job.");
+      }
+    }
+  }
+  transport->comm_ = *pending;
   MPI_Comm_set_errhandler(transport->comm_, MPI_ERRORS_RETURN);
   MPI_Comm_rank(transport->comm_, &transport->rank_);
   MPI_Comm_size(transport->comm_, &transport->size_);

@@ -18,8 +18,9 @@ std::string mpi_library_version();
 
 class MpiTransport final : public Transport {
  public:
-  // Duplicates `comm` (collective over it) and sets MPI_ERRORS_RETURN on the copy.
-  static Status create(MPI_Comm comm, std::unique_ptr<MpiTransport>* out);
+  // Duplicates `comm` (collective over it; gives up after timeout_s > 0) and
+  // sets MPI_ERRORS_RETURN on the copy.
+  static Status create(MPI_Comm comm, double timeout_s, std::unique_ptr<MpiTransport>* out);
   ~MpiTransport() override;
   MpiTransport(const MpiTransport&) = delete;
   MpiTransport& operator=(const MpiTransport&) = delete;

@@ -1,0 +1,25 @@
+"""A rank that never joins: the others raise DdlfastTimeoutError naming it, no hang."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.mpi.launcher import run_mpi
+
+TIMEOUT_S = 3
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("mode", ["new-context", "cached-layout"])
+def test_missing_rank_is_named_within_the_timeout(mode: str) -> None:
+    result = run_mpi(4, "stall.py", mode, str(TIMEOUT_S), env={"DDLFAST_TIMEOUT_S": str(TIMEOUT_S)}, timeout=120)
+    # Ranks' lines can interleave on the shared pipe: every message ends with the variable's name.
+    reports = re.findall(r"rank (\d): after ([\d.]+) s: (.*?\(DDLFAST_TIMEOUT_S\))", result.stdout)
+    assert len(reports) == 3, result.stdout
+    for _rank, elapsed, message in reports:
+        assert float(elapsed) < TIMEOUT_S * 3 + 5, result.stdout
+        assert "did not join" in message or "never joined" in message or "never called" in message, message
+        if mode != "new-context":
+            assert "ranks 3 did not join" in message, message
