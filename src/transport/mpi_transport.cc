@@ -2,6 +2,7 @@
 
 #include <sched.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <memory>
@@ -147,13 +148,11 @@ Status MpiTransport::wait(RequestId request) {
     if (++spins < kSpinsBeforeYield) continue;
     spins = 0;
     sched_yield();
-    if (timeout_s_ > 0) {
-      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (waited > timeout_s_) {
-        return Status(StatusCode::kTimeout, "rank " + std::to_string(rank_) + " waited " + std::to_string(waited) +
-                                                " s for rank " + std::to_string(peers_[request]) +
-                                                ", which never joined the collective (DDLFAST_TIMEOUT_S)");
-      }
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (timeout_s_ > 0 && waited > timeout_s_) {
+      return Status(StatusCode::kTimeout, "rank " + std::to_string(rank_) + " waited " + std::to_string(waited) +
+                                              " s for data from rank " + std::to_string(peers_[request]) +
+                                              " (DDLFAST_TIMEOUT_S)");
     }
   }
   free_ids_.push_back(request);
