@@ -121,8 +121,11 @@ def _expected_from_mpi(mpi_sum: np.ndarray, op: str, world: int) -> np.ndarray:
     return (np.sign(mpi_sum) * (np.abs(mpi_sum) // world)).astype(mpi_sum.dtype)
 
 
+WIRE_UNIT_ROUNDOFF = {"fp16": 2.0**-11, "bf16": 2.0**-8}
+
+
 def _check_row(ours: np.ndarray, mpi_sum: np.ndarray, pristine: np.ndarray, op: str, comm: MPI.Intracomm,
-               what: str) -> list[str]:
+               what: str, compression: str = "none") -> list[str]:
     """Compare ddlfast's result with MPI's on every rank; [] when they agree. Collective: every rank calls it."""
     world, rank = comm.Get_size(), comm.Get_rank()
     expected = _expected_from_mpi(mpi_sum, op, world)
@@ -134,6 +137,8 @@ def _check_row(ours: np.ndarray, mpi_sum: np.ndarray, pristine: np.ndarray, op: 
         eps = float(np.finfo(ours.dtype).eps)
         scale = 1.0 / world if op == "average" else 1.0
         tolerance = 2.0 * (world + 1) * eps * abs_sum * scale + float(np.finfo(ours.dtype).tiny)
+        if compression in WIRE_UNIT_ROUNDOFF:  # one rounding to the wire type per ring hop, plus subnormals
+            tolerance = world * (WIRE_UNIT_ROUNDOFF[compression] * abs_sum * scale + 2.0**-24)
         diff = np.abs(ours.astype(np.float64) - expected.astype(np.float64))
         bad = ~(diff <= tolerance)  # NaN counts as a mismatch
         if bad.any():
@@ -192,6 +197,7 @@ def run_bench(
     check: bool = False,
     *,
     comm: MPI.Intracomm | None = None,
+    compression: str = "none",
 ) -> list[dict[str, Any]]:
     """Measure ddlfast.allreduce beside comm.Allreduce for every size (bytes) and ring shape; collective.
 
@@ -224,7 +230,7 @@ def run_bench(
             theirs = np.empty_like(pristine)
 
             def run_ours(buf: np.ndarray = ours, dims: str = dims) -> None:
-                ddlfast.allreduce(buf, op=op, dims=dims, comm=comm)
+                ddlfast.allreduce(buf, op=op, dims=dims, comm=comm, compression=compression)
 
             def run_theirs(buf: np.ndarray = theirs) -> None:
                 comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
@@ -247,6 +253,7 @@ def run_bench(
                 "dtype": dtype,
                 "dims": dims,
                 "op": op,
+                "compression": compression,
                 "world": world,
                 "iters": n_iters,
                 "warmup": n_warmup,
@@ -261,7 +268,7 @@ def run_bench(
             row["ratio"] = ours_bw / theirs_bw if ours_bw is not None and theirs_bw else None
             if check:
                 what = f"{format_bytes(nbytes)} {dtype} dims {dims} op {op}"
-                errors = _check_row(ours, theirs, pristine, op, comm, what)
+                errors = _check_row(ours, theirs, pristine, op, comm, what, compression)
                 row["check"] = "FAIL" if errors else "ok"
                 row["check_errors"] = errors
             rows.append(row)
@@ -288,6 +295,7 @@ def header_lines(rows: Sequence[dict[str, Any]], world: int) -> list[str]:
         f"# build: kernel {info.get('kernel_selected', '?')} (available: {', '.join(info.get('kernel_paths', []))}), "
         f"MPI library: {' '.join(str(info.get('mpi_library', '?')).split())}, "
         f"mpi4py on {info.get('mpi4py_vendor', '?')}, compiler {info.get('compiler', '?')}",
+        f"# ddlfast wire compression: {first.get('compression', 'none')}",
         f"# settings: chunk bytes {chunk} ({format_bytes(chunk)}, DDLFAST_CHUNK_BYTES), small bytes {small} "
         f"(DDLFAST_SMALL_BYTES: buffers <= this go to MPI_Allreduce, path 'mpi-handoff')",
         f"# baseline: {BASELINE}, alternated with ddlfast every iteration",
@@ -359,6 +367,8 @@ def _parser() -> argparse.ArgumentParser:
                         f"about {format_bytes(AUTO_BYTES_PER_ROW)} per size)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed iterations first (default auto: 2..10)")
     parser.add_argument("--op", default="sum", choices=OPS, help="sum or average (MPI baseline is SUM either way)")
+    parser.add_argument("--compression", default="none",
+                        help="ddlfast wire codec: none, fp16, bf16, or per dimension e.g. none,fp16 (float32 only)")
     parser.add_argument("--json", action="store_true", help="print one JSON document (rank 0) instead of the table")
     parser.add_argument("--check", action="store_true",
                         help="verify ddlfast's result against MPI's (ints exactly, floats within tolerance)")
@@ -380,7 +390,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DdlfastError as error:
         parser.error(str(error))  # exits 2 on every rank, message printed once
     try:
-        rows = run_bench(sizes, args.dtype, dims_list, args.iters, args.warmup, args.op, args.check, comm=comm)
+        rows = run_bench(sizes, args.dtype, dims_list, args.iters, args.warmup, args.op, args.check, comm=comm,
+                         compression=args.compression)
     except DdlfastError as error:
         if rank == 0:
             print(f"ddlfast bench: error: {error}", file=sys.stderr)
