@@ -21,6 +21,7 @@ from ddlfast.api import (
 from ddlfast.context import Context
 from ddlfast.errors import DdlfastError, DdlfastTimeoutError
 from ddlfast.fusion import FusedBuffer
+from ddlfast.topology import TopologyWarning, topology  # noqa: E402  (the function shadows the submodule)
 from ddlfast.worker import Handle
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "DdlfastTimeoutError",
     "FusedBuffer",
     "Handle",
+    "TopologyWarning",
     "allreduce",
     "allreduce_async",
     "broadcast",
@@ -39,5 +41,6 @@ __all__ = [
     "has_cuda",
     "rank",
     "size",
+    "topology",
 ]
 __version__ = "0.1.0"

@@ -157,7 +157,7 @@ def _parse_settings() -> Settings:
         chunk_bytes=_env_size("DDLFAST_CHUNK_BYTES", DEFAULT_CHUNK_BYTES, minimum=8, maximum=MAX_CHUNK_BYTES),
         small_bytes=_env_size("DDLFAST_SMALL_BYTES", DEFAULT_SMALL_BYTES, minimum=0),
         receives_in_flight=_env_int("DDLFAST_RECEIVES_IN_FLIGHT", DEFAULT_RECEIVES_IN_FLIGHT, minimum=2),
-        ring_dims=parse_dims(os.environ.get("DDLFAST_RING_DIMS", "").strip() or "flat", "DDLFAST_RING_DIMS"),
+        ring_dims=parse_dims(os.environ.get("DDLFAST_RING_DIMS", "").strip() or "auto", "DDLFAST_RING_DIMS"),
         timeout_s=_env_seconds("DDLFAST_TIMEOUT_S", DEFAULT_TIMEOUT_S),
         compression=compression,
     )

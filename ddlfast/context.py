@@ -72,15 +72,18 @@ class Context:
         self._fused = FusedBuffers()
         self._dims_cache: dict[tuple, tuple[int, ...]] = {}
         self._rank_order: tuple[int, ...] = ()  # torus position -> rank; () is identity
-        self._hosts_tier: int | None = None  # first ring dimension that crosses hosts, when known
         self._error_feedback = ErrorFeedback()
         self._codec_state: dict[tuple, dict] = {}
-        self._topology: Any = None  # ddlfast.topology.Topology, built at the first collective
+        self._topology: Any = None  # ddlfast.topology.Topology, built below
+        self._topology_every_tier = False
         self._timeline = Timeline.from_env(self._core.rank)
         self._core.record_events = self._timeline is not None
         self._worker: CommThread | None = None
         self._lock = threading.Lock()
         self._closed = False
+        # Placement detection is collective; do it here, where every rank has
+        # just proven it is present (the dups above time out otherwise).
+        self._topology_for(load_settings().bucket_bytes)
 
     @property
     def rank(self) -> int:
@@ -131,14 +134,28 @@ class Context:
         return self._topology_for(settings.bucket_bytes).resolve(chosen)
 
     def _topology_for(self, plan_bytes: int, every_tier: bool = False) -> Any:
-        """Detect placement, probe, plan: collective, once, at the context's first collective (before any
+        """Detect placement, probe, plan: collective, once, when the context is created (before any
         communication thread exists). Sets the rank order the engine renumbers its rings with."""
-        if self._topology is None:
+        if self._topology is None or (every_tier and not self._topology_every_tier):
             from ddlfast.topology import build
 
             self._topology = build(self._control, plan_bytes, every_tier)
+            self._topology_every_tier = every_tier  # the planner asks for every tier probed, even on one host
             self._rank_order = self._topology.order
         return self._topology
+
+    def _hosts_tier(self, dims: tuple[int, ...]) -> int | None:
+        """Index of the first ring dimension whose rings cross hosts (None on one host)."""
+        placement = self._topology.placement
+        if placement.hosts <= 1:
+            return None
+        per_host = placement.ranks_per_host[0] if placement.regular else 1
+        covered = 1
+        for index, d in enumerate(dims):
+            covered *= d
+            if covered > per_host:
+                return index
+        return None
 
     def _topology_info(self, every_tier: bool = False) -> Any:
         """ddlfast.topology(): on the communication thread when there is one, so collectives stay ordered."""
@@ -321,7 +338,7 @@ class Context:
         """Large arrays are reduced where they lie, as segments of one logical buffer;
         only the small ones are packed (their per-message cost would dominate)."""
         settings, op, dims = request.settings, OPS[request.op], request.dims
-        wire = wire_by_dim(request.compression, dims, self._hosts_tier)
+        wire = wire_by_dim(request.compression, dims, self._hosts_tier(dims))
         if wire and request.error_feedback:
             names = [n for n in request.compression if n in ("fp16", "bf16")]
             for position, b in enumerate(members):

@@ -327,7 +327,8 @@ def format_report(data: dict, top: int) -> str:
     lines = [
         f"cluster: {c['hosts']} hosts x {c['ranks_per_host']} ranks = {c['ranks']} ranks"
         + (f", {c['hosts_per_group']} hosts per group (uplink {c['group']})" if c["hosts_per_group"] > 1 else ""),
-        f"links:   intra {c['intra']} | inter {c['inter']} | reduce {c['reduce_rate']}",
+        f"links:   intra {c['intra'] if c['ranks_per_host'] > 1 else 'n/a'} | "
+        f"inter {c['inter'] if c['hosts'] > 1 else 'n/a (one host)'} | reduce {c['reduce_rate']}",
         f"size:    {data['bytes'] / 1e6:.1f} MB",
         "",
         f"{'dims':>14} {'predicted ms':>13} {'busbw GB/s':>11}  note",

@@ -2,7 +2,8 @@
 
 Tiers: `intra` (two ranks of host 0), `inter` (first ranks of hosts 0 and 1) and, with racks, `group` (host 0
 and the first host of group 1). Latency is half the round trip of 8 bytes; seconds per byte is the slope between
-two large sizes (fastest of a few round trips each), which cancels latency and a shaper's burst allowance. One rank times a reduction for gamma.
+two large sizes (fastest of a few round trips each), which cancels latency and a shaper's burst allowance. One
+rank times a reduction for gamma.
 
 Everything here is bounded: requests are polled against one deadline (DDLFAST_PROBE_TIMEOUT_S, default 30 s)
 and a rank that does not answer makes every waiting rank raise DdlfastTimeoutError instead of hanging.
@@ -92,17 +93,25 @@ def wait_all(requests: list[MPI.Request], deadline: float, what: str, idle: bool
     """Testall until done or `deadline` (time.monotonic); on timeout cancel what can be and raise."""
     while not MPI.Request.Testall(requests):
         if time.monotonic() > deadline:
-            for request in requests:
-                try:
-                    request.Cancel()
-                except MPI.Exception:
-                    pass
+            _cancel(requests)
             raise DdlfastTimeoutError(
                 f"ddlfast topology probe: {what} did not complete within the probe's time limit "
                 f"(DDLFAST_PROBE_TIMEOUT_S); a rank is unreachable or stalled. DDLFAST_PROBE=0 skips the probe."
             )
         if idle:
             time.sleep(_IDLE_POLL_S)
+
+
+def _cancel(requests: list[MPI.Request]) -> None:
+    """Cancel and, where that completes them (receives do at once), free; what cannot be cancelled is left."""
+    for request in requests:
+        try:
+            request.Cancel()
+        except MPI.Exception:
+            pass
+    give_up = time.monotonic() + 0.5
+    while not MPI.Request.Testall(requests) and time.monotonic() < give_up:
+        time.sleep(_IDLE_POLL_S)
 
 
 def _ping_pong(comm: MPI.Comm, peer: int, leader: bool, nbytes: int, trips: int, deadline: float, tag: int) -> float:
@@ -130,10 +139,10 @@ def _measure_pair(comm: MPI.Comm, peer: int, leader: bool, deadline: float, tag:
     if not leader:
         return 0.0, 0.0
     alpha = small / 2
-    beta = (high - low) / 2 / (LARGE_BYTES[1] - LARGE_BYTES[0])
-    if beta <= 0:  # noise swamped the slope: fall back to the whole large transfer
-        beta = max(high / 2 - alpha, 1e-12) / LARGE_BYTES[1]
-    return alpha, beta
+    whole = max(high / 2 - alpha, 1e-12) / LARGE_BYTES[1]  # slightly optimistic under a shaper's burst
+    slope = (high - low) / 2 / (LARGE_BYTES[1] - LARGE_BYTES[0])
+    # On a loaded machine one slow round trip can swamp the difference; then trust the whole transfer.
+    return alpha, slope if 0.5 * whole <= slope <= 2 * whole else whole
 
 
 def _measure_gamma() -> float:

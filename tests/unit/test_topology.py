@@ -1,0 +1,114 @@
+"""Placement, renumbering, auto's choice and the dims checks, without MPI (placements are made up)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from ddlfast.errors import DdlfastError
+from ddlfast.plan import Link
+from ddlfast.probe import Links
+from ddlfast.topology import Placement, TopologyWarning, decide, hosts_per_group, probe_pairs
+
+SLOW = Links(Link(1e-6, 1e-10), Link(20e-6, 8e-9), None, 1e-10, "test")
+
+
+def _placement(*host_of_rank: int) -> Placement:
+    hosts = max(host_of_rank) + 1
+    return Placement(tuple(host_of_rank), tuple(f"node{h}" for h in range(hosts)))
+
+
+def test_block_placement_is_contiguous() -> None:
+    p = _placement(0, 0, 1, 1)
+    assert p.hosts == 2 and p.ranks_per_host == (2, 2) and p.regular and p.contiguous
+    assert p.order == (0, 1, 2, 3)
+
+
+def test_round_robin_placement_is_renumbered_host_contiguous() -> None:
+    p = _placement(0, 1, 0, 1, 0, 1)
+    assert not p.contiguous
+    assert p.order == (0, 2, 4, 1, 3, 5)
+    topology = decide(0, p, 1, SLOW, 64 << 20)
+    assert topology.order == (0, 2, 4, 1, 3, 5)
+    assert topology.auto_dims == (3, 2)  # each dimension-1 ring on one host, then across the slow link
+
+
+def test_contiguous_placement_needs_no_order() -> None:
+    assert decide(0, _placement(0, 0, 1, 1), 1, SLOW, 64 << 20).order == ()
+
+
+def test_auto_on_a_slow_network_is_host_aligned() -> None:
+    topology = decide(0, _placement(0, 0, 0, 0, 1, 1, 1, 1), 1, SLOW, 64 << 20)
+    assert topology.auto_dims in {(4, 2), (2, 2, 2)}
+    assert topology.resolve("auto") == topology.auto_dims
+    assert topology.resolve("flat") == (8,)
+    assert topology.candidates[0].seconds <= topology.candidates[-1].seconds
+
+
+def test_irregular_placement_falls_back_to_flat_with_a_warning() -> None:
+    topology = decide(0, _placement(0, 0, 0, 1), 1, SLOW, 64 << 20)
+    assert topology.auto_dims == (4,) and topology.cluster is None
+    with pytest.warns(TopologyWarning, match="ranks per host differ"):
+        assert topology.resolve("auto") == (4,)
+    assert "3,1" in topology.describe()
+
+
+def test_warnings_only_on_rank_zero() -> None:
+    topology = decide(1, _placement(0, 0, 0, 1), 1, SLOW, 64 << 20)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert topology.resolve("auto") == (4,)
+
+
+def test_explicit_dims_checked_against_placement() -> None:
+    topology = decide(0, _placement(0, 0, 0, 1, 1, 1), 1, SLOW, 64 << 20)
+    assert topology.resolve((3, 2)) == (3, 2)
+    assert topology.resolve((1, 6)) == (1, 6)  # one ring over both whole hosts
+    assert topology.resolve((6,)) == (6,)
+    with pytest.raises(DdlfastError, match="multiply to 4 but the communicator has 6"):
+        topology.resolve((2, 2))
+    with pytest.raises(DdlfastError, match=r"dimension-1 rings of 2 ranks would split hosts.*auto \(here 3x2\)"):
+        topology.resolve((2, 3))
+
+
+def test_dims_covering_whole_hosts_are_fine() -> None:
+    p = _placement(0, 0, 1, 1, 2, 2, 3, 3)
+    assert not p.ring_straddles_hosts(4) and not p.ring_straddles_hosts(2) and not p.ring_straddles_hosts(8)
+    assert _placement(0, 0, 0, 1, 1, 1).ring_straddles_hosts(4)
+
+
+def test_hosts_per_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DDLFAST_HOSTS_PER_GROUP", raising=False)
+    assert hosts_per_group(8) == (1, None)
+    monkeypatch.setenv("DDLFAST_HOSTS_PER_GROUP", "4")
+    assert hosts_per_group(8) == (4, None)
+    value, warning = hosts_per_group(6)
+    assert value == 1 and "does not divide the 6 hosts" in warning
+    monkeypatch.setenv("DDLFAST_HOSTS_PER_GROUP", "racks")
+    with pytest.raises(DdlfastError, match="DDLFAST_HOSTS_PER_GROUP='racks'"):
+        hosts_per_group(8)
+
+
+def test_groups_make_a_third_dimension() -> None:
+    links = Links(Link(1e-6, 1e-10), Link(10e-6, 1e-9), Link(50e-6, 1e-8), 1e-10, "test")
+    topology = decide(0, _placement(*[h for h in range(8) for _ in range(2)]), 4, links, 64 << 20)
+    assert topology.auto_dims[-1] == 2  # last dimension = the two groups over their slow uplinks
+    assert "groups of 4 hosts" in topology.describe()
+
+
+def test_probe_pairs() -> None:
+    block = _placement(0, 0, 1, 1, 2, 2, 3, 3)
+    assert probe_pairs(block, 2, False) == {"intra": (0, 1), "inter": (0, 2), "group": (0, 4)}
+    assert probe_pairs(_placement(0, 1, 0, 1), 1, False) == {"intra": (0, 2), "inter": (0, 1)}
+    assert probe_pairs(_placement(0, 0, 0), 1, False) == {}  # one host: auto has nothing to choose
+    assert probe_pairs(_placement(0, 0, 0), 1, True) == {"intra": (0, 1)}
+    assert probe_pairs(_placement(0, 0, 1), 1, False) == {}  # irregular: flat regardless
+
+
+def test_as_dict_is_json_ready() -> None:
+    import json
+
+    data = decide(0, _placement(0, 1, 0, 1), 1, SLOW, 64 << 20).as_dict()
+    assert json.loads(json.dumps(data))["auto_dims"] == "2x2"
+    assert data["order"] == [0, 2, 1, 3] and data["links"]["source"] == "test"
