@@ -23,7 +23,7 @@ cdef extern from "common/dtype.h" namespace "ddlfast" nogil:
 
 cdef extern from "kernels/cpu_kernels.h" namespace "ddlfast" nogil:
     ctypedef void (*ReduceFn)(void* dst, const void* src, size_t n, int divisor)
-    ctypedef void (*EncodeFn)(void* dst_wire, const float* src, size_t n)
+    ctypedef size_t (*EncodeFn)(void* dst_wire, const float* src, size_t n)
     ctypedef void (*DecodeFn)(float* dst, const void* src_wire, size_t n)
     ctypedef void (*AccumulateFn)(float* dst, const void* src_wire, size_t n, int divisor)
     cdef struct KernelTable:
@@ -104,6 +104,7 @@ cdef extern from "engine/context.h" namespace "ddlfast" nogil:
         int rank()
         int size()
         MpiTransport& transport()
+        size_t take_overflows()
         Status allreduce(const SegmentedBuffer& data, DType dtype, ReduceOp op, const vector[int]& dims,
                          const vector[int]& order, const EngineOptions& options)
 

@@ -82,12 +82,17 @@ def reduce_into(uintptr_t dst, uintptr_t src, size_t count, int dtype, int divis
 
 
 def encode_wire(uintptr_t dst, uintptr_t src, size_t count, int wire, path=None):
-    """dst (fp16/bf16 bits) = wire(src float32): the compression kernels' test entry."""
+    """dst (fp16/bf16 bits) = wire(src float32): the compression kernels' test entry.
+
+    Returns how many finite inputs overflowed to inf.
+    """
     cdef const KernelTable* table = _table(path)
+    cdef size_t overflows
     if wire < 0 or wire > 1:
         raise DdlfastError(f"unknown wire type {wire}")
     with nogil:
-        table.encode[wire](<void*>dst, <const float*>src, count)
+        overflows = table.encode[wire](<void*>dst, <const float*>src, count)
+    return overflows
 
 
 def decode_wire(uintptr_t dst, uintptr_t src, size_t count, int wire, path=None):
@@ -264,6 +269,10 @@ cdef class CoreContext:
                            small_bytes, order, wire)
         finally:
             PyBuffer_Release(&view)
+
+    def take_overflows(self) -> int:
+        """Finite values this rank's wire encoders turned into inf since the last call."""
+        return self.get().take_overflows()
 
     def take_events(self):
         """Phase events recorded since the last call: [(kind, dim, start_s, end_s, bytes)]."""

@@ -343,8 +343,6 @@ class Context:
             names = [n for n in request.compression if n in ("fp16", "bf16")]
             for position, b in enumerate(members):
                 self._error_feedback.apply((key, position), b.array, names[0])
-        check_overflow = bool(wire) and any(code == 0 for code in wire)
-        inputs_finite = check_overflow and all(np.isfinite(b.array).all() for b in members)
         small = [b for b in members if b.nbytes < PACK_BELOW_BYTES]
         if len(small) == 1:
             small = []
@@ -374,9 +372,14 @@ class Context:
             unpack(fused, small)
             if self._timeline is not None:
                 self._timeline.add("unpack", start, time.perf_counter(), arrays=len(small), bytes=fused.nbytes)
-        if inputs_finite and not all(np.isfinite(b.array).all() for b in members):
-            raise DdlfastError(f"fp16 wire overflow on rank {self.rank}: partial sums exceeded +-65504 and the "
-                               "result holds inf; use compression='bf16' or op='average' (which pre-scales)")
+        if wire:
+            # The encoders count finite values that became inf; ranks that saw none must raise too.
+            overflowed = self._control.allreduce(self._core.take_overflows(), op=MPI.SUM)
+            if overflowed:
+                raise DdlfastError(
+                    f"wire overflow on rank {self.rank}: {overflowed} partial sums exceeded the range of "
+                    f"{'/'.join(n for n in request.compression if n != 'none')} and the result holds inf; use "
+                    "compression='bf16' or op='average' (which pre-scales)")
 
     def _record_engine_events(self) -> None:
         if self._timeline is not None:

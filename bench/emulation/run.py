@@ -30,17 +30,19 @@ def format_table(report: dict, nominal_rate: float) -> str:
              f"{topo['auto_dims']}; probed links: {json.dumps(topo['links'])}"]
     mpi = report["variants"].get("mpi", {}).get("median_s")
     bound_nominal = 2 * (hosts - 1) / hosts * nbytes / nominal_rate if hosts > 1 else None
-    lines.append(f"{'variant':>8} {'dims':>6} {'median s':>9} {'algbw MB/s':>11} {'x mpi':>6} {'predicted s':>12} "
-                 f"{'pred/meas':>9} {'x bound':>8}")
+    lines.append(f"{'variant':>14} {'dims':>6} {'median s':>9} {'algbw MB/s':>11} {'x mpi':>6} {'predicted s':>12} "
+                 f"{'pred/meas':>9} {'x bound':>8} {'rel err':>8}")
     for name, entry in report["variants"].items():
         median_s = entry["median_s"]
         predicted = entry.get("predicted_s")
+        error = entry.get("relative_error_vs_mpi")
         lines.append(
-            f"{name:>8} {entry.get('dims', '-'):>6} {median_s:9.3f} {nbytes / median_s / 1e6:11.1f} "
+            f"{name:>14} {entry.get('dims', '-'):>6} {median_s:9.3f} {nbytes / median_s / 1e6:11.1f} "
             f"{(mpi / median_s if mpi else float('nan')):6.2f} "
             f"{(f'{predicted:.3f}' if predicted else '-'):>12} "
             f"{(f'{predicted / median_s:.2f}' if predicted else '-'):>9} "
-            f"{(f'{median_s / bound_nominal:.2f}' if bound_nominal else '-'):>8}"
+            f"{(f'{median_s / bound_nominal:.2f}' if bound_nominal else '-'):>8} "
+            f"{(f'{error:.1e}' if error is not None else '-'):>8}"
         )
     if bound_nominal:
         probed = f", {report['link_bound_s']:.3f} s at the probed rate" if report.get("link_bound_s") else ""
@@ -63,6 +65,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=7)
     parser.add_argument("--variants", default="auto,flat,mpi")
     parser.add_argument("--check", action="store_true", help="also verify every result")
+    parser.add_argument("--data", choices=("integers", "random"), default="integers",
+                        help="random: normal floats and each variant's relative error against MPI's fp32 sum")
     parser.add_argument("--json", help="write the raw report here")
     parser.add_argument("--timeout", type=float, default=900)
     args = parser.parse_args(argv)
@@ -71,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bench.emulation.run: {reason}", file=sys.stderr)
         return 2
     program = [sys.executable, str(MEASURE), "--bytes", args.bytes, "--iters", str(args.iters),
-               "--variants", args.variants, *(["--check"] if args.check else [])]
+               "--variants", args.variants, "--data", args.data, *(["--check"] if args.check else [])]
     with EmulatedCluster(args.hosts, args.rate, args.burst, args.queue) as cluster:
         if args.placement == "block":
             slots, ranks = [args.ranks_per_host] * args.hosts, None

@@ -44,7 +44,8 @@ Status RingAllreduce::compressed_reduce_scatter_phase(const SegmentedBuffer& dat
   const int last_step = static_cast<int>(phase.steps.size()) - 1;
 
   auto encode_and_send = [&](const ChunkItem& item, int step) -> Status {
-    kernels.encode[wire](stage_cursor, reinterpret_cast<const float*>(data.address(item.offset)), item.count);
+    overflows_ += kernels.encode[wire](stage_cursor, reinterpret_cast<const float*>(data.address(item.offset)),
+                                       item.count);
     RequestId ignored;
     DDLFAST_RETURN_IF_ERROR(transport_->isend(stage_cursor, item.count * wsize, phase.successor,
                                               step_tag(tag_base, step), &ignored));
@@ -99,7 +100,7 @@ Status RingAllreduce::compressed_allgather_phase(const SegmentedBuffer& data, co
   unsigned char* stage = send_stage_.data();
   for (const ChunkItem& item : first) {
     float* values = reinterpret_cast<float*>(data.address(item.offset));
-    kernels.encode[wire](stage, values, item.count);
+    overflows_ += kernels.encode[wire](stage, values, item.count);
     kernels.decode[wire](values, stage, item.count);  // the owner keeps what the others will get
     RequestId ignored;
     DDLFAST_RETURN_IF_ERROR(

@@ -20,6 +20,13 @@ class Context {
   MpiTransport& transport() { return *transport_; }
 
   // `order`: torus position -> rank (empty: identity); see RingAllreduce.
+  // Wire overflows counted by every engine since the last call.
+  std::size_t take_overflows() {
+    std::size_t total = 0;
+    for (auto& entry : engines_) total += entry.second->take_overflows();
+    return total;
+  }
+
   Status allreduce(const SegmentedBuffer& data, DType dtype, ReduceOp op, const std::vector<int>& dims,
                    const std::vector<int>& order, const EngineOptions& options);
 

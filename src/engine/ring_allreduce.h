@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "algo/ring_schedule.h"
@@ -77,6 +78,13 @@ class RingAllreduce {
   std::vector<unsigned char> scratch_;  // persistent across calls
   std::vector<unsigned char> send_stage_;  // encoded chunks until their sends complete
   std::vector<unsigned char> recv_stage_;  // encoded allgather chunks, kept for forwarding
+
+ public:
+  // Finite values this rank encoded to inf (wire overflow) since the last call.
+  std::size_t take_overflows() { return std::exchange(overflows_, 0); }
+
+ private:
+  std::size_t overflows_ = 0;
 };
 
 }  // namespace ddlfast

@@ -62,21 +62,38 @@ void reduce_bf16(void* dst_v, const void* src_v, std::size_t n, int divisor) {
   for (; i < n; ++i) dst[i] = float_to_bfloat16((bfloat16_to_float(dst[i]) + bfloat16_to_float(src[i])) * scale_value);
 }
 
-void encode_fp16(void* dst_v, const float* src, std::size_t n) {
-  auto* dst = static_cast<std::uint16_t*>(dst_v);
-  std::size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
-                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
-  }
-  for (; i < n; ++i) dst[i] = float_to_half(src[i]);
+// Lanes whose finite input rounds to inf (|x| in [overflow_from, FLT_MAX]).
+inline int overflowing_lanes(__m256 x, __m256 overflow_from) {
+  const __m256 magnitude = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x);
+  const __m256 too_big = _mm256_cmp_ps(magnitude, overflow_from, _CMP_GE_OQ);
+  const __m256 finite = _mm256_cmp_ps(magnitude, _mm256_set1_ps(3.4028235e38f), _CMP_LE_OQ);
+  return __builtin_popcount(static_cast<unsigned>(_mm256_movemask_ps(_mm256_and_ps(too_big, finite))));
 }
 
-void encode_bf16(void* dst_v, const float* src, std::size_t n) {
+std::size_t encode_fp16(void* dst_v, const float* src, std::size_t n) {
   auto* dst = static_cast<std::uint16_t*>(dst_v);
+  const __m256 overflow_from = _mm256_set1_ps(kFp16OverflowFrom);
+  std::size_t overflows = 0;
   std::size_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), ps_to_bf16x8(_mm256_loadu_ps(src + i)));
-  for (; i < n; ++i) dst[i] = float_to_bfloat16(src[i]);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(src + i);
+    overflows += overflowing_lanes(x, overflow_from);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+  }
+  return overflows + generic::encode_scalar<float_to_half, 0>(dst + i, src + i, n - i);
+}
+
+std::size_t encode_bf16(void* dst_v, const float* src, std::size_t n) {
+  auto* dst = static_cast<std::uint16_t*>(dst_v);
+  const __m256 overflow_from = _mm256_set1_ps(kBf16OverflowFrom);
+  std::size_t overflows = 0;
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(src + i);
+    overflows += overflowing_lanes(x, overflow_from);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), ps_to_bf16x8(x));
+  }
+  return overflows + generic::encode_scalar<float_to_bfloat16, 1>(dst + i, src + i, n - i);
 }
 
 inline __m256 fp16x8_to_ps(const std::uint16_t* p) {

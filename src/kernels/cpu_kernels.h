@@ -16,8 +16,9 @@ using ReduceFn = void (*)(void* dst, const void* src, std::size_t n, int divisor
 // Wire codecs for compressed transfers of float32 data (index: WireType).
 enum class WireType : int { kFloat16 = 0, kBFloat16 = 1 };
 constexpr int kNumWireTypes = 2;
-// dst_wire[i] = wire(src[i]), rounding to nearest even.
-using EncodeFn = void (*)(void* dst_wire, const float* src, std::size_t n);
+// dst_wire[i] = wire(src[i]), rounding to nearest even. Returns how many
+// finite inputs overflowed to inf (so overflow is an error, never silent).
+using EncodeFn = std::size_t (*)(void* dst_wire, const float* src, std::size_t n);
 // dst[i] = float(src_wire[i]).
 using DecodeFn = void (*)(float* dst, const void* src_wire, std::size_t n);
 // dst[i] = (dst[i] + float(src_wire[i])) / divisor: accumulation stays in fp32.
@@ -41,5 +42,10 @@ inline void reduce_into(DType dtype, void* dst, const void* src, std::size_t n, 
 }
 
 inline std::size_t wire_size(WireType) { return 2; }
+
+// Smallest magnitudes that round to inf: 65520 for fp16, bits 0x7f7f8000 for bf16.
+constexpr float kFp16OverflowFrom = 65520.0f;
+constexpr float kBf16OverflowFrom = 3.3961514e38f;
+constexpr float kOverflowFrom[kNumWireTypes] = {kFp16OverflowFrom, kBf16OverflowFrom};
 
 }  // namespace ddlfast

@@ -17,7 +17,7 @@ const KernelTable& scalar_kernels() {
           &generic::reduce_int<std::int32_t>,
           &generic::reduce_int<std::int64_t>,
       },
-      {&generic::encode_scalar<float_to_half>, &generic::encode_scalar<float_to_bfloat16>},
+      {&generic::encode_scalar<float_to_half, 0>, &generic::encode_scalar<float_to_bfloat16, 1>},
       {&generic::decode_scalar<half_to_float>, &generic::decode_scalar<bfloat16_to_float>},
       {&generic::accumulate_scalar<half_to_float>, &generic::accumulate_scalar<bfloat16_to_float>},
   };

@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "common/half.h"
+#include "kernels/cpu_kernels.h"
 
 namespace ddlfast {
 // Internal linkage on purpose: each ISA translation unit gets its own copies,
@@ -48,10 +49,16 @@ inline void reduce_half_scalar(void* dst_v, const void* src_v, std::size_t n, in
   for (std::size_t i = 0; i < n; ++i) dst[i] = FromFloat((ToFloat(dst[i]) + ToFloat(src[i])) * scale);
 }
 
-template <std::uint16_t (*FromFloat)(float)>
-inline void encode_scalar(void* dst_v, const float* src, std::size_t n) {
+template <std::uint16_t (*FromFloat)(float), int Wire>
+inline std::size_t encode_scalar(void* dst_v, const float* src, std::size_t n) {
   auto* dst = static_cast<std::uint16_t*>(dst_v);
-  for (std::size_t i = 0; i < n; ++i) dst[i] = FromFloat(src[i]);
+  std::size_t overflows = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    dst[i] = FromFloat(src[i]);
+    const float magnitude = src[i] < 0 ? -src[i] : src[i];
+    overflows += magnitude >= kOverflowFrom[Wire] && magnitude <= 3.4028235e38f;
+  }
+  return overflows;
 }
 
 template <float (*ToFloat)(std::uint16_t)>
