@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+from ddlfast import abort as _abort
 from ddlfast.api import (
     allreduce,
     allreduce_async,
@@ -23,6 +24,8 @@ from ddlfast.errors import DdlfastError, DdlfastTimeoutError
 from ddlfast.fusion import FusedBuffer
 from ddlfast.topology import TopologyWarning, topology  # noqa: E402  (the function shadows the submodule)
 from ddlfast.worker import Handle
+
+_abort.install()
 
 __all__ = [
     "Context",

@@ -41,9 +41,15 @@ def _context_for(comm: MPI.Comm | None) -> Context:
 
 def fused_allreduce(
     arrays: Sequence[np.ndarray], *, op: str = "sum", dims: object = None, comm: MPI.Comm | None = None,
-    compression: object = None, error_feedback: bool = False,
+    compression: object = None, error_feedback: bool = False, stream: object = None,
 ) -> list:
     """Allreduce many arrays in place, fused into buckets; returns the list.
+
+    arrays: NumPy arrays, or GPU arrays (CuPy, PyTorch CUDA tensors, anything
+    with __cuda_array_interface__ or DLPack) all on one device. stream: for GPU
+    arrays, the stream whose work produced them and that will read the result
+    (an int handle or an object with .ptr / .cuda_stream); default: the stream
+    each array exports, else the host waits for the result.
 
     op: "sum" or "average". dims: "flat", "4x2" or a tuple (default
     DDLFAST_RING_DIMS). compression: None (DDLFAST_COMPRESSION), "fp16",
@@ -53,19 +59,19 @@ def fused_allreduce(
     not, every rank raises DdlfastError.
     """
     return _context_for(comm).fused_allreduce(arrays, op=op, dims=dims, compression=compression,
-                                              error_feedback=error_feedback)
+                                              error_feedback=error_feedback, stream=stream)
 
 
 def allreduce(array: np.ndarray, *, op: str = "sum", dims: object = None, comm: MPI.Comm | None = None,
-              compression: object = None) -> np.ndarray:
-    """Allreduce one array in place and return it."""
+              compression: object = None, stream: object = None) -> np.ndarray:
+    """Allreduce one array in place and return it (a NumPy or GPU array; see fused_allreduce)."""
     context = _default if comm is None and _default is not None else _context_for(comm)
-    return context.allreduce(array, op=op, dims=dims, compression=compression)
+    return context.allreduce(array, op=op, dims=dims, compression=compression, stream=stream)
 
 
 def fused_allreduce_async(
     arrays: Sequence[np.ndarray], *, op: str = "sum", dims: object = None, comm: MPI.Comm | None = None,
-    compression: object = None, error_feedback: bool = False,
+    compression: object = None, error_feedback: bool = False, stream: object = None,
 ) -> Handle:
     """Like fused_allreduce, on the context's communication thread; returns a Handle.
 
@@ -73,13 +79,13 @@ def fused_allreduce_async(
     handles may be outstanding; they complete in submission order.
     """
     return _context_for(comm).fused_allreduce_async(arrays, op=op, dims=dims, compression=compression,
-                                                    error_feedback=error_feedback)
+                                                    error_feedback=error_feedback, stream=stream)
 
 
 def allreduce_async(array: np.ndarray, *, op: str = "sum", dims: object = None,
-                    comm: MPI.Comm | None = None, compression: object = None) -> Handle:
+                    comm: MPI.Comm | None = None, compression: object = None, stream: object = None) -> Handle:
     """Like allreduce, asynchronously; handle.wait() returns the array."""
-    return _context_for(comm).allreduce_async(array, op=op, dims=dims, compression=compression)
+    return _context_for(comm).allreduce_async(array, op=op, dims=dims, compression=compression, stream=stream)
 
 
 def broadcast(array: np.ndarray, root: int = 0, comm: MPI.Comm | None = None) -> np.ndarray:

@@ -17,6 +17,7 @@ class HostBuffer(NamedTuple):  # a tuple: built on every call, so kept cheap
     count: int
     nbytes: int
     dtype_code: int
+    aligned: bool  # starts at a multiple of its element size; if not, it is packed (the kernels load whole elements)
 
 
 def host_buffer(array: object, where: str) -> HostBuffer:
@@ -31,4 +32,5 @@ def host_buffer(array: object, where: str) -> HostBuffer:
         raise DdlfastError(f"{where} is not C-contiguous (strides {array.strides}); pass np.ascontiguousarray(...)")
     if not flags.writeable:
         raise DdlfastError(f"{where} is read-only; ddlfast reduces in place and needs a writable array")
-    return HostBuffer(array, array.ctypes.data, array.size, array.nbytes, code)
+    pointer = array.ctypes.data
+    return HostBuffer(array, pointer, array.size, array.nbytes, code, pointer % array.itemsize == 0)

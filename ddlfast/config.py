@@ -127,6 +127,15 @@ _VARIABLES = (
     "DDLFAST_COMPRESSION", "DDLFAST_BUCKET_BYTES", "DDLFAST_FIRST_BUCKET_BYTES", "DDLFAST_CHUNK_BYTES",
     "DDLFAST_SMALL_BYTES", "DDLFAST_RECEIVES_IN_FLIGHT", "DDLFAST_RING_DIMS", "DDLFAST_TIMEOUT_S",
 )
+# Every DDLFAST_* name ddlfast, its build and its test tools read; any other is
+# most likely a typo that would otherwise be ignored silently.
+KNOWN_VARIABLES = frozenset(_VARIABLES + (
+    "DDLFAST_ABORT_ON_STALL", "DDLFAST_TIMELINE", "DDLFAST_TIMELINE_MAX_EVENTS", "DDLFAST_PROBE",
+    "DDLFAST_PROBE_TIMEOUT_S", "DDLFAST_CACHE_DIR", "DDLFAST_HOSTS_PER_GROUP", "DDLFAST_CUDA_AWARE_MPI",
+    # build and test tooling
+    "DDLFAST_CUDA", "DDLFAST_MPICC", "DDLFAST_SANITIZE", "DDLFAST_SANITIZE_DIR", "DDLFAST_FUZZ_SEED",
+    "DDLFAST_FUZZ_SCALE", "DDLFAST_BENCH_LARGE", "DDLFAST_BENCH_ALL_RANKS",
+))
 _cache: tuple[tuple, Settings] | None = None
 # os.environ.get encodes and checks every key on every call (~1 us each); the
 # plain dict of bytes behind it (CPython's os.environ._data) changes with it
@@ -147,6 +156,21 @@ def load_settings() -> Settings:
     settings = _parse_settings()
     _cache = (raw, settings)
     return settings
+
+
+def check_variable_names(environ: dict[str, str] | None = None) -> None:
+    """Raises DdlfastError for a DDLFAST_* variable ddlfast does not know (naming the closest known one)."""
+    import difflib
+
+    names = os.environ if environ is None else environ
+    unknown = sorted(name for name in names if name.startswith("DDLFAST_") and name not in KNOWN_VARIABLES)
+    if unknown:
+        hints = []
+        for name in unknown:
+            close = difflib.get_close_matches(name, sorted(KNOWN_VARIABLES), n=1, cutoff=0.6)
+            hints.append(f"{name} (did you mean {close[0]}?)" if close else name)
+        raise DdlfastError(f"unknown environment variable {', '.join(hints)}; ddlfast reads "
+                           f"{', '.join(sorted(KNOWN_VARIABLES))}")
 
 
 def _parse_settings() -> Settings:

@@ -14,12 +14,12 @@ from typing import Any, NamedTuple
 import numpy as np
 from mpi4py import MPI
 
-from ddlfast import _core
+from ddlfast import _core, cuda
 from ddlfast.agreement import Agreement, layout_of, wait_all
 from ddlfast.bucketing import assign_buckets
 from ddlfast.buffers import HostBuffer, host_buffer
 from ddlfast.compression import Codec, ErrorFeedback, run_codec, wire_by_dim
-from ddlfast.config import Settings, load_settings, parse_compression, parse_dims
+from ddlfast.config import Settings, check_variable_names, load_settings, parse_compression, parse_dims
 from ddlfast.dtypes import DTYPE_CODES
 from ddlfast.errors import DdlfastError, DdlfastTimeoutError
 from ddlfast.fusion import FusedBuffers, pack, unpack
@@ -50,6 +50,23 @@ class _Request(NamedTuple):
         return (*layout_of(self.buffers, self.op, self.dims), codec, self.error_feedback)
 
 
+class _GpuRequest(NamedTuple):
+    """A validated collective on GPU arrays; its fences were recorded on the caller's streams at submission."""
+
+    submission: Any  # ddlfast.cuda.Submission
+    op: str
+    dims: tuple[int, ...]
+    settings: Settings
+    result: Any
+    compression: tuple[str, ...] | Any
+    error_feedback: bool
+    wait_on_host: bool  # asynchronous handles complete only when the result is on the device
+
+    def layout(self) -> tuple:
+        codec = self.compression if isinstance(self.compression, tuple) else type(self.compression).__name__
+        return (*cuda.layout_of(self.submission.buffers, self.op, self.dims), codec, self.error_feedback)
+
+
 def _dup_with_timeout(comm: MPI.Intracomm, timeout_s: float) -> MPI.Intracomm:
     duplicate, request = comm.Idup()
     if not wait_all([request], timeout_s)[0]:
@@ -65,6 +82,7 @@ class Context:
         comm = MPI.COMM_WORLD if comm is None else comm
         if not isinstance(comm, MPI.Comm):
             raise DdlfastError(f"comm must be an mpi4py communicator, not {type(comm).__name__}")
+        check_variable_names()
         timeout_s = load_settings().timeout_s
         self._core = _core.CoreContext(comm, timeout_s)
         self._control = _dup_with_timeout(comm, timeout_s)  # agreement messages, apart from the data path
@@ -79,6 +97,7 @@ class Context:
         self._timeline = Timeline.from_env(self._core.rank)
         self._core.record_events = self._timeline is not None
         self._worker: CommThread | None = None
+        self._cuda_path: cuda.CudaPath | None = None  # created at the first GPU collective (collective itself)
         self._lock = threading.Lock()
         self._closed = False
         # Placement detection is collective; do it here, where every rank has
@@ -107,6 +126,8 @@ class Context:
         if self._timeline is not None:
             self._timeline.flush()
         if drained and not MPI.Is_finalized():
+            if self._cuda_path is not None:
+                self._cuda_path.close()
             self._core.close()
             self._control.Free()
         self._fused.clear()
@@ -169,7 +190,8 @@ class Context:
             return run()
 
     def _prepare(self, arrays: Sequence[np.ndarray], op: str, dims: object, result: Any,
-                 compression: object = None, error_feedback: bool = False) -> _Request:
+                 compression: object = None, error_feedback: bool = False, stream: object = None,
+                 asynchronous: bool = False) -> _Request | _GpuRequest:
         """Validate on the caller's thread, so bad input raises where it was passed."""
         self._check_open()
         if op not in OPS:
@@ -180,13 +202,23 @@ class Context:
             raise DdlfastError("fused_allreduce got an empty list of arrays")
         settings = load_settings()
         ring_dims = self._resolve_dims(dims, settings)
+        if cuda.any_device_array(arrays):
+            gpu_buffers = cuda.device_buffers(arrays, self.rank, stream)
+            codec = self._resolve_compression(compression, settings, [b.dtype_name for b in gpu_buffers])
+            # The fences go on the caller's streams now, on the caller's thread: later work there is not waited for.
+            return _GpuRequest(cuda.submit(gpu_buffers), op, ring_dims, settings,
+                               list(arrays) if result is None else result, codec, bool(error_feedback),
+                               asynchronous)
+        if stream is not None:
+            raise DdlfastError(f"stream= was given on rank {self.rank} but the arrays are in host memory; streams "
+                               "order GPU arrays only")
         buffers = [host_buffer(array, f"array {i} on rank {self.rank}") for i, array in enumerate(arrays)]
-        codec = self._resolve_compression(compression, settings, buffers)
+        codec = self._resolve_compression(compression, settings, [b.array.dtype.name for b in buffers])
         return _Request(buffers, op, ring_dims, settings, list(arrays) if result is None else result, codec,
                         bool(error_feedback))
 
     def _resolve_compression(self, compression: object, settings: Settings,
-                             buffers: list[HostBuffer]) -> tuple[str, ...] | Any:
+                             dtype_names: list[str]) -> tuple[str, ...] | Any:
         if compression is None:
             names = settings.compression
         elif isinstance(compression, (str, tuple, list)):
@@ -196,9 +228,9 @@ class Context:
         else:
             raise DdlfastError(f"compression={compression!r} is not a codec name, a Codec or a hook")
         if names not in (("none",), ("auto",)):
-            for i, b in enumerate(buffers):
-                if b.array.dtype != np.float32:
-                    raise DdlfastError(f"array {i} on rank {self.rank} is {b.array.dtype}: wire compression "
+            for i, name in enumerate(dtype_names):
+                if name != "float32":
+                    raise DdlfastError(f"array {i} on rank {self.rank} is {name}: wire compression "
                                        f"({','.join(names)}) applies to float32 arrays only")
         return names
 
@@ -230,14 +262,15 @@ class Context:
     # -- collectives ---------------------------------------------------------------------------------------------
 
     def allreduce(self, array: np.ndarray, *, op: str = "sum", dims: object = None,
-                  compression: object = None) -> np.ndarray:
+                  compression: object = None, stream: object = None) -> np.ndarray:
         """One array: the latency-sensitive path, with the per-call Python work kept to a minimum."""
-        code = _FAST_DTYPES.get(array.dtype) if type(array) is np.ndarray else None
+        code = _FAST_DTYPES.get(array.dtype) if type(array) is np.ndarray and array.flags.aligned else None
         settings = load_settings()
-        if (code is None or op not in OPS or self._worker is not None or self._timeline is not None
-                or compression is not None or settings.compression not in (("none",), ("auto",))):
+        if (code is None or stream is not None or op not in OPS or self._worker is not None
+                or self._timeline is not None or compression is not None
+                or settings.compression not in (("none",), ("auto",))):
             # The general path: full error messages, compression, queued behind async work.
-            return self.fused_allreduce([array], op=op, dims=dims, compression=compression)[0]
+            return self.fused_allreduce([array], op=op, dims=dims, compression=compression, stream=stream)[0]
         self._check_open()
         ring_dims = self._resolve_dims(dims, settings)
         layout = (op, ring_dims, ((array.dtype, array.shape),))
@@ -259,27 +292,31 @@ class Context:
         return array
 
     def fused_allreduce(self, arrays: Sequence[np.ndarray], *, op: str = "sum", dims: object = None,
-                        compression: object = None, error_feedback: bool = False) -> list:
-        return self._run_now_or_in_order(self._prepare(arrays, op, dims, None, compression, error_feedback))
+                        compression: object = None, error_feedback: bool = False, stream: object = None) -> list:
+        """GPU arrays: ordered after `stream` (default: the stream each array exports, else the host waits)."""
+        return self._run_now_or_in_order(self._prepare(arrays, op, dims, None, compression, error_feedback, stream))
 
     def fused_allreduce_async(self, arrays: Sequence[np.ndarray], *, op: str = "sum", dims: object = None,
                               compression: object = None, error_feedback: bool = False,
-                              result: Any = None) -> Handle:
+                              result: Any = None, stream: object = None) -> Handle:
         """Queue the collective on the communication thread; wait() returns the list (or `result`)."""
-        request = self._prepare(arrays, op, dims, result, compression, error_feedback)
+        request = self._prepare(arrays, op, dims, result, compression, error_feedback, stream, asynchronous=True)
         return self._ensure_worker().submit(lambda: self._execute(request), f"fused_allreduce of {len(arrays)} arrays")
 
     def allreduce_async(self, array: np.ndarray, *, op: str = "sum", dims: object = None,
-                        compression: object = None) -> Handle:
+                        compression: object = None, stream: object = None) -> Handle:
         """Queue one array; wait() returns the array."""
-        return self.fused_allreduce_async([array], op=op, dims=dims, compression=compression, result=array)
+        return self.fused_allreduce_async([array], op=op, dims=dims, compression=compression, result=array,
+                                          stream=stream)
 
     def broadcast(self, array: np.ndarray, root: int = 0) -> np.ndarray:
         """Copy `root`'s array into every rank's array, in place (MPI_Bcast)."""
         if not 0 <= root < self.size:
             raise DdlfastError(f"broadcast root {root} is outside 0..{self.size - 1}")
-        spec = self._prepare([array], "sum", None, array).buffers[0]
-        return self._broadcast(spec.array, root, array)
+        request = self._prepare([array], "sum", None, array)
+        if isinstance(request, _GpuRequest):
+            return self._broadcast_gpu(request, root)
+        return self._broadcast(request.buffers[0].array, root, array)
 
     def broadcast_bytes(self, array: np.ndarray, root: int = 0) -> np.ndarray:
         """broadcast() for any contiguous writable byte view (e.g. a tensor of any dtype)."""
@@ -289,6 +326,30 @@ class Context:
         if not (isinstance(array, np.ndarray) and array.flags.c_contiguous and array.flags.writeable):
             raise DdlfastError("broadcast_bytes needs a C-contiguous writable NumPy array")
         return self._broadcast(array, root, array)
+
+    def _broadcast_gpu(self, request: _GpuRequest, root: int) -> Any:
+        def run() -> Any:
+            path = self._gpu_path()
+            copies = path.to_host(request.submission)
+            self._broadcast(copies[0], root, None)
+            path.from_host(request.submission, copies, wait_on_host=True)
+            return request.result
+
+        self._agreement.timeout_s = load_settings().timeout_s
+        self._agreement.check(("broadcast gpu", root, request.layout()))  # every rank is a GPU caller
+        if self._worker is not None and not self._worker.on_thread():
+            return self._wait(self._worker.submit(run, "broadcast"))
+        with self._lock:
+            self._check_open()
+            return run()
+
+    def _gpu_path(self) -> cuda.CudaPath:
+        """The GPU side, created at the first GPU collective: every rank gets here in the same order, after
+        an agreement on a GPU layout, so the collective creation cannot meet a host-only rank."""
+        if self._cuda_path is None:
+            self._cuda_path = cuda.CudaPath(self._control, load_settings().timeout_s)
+            self._cuda_path.record_events = self._timeline is not None
+        return self._cuda_path
 
     def _broadcast(self, target: np.ndarray, root: int, result: Any) -> Any:
         def run() -> Any:
@@ -305,12 +366,47 @@ class Context:
 
     # -- execution (communication thread, or inline) -----------------------------------------------------------
 
-    def _execute(self, request: _Request) -> Any:
-        settings, buffers = request.settings, request.buffers
+    def _execute(self, request: _Request | _GpuRequest) -> Any:
+        settings = request.settings
         self._core.set_timeout(settings.timeout_s)
         self._agreement.timeout_s = settings.timeout_s
         layout = request.layout()
         self._agreement.check(layout)
+        if isinstance(request, _GpuRequest):
+            return self._execute_gpu(request, layout)
+        self._reduce_host(request, layout)
+        return request.result
+
+    def _execute_gpu(self, request: _GpuRequest, layout: tuple) -> Any:
+        """Uncompressed: the GPU ring (CUDA kernels, ddlfast's streams). Compression and user codecs: the
+        host engine on pinned copies, so every codec behaves exactly as on host arrays."""
+        path = self._gpu_path()
+        submission = request.submission
+        plain = isinstance(request.compression, tuple) and not wire_by_dim(
+            request.compression, request.dims, self._hosts_tier(request.dims))
+        try:
+            if plain and not request.error_feedback:
+                path.run(submission, request.op, request.dims, request.settings, self._rank_order,
+                         request.wait_on_host)
+                if self._timeline is not None:
+                    for name, dim, start, end, nbytes in path.take_events():
+                        self._timeline.add(f"gpu {name}" if dim < 0 else f"gpu {name} dim{dim + 1}", start, end,
+                                           bytes=nbytes)
+                    self._timeline.flush()
+                return request.result
+        except DdlfastTimeoutError as stalled:
+            raise self._agreement.name_missing(stalled) from stalled
+        copies = path.to_host(submission)
+        where = f"on rank {self.rank}"
+        host = _Request([host_buffer(c, f"host copy of array {i} {where}") for i, c in enumerate(copies)],
+                        request.op, request.dims, request.settings, None, request.compression,
+                        request.error_feedback)
+        self._reduce_host(host, layout)
+        path.from_host(submission, copies, request.wait_on_host)
+        return request.result
+
+    def _reduce_host(self, request: _Request, layout: tuple) -> None:
+        settings, buffers = request.settings, request.buffers
         if len(buffers) == 1:
             buckets = [(0, buffers)]
         else:
@@ -326,7 +422,6 @@ class Context:
                 self._run_user_codec(members, request, (layout, index))
         if self._timeline is not None:
             self._timeline.flush()
-        return request.result
 
     def _run_user_codec(self, members: list[HostBuffer], request: _Request, key: tuple) -> None:
         fused = self._fused.get(members[0].array.dtype, sum(b.count for b in members))
@@ -343,8 +438,10 @@ class Context:
             names = [n for n in request.compression if n in ("fp16", "bf16")]
             for position, b in enumerate(members):
                 self._error_feedback.apply((key, position), b.array, names[0])
-        small = [b for b in members if b.nbytes < PACK_BELOW_BYTES]
-        if len(small) == 1:
+        # Small arrays are packed (their per-message cost would dominate), and so are arrays that do not start
+        # at a multiple of their element size (np.frombuffer at an odd offset): packing copies bytes.
+        small = [b for b in members if b.nbytes < PACK_BELOW_BYTES or not b.aligned]
+        if len(small) == 1 and small[0].aligned:
             small = []
         pointers, counts = [], []
         fused = None

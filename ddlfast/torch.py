@@ -1,4 +1,4 @@
-"""PyTorch integration (CPU tensors): gradient bucketing with hooks, so each
+"""PyTorch integration (CPU tensors, and CUDA tensors in a CUDA build): gradient bucketing with hooks, so each
 bucket is allreduced while backward is still computing the next ones.
 
     import ddlfast.torch as dt
@@ -11,6 +11,11 @@ Gradients live in per-bucket flat buffers (DDP's gradient_as_bucket_view):
 no packing. Parameters that received no gradient in a step are zero-filled
 at synchronize() (documented behaviour, like DDP with unused parameters), so
 the job never hangs on them.
+
+CUDA parameters (all on one device): the buckets live on that device and go to
+the GPU path as tensors (DLPack / __cuda_array_interface__); each is ordered
+after the stream backward ran on when its hook fired (torch's current stream),
+never by a device-wide synchronize.
 """
 
 from __future__ import annotations
@@ -32,6 +37,18 @@ from ddlfast.worker import Handle
 _SUPPORTED = {torch.float32, torch.float64, torch.float16, torch.bfloat16}
 
 
+def _collective_view(tensor: torch.Tensor) -> Any:
+    """What ddlfast reduces: a NumPy view of a CPU tensor, the tensor itself on a GPU."""
+    return tensor if tensor.device.type == "cuda" else _numpy_view(tensor)
+
+
+def _stream_of(tensor: torch.Tensor) -> int | None:
+    """The current stream of a CUDA tensor's device (where its producer ran); None on the CPU."""
+    if tensor.device.type != "cuda":
+        return None
+    return torch.cuda.current_stream(tensor.device).cuda_stream
+
+
 def _numpy_view(tensor: torch.Tensor) -> np.ndarray:
     """A NumPy array sharing the tensor's memory (bfloat16 through ml_dtypes)."""
     if tensor.dtype == torch.bfloat16:
@@ -45,8 +62,8 @@ class _GradBucket:
     def __init__(self, params: list[torch.nn.Parameter]) -> None:
         self.params = params
         total = sum(p.numel() for p in params)
-        self.flat = torch.zeros(total, dtype=params[0].dtype)
-        self.flat_numpy = _numpy_view(self.flat)
+        self.flat = torch.zeros(total, dtype=params[0].dtype, device=params[0].device)
+        self.flat_view = _collective_view(self.flat)
         self.views: list[torch.Tensor] = []
         offset = 0
         for p in params:
@@ -67,9 +84,12 @@ class GradientReducer:
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
             raise DdlfastError("the model has no parameters that require gradients")
+        devices = sorted({str(p.device) for p in params})
+        if len(devices) > 1:
+            raise DdlfastError(f"parameters on {', '.join(devices)}: one reducer takes parameters of one device")
         for p in params:
-            if p.device.type != "cpu":
-                raise DdlfastError(f"parameter on {p.device}: this build's PyTorch integration takes CPU tensors")
+            if p.device.type not in ("cpu", "cuda"):
+                raise DdlfastError(f"parameter on {p.device}: ddlfast takes CPU or CUDA tensors")
             if p.dtype not in _SUPPORTED:
                 raise DdlfastError(f"parameter of dtype {p.dtype} cannot be reduced")
         settings = load_settings()
@@ -108,7 +128,8 @@ class GradientReducer:
         while (self._next_to_submit < len(self.buckets)
                and len(self._ready[self._next_to_submit]) == len(self.buckets[self._next_to_submit].params)):
             bucket = self.buckets[self._next_to_submit]
-            bucket.handle = self.context.fused_allreduce_async([bucket.flat_numpy], op=self.op, dims=self.dims)
+            bucket.handle = self.context.fused_allreduce_async([bucket.flat_view], op=self.op, dims=self.dims,
+                                                               stream=_stream_of(bucket.flat))
             self._next_to_submit += 1
 
     def synchronize(self) -> None:
@@ -179,12 +200,16 @@ def broadcast_parameters(params: torch.nn.Module | dict | Iterable[torch.Tensor]
         tensors = list(params)
     with torch.no_grad():
         for tensor in tensors:
-            if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu":
-                raise DdlfastError(f"broadcast_parameters takes CPU tensors, got {type(tensor).__name__}")
+            if not isinstance(tensor, torch.Tensor) or tensor.device.type not in ("cpu", "cuda"):
+                raise DdlfastError(f"broadcast_parameters takes CPU or CUDA tensors, got {type(tensor).__name__}")
             if tensor.numel() == 0:
                 continue
             if not tensor.is_contiguous():
                 raise DdlfastError("broadcast_parameters needs contiguous tensors")
-            view = tensor.detach().view(torch.uint8) if tensor.dtype == torch.bool else tensor.detach()
+            # GPU tensors go through a host copy: a one-off at start-up, any dtype (bool buffers too).
+            host = tensor.detach().cpu() if tensor.device.type == "cuda" else tensor.detach()
+            view = host.view(torch.uint8) if host.dtype == torch.bool else host
             array = _numpy_view(view).reshape(-1).view(np.uint8)
             context.broadcast_bytes(array, root)
+            if tensor.device.type == "cuda":
+                tensor.copy_(host)

@@ -52,4 +52,24 @@ int Torus::neighbor(int rank, int dim, int delta) const {
   return rank_of(c);
 }
 
+Status resolve_rank_order(const std::vector<int>& order, int world, int rank, std::vector<int>* full_order,
+                          int* position) {
+  *full_order = order;
+  if (full_order->empty()) {
+    for (int r = 0; r < world; ++r) full_order->push_back(r);
+  }
+  if (static_cast<int>(full_order->size()) != world) {
+    return Status::invalid("rank order has " + std::to_string(full_order->size()) + " entries for " +
+                           std::to_string(world) + " ranks");
+  }
+  std::vector<int> seen(world, 0);
+  *position = -1;
+  for (int v = 0; v < world; ++v) {
+    const int r = (*full_order)[v];
+    if (r < 0 || r >= world || seen[r]++) return Status::invalid("rank order is not a permutation of the ranks");
+    if (r == rank) *position = v;
+  }
+  return Status::ok();
+}
+
 }  // namespace ddlfast

@@ -29,4 +29,10 @@ class Torus {
   int world_size_ = 1;
 };
 
+// Which rank sits at each torus position: `order` (empty: identity) checked to
+// be a permutation of 0..world-1; *position is `rank`'s place in it. Engines
+// renumber so that each dimension-1 ring stays on one host.
+Status resolve_rank_order(const std::vector<int>& order, int world, int rank, std::vector<int>* full_order,
+                          int* position);
+
 }  // namespace ddlfast

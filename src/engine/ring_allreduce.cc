@@ -33,21 +33,9 @@ Status RingAllreduce::create(MpiTransport* transport, const std::vector<int>& di
   const int world = transport->size();
   Torus torus;
   DDLFAST_RETURN_IF_ERROR(Torus::make(dims, world, &torus));
-  std::vector<int> full_order = order;
-  if (full_order.empty()) {
-    for (int r = 0; r < world; ++r) full_order.push_back(r);
-  }
-  if (static_cast<int>(full_order.size()) != world) {
-    return Status::invalid("rank order has " + std::to_string(full_order.size()) + " entries for " +
-                           std::to_string(world) + " ranks");
-  }
-  std::vector<int> seen(world, 0);
+  std::vector<int> full_order;
   int position = -1;
-  for (int v = 0; v < world; ++v) {
-    const int r = full_order[v];
-    if (r < 0 || r >= world || seen[r]++) return Status::invalid("rank order is not a permutation of the ranks");
-    if (r == transport->rank()) position = v;
-  }
+  DDLFAST_RETURN_IF_ERROR(resolve_rank_order(order, world, transport->rank(), &full_order, &position));
   out->reset(new RingAllreduce(transport, std::move(torus), std::move(full_order), position));
   return Status::ok();
 }

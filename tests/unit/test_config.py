@@ -264,3 +264,23 @@ def test_settings_are_immutable() -> None:
     settings = config.load_settings()
     with pytest.raises(AttributeError):
         settings.chunk_bytes = 1  # type: ignore[misc]
+
+
+def test_unknown_variable_name_is_an_error_with_a_suggestion() -> None:
+    with pytest.raises(DdlfastError, match=r"DDLFAST_BUKET_BYTES \(did you mean DDLFAST_BUCKET_BYTES\?\)"):
+        config.check_variable_names({"DDLFAST_BUKET_BYTES": "1MiB", "PATH": "/bin"})
+
+
+def test_known_variable_names_pass() -> None:
+    config.check_variable_names({name: "1" for name in config.KNOWN_VARIABLES} | {"OTHER_VAR": "x"})
+
+
+def test_every_variable_the_package_reads_is_known() -> None:
+    import pathlib
+    import re
+
+    package = pathlib.Path(config.__file__).parent
+    read = set()
+    for source in package.glob("*.py"):
+        read |= set(re.findall(r"\"(DDLFAST_[A-Z0-9_]+)\"", source.read_text()))
+    assert read - config.KNOWN_VARIABLES == set()

@@ -1,0 +1,55 @@
+"""Ends the whole job when a stall error goes uncaught.
+
+After DdlfastTimeoutError the communicator is unusable: a peer is gone or
+wedged, and MPI_Finalize at interpreter exit would wait for it forever. When
+such an error reaches the top of the main thread uncaught, ddlfast prints the
+traceback as usual and then calls MPI_Abort on COMM_WORLD, so the launcher
+ends every rank with a non-zero exit instead of leaving survivors blocked.
+Other DdlfastErrors (bad input) are raised on every rank alike and leave the
+communicator healthy, so they exit normally. DDLFAST_ABORT_ON_STALL=0 turns
+this off (for programs that install their own handling).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from types import TracebackType
+
+from ddlfast.errors import DdlfastTimeoutError
+
+_installed = False
+
+
+def abort_on_stall_enabled() -> bool:
+    value = os.environ.get("DDLFAST_ABORT_ON_STALL", "1").strip().lower()
+    if value in ("1", "true", "yes", "on", ""):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    from ddlfast.errors import DdlfastError
+
+    raise DdlfastError(f"DDLFAST_ABORT_ON_STALL={value!r}: expected 1 or 0")
+
+
+def install() -> None:
+    """Chains a sys.excepthook that aborts the job after an uncaught DdlfastTimeoutError (once per process)."""
+    global _installed
+    if _installed or not abort_on_stall_enabled():
+        return
+    _installed = True
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], error: BaseException, trace: TracebackType | None) -> None:
+        previous(kind, error, trace)
+        if isinstance(error, DdlfastTimeoutError):
+            from mpi4py import MPI
+
+            if MPI.Is_initialized() and not MPI.Is_finalized():
+                sys.stderr.write("ddlfast: uncaught DdlfastTimeoutError, the communicator is broken: "
+                                 "calling MPI_Abort to end the job (DDLFAST_ABORT_ON_STALL=0 disables this)\n")
+                sys.stderr.flush()
+                sys.stdout.flush()
+                MPI.COMM_WORLD.Abort(1)
+
+    sys.excepthook = hook

@@ -1,0 +1,81 @@
+// The GPU side of one ddlfast context: a private duplicate of the
+// communicator, and per device ddlfast's two streams (CudaLanes; the inbound
+// one is "ddlfast's stream"), the staging slots, one fused bucket per dtype,
+// and one GPU ring executor per (dims, order). Every method makes its device
+// current for the call and restores the caller's. Not thread-safe: the Python
+// context runs one collective at a time.
+#pragma once
+
+#include <mpi.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/cuda_lanes.h"
+#include "kernels/cuda/device_ring_allreduce.h"
+#include "kernels/cuda/fence.h"
+#include "transport/mpi_transport.h"
+
+namespace ddlfast {
+
+// Whether the MPI library reports CUDA support at run time (MPICH's
+// MPIX_GPU_query_support, Open MPI's MPIX_Query_cuda_support); `how` names
+// the query used, or why none exists in this MPI.
+bool mpi_cuda_aware(std::string* how);
+
+class CudaContext {
+ public:
+  // Collective over `comm` (duplicates it; gives up after timeout_s > 0).
+  static Status create(MPI_Comm comm, double timeout_s, std::unique_ptr<CudaContext>* out);
+
+  int rank() const { return transport_->rank(); }
+  int size() const { return transport_->size(); }
+  void set_timeout(double seconds) {
+    timeout_s_ = seconds;
+    transport_->set_timeout(seconds);
+  }
+
+  // Work ddlfast enqueues on `device` from now on waits for `fence`.
+  Status wait_for(int device, const Fence& fence);
+  // The persistent fused bucket of `dtype` on `device`, at least `bytes`,
+  // zero-filled whenever it is (re)allocated.
+  Status bucket(int device, DType dtype, std::size_t bytes, char** out);
+  // Fused pack/unpack on ddlfast's stream.
+  Status copy_batch(int device, const std::vector<CopySpec>& specs);
+  // One copy on ddlfast's stream (any direction).
+  Status copy(int device, void* dst, const void* src, std::size_t bytes);
+  // In-place allreduce of device memory on `device`; see DeviceRingAllreduce.
+  Status allreduce(int device, const SegmentedBuffer& data, DType dtype, ReduceOp op, const std::vector<int>& dims,
+                   const std::vector<int>& order, const EngineOptions& options, DeviceTransfer transfer);
+  // Records `done` after all work ddlfast enqueued on `device` so far.
+  Status record(int device, Fence* done);
+  // The host waits for ddlfast's streams on `device` (not the whole device).
+  Status synchronize(int device);
+  Status stream(int device, cudaStream_t* out);
+
+ private:
+  struct DeviceState {
+    CudaLanes lanes;  // declared first: destroyed last, after the buffers freed on its stream
+    PinnedBuffer host_recv;
+    PinnedBuffer host_send;
+    DeviceBuffer device_recv;
+    int slots = 0;
+    std::size_t slot_bytes = 0;
+    DeviceBuffer buckets[kNumDTypes];
+  };
+
+  CudaContext() = default;
+  Status state_for(int device, DeviceState** out);
+  Status ensure_staging(DeviceState* state, int slots, std::size_t slot_bytes, bool direct);
+
+  std::unique_ptr<MpiTransport> transport_;
+  double timeout_s_ = 0.0;
+  std::map<int, std::unique_ptr<DeviceState>> devices_;
+  std::map<std::pair<std::vector<int>, std::vector<int>>, std::unique_ptr<DeviceRingAllreduce>> engines_;
+};
+
+}  // namespace ddlfast

@@ -1,0 +1,46 @@
+// What the GPU ring executor needs from a device, as an interface, so the
+// one executor runs on CUDA streams (CudaLanes) and, on machines without a
+// GPU, on an emulation that defers and reorders work the way a GPU may
+// (EmulatedLanes), which lets CPU-only tests check its ordering.
+//
+// A lane is an in-order queue of device work (a CUDA stream): inbound carries
+// host->device copies and reduce kernels, outbound device->host copies, so
+// the two copy directions overlap. A marker is a point in one lane's queue (a
+// CUDA event): the host can ask whether the lane has passed it, or make the
+// other lane wait for it. Markers are numbered; one never marked counts as
+// passed.
+#pragma once
+
+#include <cstddef>
+
+#include "common/dtype.h"
+#include "common/status.h"
+
+namespace ddlfast {
+
+enum class Lane : int { kInbound = 0, kOutbound = 1 };
+
+class DeviceLanes {
+ public:
+  virtual ~DeviceLanes() = default;
+
+  // Copies bytes between any two of host (pinned or not) and device memory.
+  virtual Status copy(void* dst, const void* src, std::size_t bytes, Lane lane) = 0;
+  // dst = (dst + src) / divisor on device memory (cuda_reduce's semantics).
+  virtual Status reduce(DType dtype, void* dst, const void* src, std::size_t n, int divisor, Lane lane) = 0;
+
+  // Makes markers 0..count-1 usable.
+  virtual Status reserve_markers(int count) = 0;
+  virtual Status mark(int marker, Lane lane) = 0;
+  // Non-blocking: has the marked lane passed `marker`?
+  virtual Status passed(int marker, bool* done) = 0;
+  // Blocks the host until the marked lane has passed `marker` (that lane only).
+  virtual Status wait(int marker) = 0;
+  // Later work on `lane` waits until `marker`'s lane has passed it (as marked now).
+  virtual Status lane_wait(Lane lane, int marker) = 0;
+
+  // Called on every turn of the executor's polling loop.
+  virtual void poll() {}
+};
+
+}  // namespace ddlfast

@@ -1,0 +1,135 @@
+"""A stand-in for ddlfast._cuda on machines without a GPU, for running ddlfast.cuda.CudaPath end to end:
+"device" arrays are host memory exported through __cuda_array_interface__, copies are memmoves, fences
+do nothing, and the collective itself runs the real GPU ring executor on emulated lanes
+(_cuda.emulated_allreduce). What it cannot check: anything CUDA does (kernels, streams, events)."""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+
+import numpy as np
+
+from ddlfast import cuda
+from tests.cuda.device_array import TYPESTRS
+
+
+class HostArray:
+    """DeviceArray's interface over host memory."""
+
+    def __init__(self, host: np.ndarray, device: int = 0, stream: int | None = 1, offset: int = 0) -> None:
+        self.dtype, self.shape, self.nbytes = host.dtype, host.shape, host.nbytes
+        self.memory = np.zeros(host.nbytes + offset + 64, dtype=np.uint8)
+        self.pointer = self.memory.ctypes.data + (-self.memory.ctypes.data) % 16 + offset
+        self.stream = stream
+        self.set(host)
+
+    def set(self, host: np.ndarray) -> None:
+        data = np.ascontiguousarray(host, dtype=self.dtype)
+        ctypes.memmove(self.pointer, data.ctypes.data, self.nbytes)
+
+    def get(self) -> np.ndarray:
+        out = np.empty(self.shape, dtype=self.dtype)
+        ctypes.memmove(out.ctypes.data, self.pointer, self.nbytes)
+        return out
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        return {"shape": self.shape, "typestr": TYPESTRS[self.dtype], "data": (self.pointer, False),
+                "strides": None, "version": 3, "stream": self.stream}
+
+
+class _Fence:
+    def make_wait(self, stream: int) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+
+class _StreamFence:
+    @staticmethod
+    def record(device: int, stream: int) -> _Fence:
+        return _Fence()
+
+
+class _PinnedMemory(bytearray):
+    @property
+    def nbytes(self) -> int:
+        return len(self)
+
+
+class _GpuContext:
+    def __init__(self, comm, timeout_s: float = 0.0) -> None:
+        from ddlfast import _cuda
+
+        self._real = _cuda
+        self.comm, self.timeout_s = comm, timeout_s
+        self.buckets: dict[int, np.ndarray] = {}
+        self.record_events = False
+        self.seeds = itertools.count(comm.Get_rank() * 1000)
+
+    def set_timeout(self, seconds: float) -> None:
+        self.timeout_s = seconds
+
+    def wait_for(self, device: int, fence: object) -> None:
+        pass
+
+    def bucket(self, device: int, dtype: int, nbytes: int) -> int:
+        current = self.buckets.get(dtype)
+        if current is None or current.nbytes < nbytes + 64:
+            current = self.buckets[dtype] = np.zeros(nbytes + 64, dtype=np.uint8)
+        return current.ctypes.data + (-current.ctypes.data) % 16
+
+    def copy_batch(self, device: int, dsts: list, srcs: list, sizes: list) -> None:
+        for dst, src, size in zip(dsts, srcs, sizes, strict=True):
+            ctypes.memmove(dst, src, size)
+
+    def copy(self, device: int, dst: int, src: int, nbytes: int) -> None:
+        ctypes.memmove(dst, src, nbytes)
+
+    def allreduce_segments(self, device, pointers, counts, dtype, op, dims, chunk_bytes, receives_in_flight,
+                           small_bytes, order=(), direct=False) -> None:
+        self._real.emulated_allreduce(self.comm, list(pointers), list(counts), dtype, op, dims, chunk_bytes,
+                                      receives_in_flight, small_bytes, order, direct, next(self.seeds), self.timeout_s)
+
+    def record(self, device: int) -> _Fence:
+        return _Fence()
+
+    def synchronize(self, device: int) -> None:
+        pass
+
+    def stream(self, device: int) -> int:
+        return 0
+
+    def take_events(self) -> list:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+class _Module:
+    StreamFence = _StreamFence
+    PinnedMemory = _PinnedMemory
+    GpuContext = _GpuContext
+
+    def device_count(self) -> int:
+        return 1
+
+    def no_device_reason(self) -> str:
+        return ""
+
+    def locate_pointer(self, pointer: int) -> tuple[str, int]:
+        return "device", 0
+
+    def device_of_stream(self, stream: int) -> int:
+        return -1
+
+    def mpi_cuda_support(self) -> tuple[bool, str]:
+        return False, "emulated"
+
+
+def install() -> None:
+    """Make ddlfast.cuda use the stand-in (needs the CUDA build, for the emulated executor)."""
+    cuda._cuda = _Module()

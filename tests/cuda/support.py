@@ -1,0 +1,50 @@
+"""What the CUDA tests need to know: is the GPU module built, is there a device, is CuPy installed; and
+how to start a program of tests/cuda/programs under mpiexec."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddlfast import cuda
+from tests.mpi.launcher import mpiexec
+
+PROGRAMS = Path(__file__).parent / "programs"
+
+BUILT = cuda.built_with_cuda()
+DEVICES = cuda.device_count()
+NO_DEVICE_REASON = "" if DEVICES else (cuda._cuda.no_device_reason() if BUILT else "ddlfast was built without CUDA")
+
+needs_build = pytest.mark.skipif(not BUILT, reason="ddlfast was built without CUDA (no nvcc at build time)")
+needs_device = pytest.mark.skipif(DEVICES == 0, reason=f"no CUDA device: {NO_DEVICE_REASON}")
+
+
+def has_cupy() -> bool:
+    try:
+        import cupy  # noqa: F401
+    except Exception:  # noqa: BLE001 - ImportError, or CuPy failing to find a driver
+        return False
+    return True
+
+
+def run_program(ranks: int, program: str, *args: str, timeout: float = 300,
+                env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run tests/cuda/programs/<program> on `ranks` processes; fail the test with its output if it fails."""
+    full_env = dict(os.environ)
+    full_env.setdefault("PYTHONUNBUFFERED", "1")
+    full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parents[2]),
+                                                           full_env.get("PYTHONPATH")]))
+    if env:
+        full_env.update(env)
+    command = [mpiexec(), "-n", str(ranks), sys.executable, str(PROGRAMS / program), *args]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=full_env)
+    if result.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(command)} exited {result.returncode}\n--- stdout ---\n{result.stdout[-6000:]}"
+            f"\n--- stderr ---\n{result.stderr[-6000:]}"
+        )
+    return result
