@@ -33,12 +33,14 @@ def find_mpicc() -> str:
 
 
 class CMakeExtension(Extension):
-    def __init__(self, name: str) -> None:
-        super().__init__(name, sources=[])
+    def __init__(self, name: str, optional: bool = False) -> None:
+        super().__init__(name, sources=[], optional=optional)
 
 
 class CMakeBuild(build_ext):
     def build_extension(self, ext: Extension) -> None:
+        if ext.name == "ddlfast._cuda":
+            return  # one CMake build makes both modules; _cuda only where CUDA was found (hence optional)
         cuda = os.environ.get("DDLFAST_CUDA", "auto").lower()
         if cuda not in ("auto", "on", "off"):
             sys.exit(f"ddlfast: DDLFAST_CUDA must be auto, on or off, not {cuda!r}")
@@ -58,4 +60,4 @@ class CMakeBuild(build_ext):
         subprocess.run(["cmake", "--build", str(build_dir), "--parallel", "2"], check=True)
 
 
-setup(ext_modules=[CMakeExtension("ddlfast._core")], cmdclass={"build_ext": CMakeBuild})
+setup(ext_modules=[CMakeExtension("ddlfast._core"), CMakeExtension("ddlfast._cuda", optional=True)], cmdclass={"build_ext": CMakeBuild})
