@@ -36,6 +36,9 @@ cdef int raise_on_error(const Status& status) except -1:
 cdef vector[int] to_dims(dims) except *:
     cdef vector[int] result
     for d in dims:
+        if type(d) is int and -(1 << 30) <= d < (1 << 30):  # the common case, without the lookups below
+            result.push_back(d)
+            continue
         try:
             value = operator.index(d)  # ints and NumPy integers, not floats
         except TypeError:
@@ -220,8 +223,11 @@ cdef class CoreContext:
         order: communicator rank of each torus position (empty: identity).
         wire: per ring dimension, -1 float32, 0 fp16, 1 bf16 (empty: no compression).
         """
-        self.allreduce_segments([data], [count], dtype, op, dims, chunk_bytes, receives_in_flight, small_bytes,
-                                order, wire)
+        cdef vector[char*] bases
+        cdef vector[size_t] sizes
+        bases.push_back(<char*>data)
+        sizes.push_back(count)
+        self._run(bases, sizes, dtype, op, dims, chunk_bytes, receives_in_flight, small_bytes, order, wire)
 
     def allreduce_segments(self, list pointers, list counts, int dtype, int op, dims, size_t chunk_bytes,
                            int receives_in_flight, size_t small_bytes, order=(), wire=()):
@@ -233,6 +239,10 @@ cdef class CoreContext:
         for pointer, count in zip(pointers, counts):
             bases.push_back(<char*><uintptr_t>pointer)
             sizes.push_back(<size_t>count)
+        self._run(bases, sizes, dtype, op, dims, chunk_bytes, receives_in_flight, small_bytes, order, wire)
+
+    cdef int _run(self, const vector[char*]& bases, const vector[size_t]& sizes, int dtype, int op, dims,
+                  size_t chunk_bytes, int receives_in_flight, size_t small_bytes, order, wire) except -1:
         if dtype < 0 or dtype >= 6:
             raise DdlfastError(f"unknown dtype code {dtype}")
         cdef size_t element_size = (4, 8, 2, 2, 4, 8)[dtype]
@@ -252,6 +262,7 @@ cdef class CoreContext:
             status = context.allreduce(data.get()[0], <DType>dtype, <ReduceOp>op, dims_vector, order_vector,
                                        options)
         raise_on_error(status)
+        return 0
 
     def allreduce_array(self, array, size_t count, int dtype, int op, dims, size_t chunk_bytes,
                         int receives_in_flight, size_t small_bytes, order=(), wire=()):
@@ -261,12 +272,15 @@ cdef class CoreContext:
         fraction of a microsecond; raises BufferError when the array cannot.
         """
         cdef Py_buffer view
+        cdef vector[char*] bases
+        cdef vector[size_t] sizes
         PyObject_GetBuffer(array, &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)
         try:
             if <size_t>view.len != count * <size_t>view.itemsize:
                 raise DdlfastError(f"buffer holds {view.len} bytes, expected {count} elements")
-            self.allreduce(<uintptr_t>view.buf, count, dtype, op, dims, chunk_bytes, receives_in_flight,
-                           small_bytes, order, wire)
+            bases.push_back(<char*>view.buf)
+            sizes.push_back(count)
+            self._run(bases, sizes, dtype, op, dims, chunk_bytes, receives_in_flight, small_bytes, order, wire)
         finally:
             PyBuffer_Release(&view)
 

@@ -97,6 +97,8 @@ class Context:
         self._timeline = Timeline.from_env(self._core.rank)
         self._core.record_events = self._timeline is not None
         self._worker: CommThread | None = None
+        self._fast_plans: dict[tuple, tuple] = {}  # allreduce()'s per-kind-of-call plans
+        self._core_timeout_s: float | None = None  # what the core was last told (set before its first run)
         self._cuda_path: cuda.CudaPath | None = None  # created at the first GPU collective (collective itself)
         self._lock = threading.Lock()
         self._closed = False
@@ -263,26 +265,31 @@ class Context:
 
     def allreduce(self, array: np.ndarray, *, op: str = "sum", dims: object = None,
                   compression: object = None, stream: object = None) -> np.ndarray:
-        """One array: the latency-sensitive path, with the per-call Python work kept to a minimum."""
-        code = _FAST_DTYPES.get(array.dtype) if type(array) is np.ndarray and array.flags.aligned else None
+        """One array: the latency-sensitive path, with the per-call Python work kept to a minimum
+        (a plan per (dtype, shape, op, dims, compression) and settings; the layout agreement is cached)."""
         settings = load_settings()
-        if (code is None or stream is not None or op not in OPS or self._worker is not None
-                or self._timeline is not None or compression is not None
-                or settings.compression not in (("none",), ("auto",))):
+        plan = None
+        if type(array) is np.ndarray and stream is None and self._worker is None and self._timeline is None:
+            try:
+                plan = self._fast_plans.get((array.dtype, array.shape, op, dims, compression))
+            except TypeError:  # unhashable dims or compression: the general path says what is wrong
+                pass
+            if plan is None or plan[0] is not settings:
+                plan = self._fast_plan(array, op, dims, compression, settings)
+        if plan is None or not array.flags.aligned:
             # The general path: full error messages, compression, queued behind async work.
             return self.fused_allreduce([array], op=op, dims=dims, compression=compression, stream=stream)[0]
-        self._check_open()
-        ring_dims = self._resolve_dims(dims, settings)
-        layout = (op, ring_dims, ((array.dtype, array.shape),))
+        _, code, op_code, ring_dims, layout = plan
         with self._lock:
             self._check_open()
-            layout = (*layout, ("auto",) if settings.compression == ("auto",) else ("none",), False)
             if not self._agreement.known(layout):
                 self._agreement.timeout_s = settings.timeout_s
                 self._agreement.check(layout)
-            self._core.set_timeout(settings.timeout_s)
+            if self._core_timeout_s != settings.timeout_s:
+                self._core.set_timeout(settings.timeout_s)
+                self._core_timeout_s = settings.timeout_s
             try:
-                self._core.allreduce_array(array, array.size, code, OPS[op], ring_dims, settings.chunk_bytes,
+                self._core.allreduce_array(array, array.size, code, op_code, ring_dims, settings.chunk_bytes,
                                            settings.receives_in_flight, settings.small_bytes, self._rank_order)
             except DdlfastTimeoutError as stalled:
                 raise self._agreement.name_missing(stalled) from stalled
@@ -290,6 +297,28 @@ class Context:
                 host_buffer(array, f"array 0 on rank {self.rank}")  # raises the precise DdlfastError
                 raise
         return array
+
+    def _fast_plan(self, array: np.ndarray, op: str, dims: object, compression: object,
+                   settings: Settings) -> tuple | None:
+        """What allreduce() needs for this kind of call, or None where the general path must take it."""
+        code = _FAST_DTYPES.get(array.dtype)
+        # compression="none" (explicit), or nothing that compresses here: uncompressed.
+        codec = (("none",) if isinstance(compression, str) and compression == "none"
+                 else None if compression is not None else settings.compression)
+        if (code is None or op not in OPS or codec not in (("none",), ("auto",))
+                or (codec == ("auto",) and self._topology.placement.hosts > 1)):
+            return None
+        self._check_open()
+        ring_dims = self._resolve_dims(dims, settings)
+        layout = (op, ring_dims, ((array.dtype, array.shape),), codec, False)  # as the general path's layout
+        plan = (settings, code, OPS[op], ring_dims, layout)
+        if len(self._fast_plans) >= 256:  # calls with ever new shapes must not grow memory
+            self._fast_plans.clear()
+        try:
+            self._fast_plans[(array.dtype, array.shape, op, dims, compression)] = plan
+        except TypeError:
+            pass
+        return plan
 
     def fused_allreduce(self, arrays: Sequence[np.ndarray], *, op: str = "sum", dims: object = None,
                         compression: object = None, error_feedback: bool = False, stream: object = None) -> list:
@@ -369,6 +398,7 @@ class Context:
     def _execute(self, request: _Request | _GpuRequest) -> Any:
         settings = request.settings
         self._core.set_timeout(settings.timeout_s)
+        self._core_timeout_s = settings.timeout_s
         self._agreement.timeout_s = settings.timeout_s
         layout = request.layout()
         self._agreement.check(layout)
