@@ -293,7 +293,7 @@ class Context:
                                            settings.receives_in_flight, settings.small_bytes, self._rank_order)
             except DdlfastTimeoutError as stalled:
                 raise self._agreement.name_missing(stalled) from stalled
-            except BufferError:
+            except (BufferError, ValueError):  # NumPy refuses a non-contiguous or read-only buffer
                 host_buffer(array, f"array 0 on rank {self.rank}")  # raises the precise DdlfastError
                 raise
         return array

@@ -60,6 +60,9 @@ expect_error("non-contiguous", lambda: ddlfast.fused_allreduce([d, strided]), "a
 frozen = np.ones(8, np.float32)
 frozen.flags.writeable = False
 expect_error("read-only", lambda: ddlfast.fused_allreduce([frozen]), "array 0", "read-only", arrays=[frozen])
+# The same through allreduce(), whose latency path takes the buffer straight from NumPy.
+expect_error("non-contiguous, one array", lambda: ddlfast.allreduce(strided), "array 0", "C-contiguous")
+expect_error("read-only, one array", lambda: ddlfast.allreduce(frozen), "array 0", "read-only", arrays=[frozen])
 for bad_dtype in (np.complex64, np.bool_, object):
     bad = np.zeros(4, dtype=bad_dtype)
     expect_error(f"dtype {np.dtype(bad_dtype).name}", lambda bad=bad: ddlfast.allreduce(bad), "cannot reduce")
