@@ -247,7 +247,15 @@ class Context:
         """Synchronous calls run inline until a communication thread exists, then
         queue behind the asynchronous ones so every rank keeps one order."""
         if self._worker is not None and not self._worker.on_thread():
+            ran, result = self._worker.run_if_idle(lambda: self._execute_locked(request))
+            if ran:
+                return result
             return self._wait(self._worker.submit(lambda: self._execute(request), "fused_allreduce"))
+        with self._lock:
+            self._check_open()
+            return self._execute(request)
+
+    def _execute_locked(self, request: _Request | _GpuRequest) -> Any:
         with self._lock:
             self._check_open()
             return self._execute(request)
@@ -269,7 +277,7 @@ class Context:
         (a plan per (dtype, shape, op, dims, compression) and settings; the layout agreement is cached)."""
         settings = load_settings()
         plan = None
-        if type(array) is np.ndarray and stream is None and self._worker is None and self._timeline is None:
+        if type(array) is np.ndarray and stream is None and self._timeline is None:
             try:
                 plan = self._fast_plans.get((array.dtype, array.shape, op, dims, compression))
             except TypeError:  # unhashable dims or compression: the general path says what is wrong
@@ -279,6 +287,16 @@ class Context:
         if plan is None or not array.flags.aligned:
             # The general path: full error messages, compression, queued behind async work.
             return self.fused_allreduce([array], op=op, dims=dims, compression=compression, stream=stream)[0]
+        if self._worker is not None:  # asynchronous calls exist: run here only if none is queued or running
+            if self._worker.on_thread():
+                return self.fused_allreduce([array], op=op, dims=dims, compression=compression)[0]
+            ran, _ = self._worker.run_if_idle(lambda: self._allreduce_now(array, plan, settings))
+            if not ran:
+                return self.fused_allreduce([array], op=op, dims=dims, compression=compression)[0]
+            return array
+        return self._allreduce_now(array, plan, settings)
+
+    def _allreduce_now(self, array: np.ndarray, plan: tuple, settings: Settings) -> np.ndarray:
         _, code, op_code, ring_dims, layout = plan
         with self._lock:
             self._check_open()

@@ -57,6 +57,10 @@ class CommThread:
 
     def __init__(self, name: str) -> None:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        # Held while any work runs, here or inline; `_outstanding` counts submitted work not yet finished.
+        self._running = threading.Lock()
+        self._count_lock = threading.Lock()
+        self._outstanding = 0
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._closed = False
         self._thread.start()
@@ -65,8 +69,21 @@ class CommThread:
         if self._closed:
             raise DdlfastError(f"cannot submit {description}: the context is closed")
         handle = Handle(description)
+        with self._count_lock:
+            self._outstanding += 1
         self._queue.put((work, handle))
         return handle
+
+    def run_if_idle(self, work: Callable[[], Any]) -> tuple[bool, Any]:
+        """Run `work` on the calling thread if nothing submitted is queued or running (so the order of
+        collectives stays the order of submission); (False, None) otherwise. Saves a thread hand-off per
+        blocking call once asynchronous calls have created this thread."""
+        with self._running:
+            with self._count_lock:
+                idle = self._outstanding == 0
+            if not idle:
+                return False, None
+            return True, work()
 
     def close(self, timeout: float | None = None) -> bool:
         """Finish what was submitted, then stop; False if the thread is still busy after `timeout`."""
@@ -85,12 +102,16 @@ class CommThread:
             if item is _STOP:
                 return
             work, handle = item
-            start = time.perf_counter()
-            try:
-                result = work()
-            except BaseException as error:  # noqa: BLE001 - delivered to the waiter instead
-                handle.duration_s = time.perf_counter() - start
-                handle._finish(error=error)
-            else:
-                handle.duration_s = time.perf_counter() - start
-                handle._finish(result=result)
+            with self._running:
+                start = time.perf_counter()
+                try:
+                    result = work()
+                except BaseException as error:  # noqa: BLE001 - delivered to the waiter instead
+                    handle.duration_s = time.perf_counter() - start
+                    error_or_result = (error, None)
+                else:
+                    handle.duration_s = time.perf_counter() - start
+                    error_or_result = (None, result)
+                with self._count_lock:
+                    self._outstanding -= 1
+            handle._finish(result=error_or_result[1], error=error_or_result[0])
