@@ -169,8 +169,8 @@ def check_variable_names(environ: dict[str, str] | None = None) -> None:
         for name in unknown:
             close = difflib.get_close_matches(name, sorted(KNOWN_VARIABLES), n=1, cutoff=0.6)
             hints.append(f"{name} (did you mean {close[0]}?)" if close else name)
-        raise DdlfastError(f"unknown environment variable {', '.join(hints)}; ddlfast reads "
-                           f"{', '.join(sorted(KNOWN_VARIABLES))}")
+        raise DdlfastError(f"unknown environment variable {', '.join(hints)}; the README's table lists the "
+                           "DDLFAST_* variables ddlfast reads (unset the unknown one, or fix its name)")
 
 
 def _parse_settings() -> Settings:
