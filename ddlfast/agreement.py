@@ -126,10 +126,17 @@ def wait_all(requests: list[MPI.Request], timeout_s: float) -> list[bool]:
         pause = min(pause * 2, 1e-3)
 
 
+def _dtype_name(dtype: object) -> str:
+    """A NumPy dtype's name; GPU layouts carry their own text ("cuda float32")."""
+    if isinstance(dtype, str) and dtype.startswith("cuda "):
+        return dtype
+    return np.dtype(dtype).name
+
+
 def describe(layout: tuple) -> dict:
     """layout: (op, dims, ((dtype, shape), ...), *extras) -> plain data for the message."""
     op, dims, arrays, *extras = layout
-    return {"op": op, "dims": dims, "arrays": [(np.dtype(dtype).name, tuple(shape)) for dtype, shape in arrays],
+    return {"op": op, "dims": dims, "arrays": [(_dtype_name(dtype), tuple(shape)) for dtype, shape in arrays],
             "compression": extras[0] if extras else None, "error_feedback": extras[1] if len(extras) > 1 else None}
 
 

@@ -112,6 +112,15 @@ for label, (call, words) in bad_calls.items():
         if words not in str(error) or f"rank {rank}" not in str(error) and label != "not a stream":
             failures.append(f"rank {rank}: {label}: unclear error {error!r}")
 
+# Rank 0 passes host memory where the others pass GPU arrays: every rank raises, naming who passed what.
+mixed = [np.ones(10, np.float32)] if rank == 0 else [DeviceArray(np.ones(10, np.float32), device)]
+try:
+    ddlfast.fused_allreduce(mixed)
+    failures.append(f"rank {rank}: host on rank 0, GPU elsewhere: no error")
+except ddlfast.DdlfastError as error:
+    if "rank 0 passed float32[10]" not in str(error) or "cuda float32[10]" not in str(error):
+        failures.append(f"rank {rank}: host on rank 0, GPU elsewhere: unclear error {error!r}")
+
 # The context still works after the refused calls.
 after = DeviceArray(inputs(rank, 14, np.float32, [64])[0], device)
 ddlfast.allreduce(after)
