@@ -57,4 +57,21 @@ RingSchedule build_ring_schedule(const Torus& torus, int rank, std::size_t count
   return schedule;
 }
 
+RingSchedule build_rank_schedule(const Torus& torus, int position, std::size_t count, const std::vector<int>& order) {
+  RingSchedule schedule = build_ring_schedule(torus, position, count);
+  for (RingPhase& phase : schedule.phases) {
+    phase.successor = order[phase.successor];
+    phase.predecessor = order[phase.predecessor];
+  }
+  return schedule;
+}
+
+int last_reduce_scatter_phase(const RingSchedule& schedule) {
+  int last = -1;
+  for (int i = 0; i < static_cast<int>(schedule.phases.size()); ++i) {
+    if (schedule.phases[i].kind == PhaseKind::kReduceScatter) last = i;
+  }
+  return last;
+}
+
 }  // namespace ddlfast

@@ -50,4 +50,11 @@ ElementRange block_of(ElementRange segment, int parts, int index);
 // (c-s-1) mod d. Dimensions of size 1 contribute no phase.
 RingSchedule build_ring_schedule(const Torus& torus, int rank, std::size_t count);
 
+// The same for the torus position `position`, with each phase's neighbours
+// translated to communicator ranks (order: torus position -> rank).
+RingSchedule build_rank_schedule(const Torus& torus, int position, std::size_t count, const std::vector<int>& order);
+
+// Index of the last reduce-scatter phase (where averaging divides), or -1.
+int last_reduce_scatter_phase(const RingSchedule& schedule);
+
 }  // namespace ddlfast

@@ -99,15 +99,8 @@ Status RingAllreduce::run(const SegmentedBuffer& data, DType dtype, ReduceOp op,
       divisor = 1;
     }
   }
-  RingSchedule schedule = build_ring_schedule(torus_, position_, count);
-  for (RingPhase& phase : schedule.phases) {  // torus positions -> communicator ranks
-    phase.successor = order_[phase.successor];
-    phase.predecessor = order_[phase.predecessor];
-  }
-  int last_reduce_scatter = -1;
-  for (int i = 0; i < static_cast<int>(schedule.phases.size()); ++i) {
-    if (schedule.phases[i].kind == PhaseKind::kReduceScatter) last_reduce_scatter = i;
-  }
+  const RingSchedule schedule = build_rank_schedule(torus_, position_, count, order_);
+  const int last_reduce_scatter = last_reduce_scatter_phase(schedule);
   for (int i = 0; i < static_cast<int>(schedule.phases.size()); ++i) {
     const RingPhase& phase = schedule.phases[i];
     const int tag_base = (i * kTagsPerPhase) % kTagSpace;

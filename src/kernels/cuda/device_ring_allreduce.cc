@@ -175,15 +175,8 @@ Status DeviceRingAllreduce::run(const SegmentedBuffer& data, DType dtype, Reduce
     return Status(StatusCode::kInternal, "GPU ring: staging slots missing or smaller than one chunk");
   }
 
-  RingSchedule schedule = build_ring_schedule(torus_, position_, count);
-  for (RingPhase& phase : schedule.phases) {
-    phase.successor = order_[phase.successor];
-    phase.predecessor = order_[phase.predecessor];
-  }
-  int last_reduce_scatter = -1;
-  for (int i = 0; i < static_cast<int>(schedule.phases.size()); ++i) {
-    if (schedule.phases[i].kind == PhaseKind::kReduceScatter) last_reduce_scatter = i;
-  }
+  const RingSchedule schedule = build_rank_schedule(torus_, position_, count, order_);
+  const int last_reduce_scatter = last_reduce_scatter_phase(schedule);
   for (int i = 0; i < static_cast<int>(schedule.phases.size()); ++i) {
     const RingPhase& ring = schedule.phases[i];
     const Phase phase{data, ring, (i * kTagsPerPhase) % kTagSpace, dtype, chunk_elems, run.transfer,
