@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -34,6 +34,11 @@ CLOSE_TIMEOUT_S = 60.0
 PACK_BELOW_BYTES = 256 << 10
 
 
+def _codec_key(compression: object) -> object:
+    """How a request's compression enters its agreement layout: codec names, or a user codec's type name."""
+    return compression if isinstance(compression, tuple) else type(compression).__name__
+
+
 class _Request(NamedTuple):
     """A validated collective, ready to run on any thread."""
 
@@ -46,8 +51,7 @@ class _Request(NamedTuple):
     error_feedback: bool
 
     def layout(self) -> tuple:
-        codec = self.compression if isinstance(self.compression, tuple) else type(self.compression).__name__
-        return (*layout_of(self.buffers, self.op, self.dims), codec, self.error_feedback)
+        return (*layout_of(self.buffers, self.op, self.dims), _codec_key(self.compression), self.error_feedback)
 
 
 class _GpuRequest(NamedTuple):
@@ -63,8 +67,8 @@ class _GpuRequest(NamedTuple):
     wait_on_host: bool  # asynchronous handles complete only when the result is on the device
 
     def layout(self) -> tuple:
-        codec = self.compression if isinstance(self.compression, tuple) else type(self.compression).__name__
-        return (*cuda.layout_of(self.submission.buffers, self.op, self.dims), codec, self.error_feedback)
+        return (*cuda.layout_of(self.submission.buffers, self.op, self.dims), _codec_key(self.compression),
+                self.error_feedback)
 
 
 def _dup_with_timeout(comm: MPI.Intracomm, timeout_s: float) -> MPI.Intracomm:
@@ -182,14 +186,7 @@ class Context:
 
     def _topology_info(self, every_tier: bool = False) -> Any:
         """ddlfast.topology(): on the communication thread when there is one, so collectives stay ordered."""
-        def run() -> Any:
-            return self._topology_for(load_settings().bucket_bytes, every_tier)
-
-        if self._worker is not None and not self._worker.on_thread():
-            return self._wait(self._worker.submit(run, "topology"))
-        with self._lock:
-            self._check_open()
-            return run()
+        return self._in_order(lambda: self._topology_for(load_settings().bucket_bytes, every_tier), "topology")
 
     def _prepare(self, arrays: Sequence[np.ndarray], op: str, dims: object, result: Any,
                  compression: object = None, error_feedback: bool = False, stream: object = None,
@@ -243,22 +240,20 @@ class Context:
                 self._worker = CommThread(f"ddlfast-comm-rank{self.rank}")
             return self._worker
 
-    def _run_now_or_in_order(self, request: _Request) -> Any:
-        """Synchronous calls run inline until a communication thread exists, then
-        queue behind the asynchronous ones so every rank keeps one order."""
+    def _in_order(self, work: Callable[[], Any], description: str) -> Any:
+        """Run a blocking collective on the caller's thread, unless asynchronous ones are queued or running on
+        the communication thread: then queue behind them, so every rank keeps one order of collectives."""
         if self._worker is not None and not self._worker.on_thread():
-            ran, result = self._worker.run_if_idle(lambda: self._execute_locked(request))
+            ran, result = self._worker.run_if_idle(lambda: self._locked(work))
             if ran:
                 return result
-            return self._wait(self._worker.submit(lambda: self._execute(request), "fused_allreduce"))
-        with self._lock:
-            self._check_open()
-            return self._execute(request)
+            return self._wait(self._worker.submit(work, description))
+        return self._locked(work)
 
-    def _execute_locked(self, request: _Request | _GpuRequest) -> Any:
+    def _locked(self, work: Callable[[], Any]) -> Any:
         with self._lock:
             self._check_open()
-            return self._execute(request)
+            return work()
 
     def _wait(self, handle: Handle) -> Any:
         if self._timeline is None:
@@ -285,35 +280,30 @@ class Context:
             if plan is None or plan[0] is not settings:
                 plan = self._fast_plan(array, op, dims, compression, settings)
         if plan is None or not array.flags.aligned:
-            # The general path: full error messages, compression, queued behind async work.
+            # The general path: full error messages, compression, GPU arrays.
             return self.fused_allreduce([array], op=op, dims=dims, compression=compression, stream=stream)[0]
-        if self._worker is not None:  # asynchronous calls exist: run here only if none is queued or running
-            if self._worker.on_thread():
-                return self.fused_allreduce([array], op=op, dims=dims, compression=compression)[0]
-            ran, _ = self._worker.run_if_idle(lambda: self._allreduce_now(array, plan, settings))
-            if not ran:
-                return self.fused_allreduce([array], op=op, dims=dims, compression=compression)[0]
-            return array
-        return self._allreduce_now(array, plan, settings)
+        if self._worker is None:  # _in_order's own first case, spelled out: this is the latency path
+            with self._lock:
+                self._check_open()
+                return self._allreduce_now(array, plan, settings)
+        return self._in_order(lambda: self._allreduce_now(array, plan, settings), "allreduce")
 
     def _allreduce_now(self, array: np.ndarray, plan: tuple, settings: Settings) -> np.ndarray:
         _, code, op_code, ring_dims, layout = plan
-        with self._lock:
-            self._check_open()
-            if not self._agreement.known(layout):
-                self._agreement.timeout_s = settings.timeout_s
-                self._agreement.check(layout)
-            if self._core_timeout_s != settings.timeout_s:
-                self._core.set_timeout(settings.timeout_s)
-                self._core_timeout_s = settings.timeout_s
-            try:
-                self._core.allreduce_array(array, array.size, code, op_code, ring_dims, settings.chunk_bytes,
-                                           settings.receives_in_flight, settings.small_bytes, self._rank_order)
-            except DdlfastTimeoutError as stalled:
-                raise self._agreement.name_missing(stalled) from stalled
-            except (BufferError, ValueError):  # NumPy refuses a non-contiguous or read-only buffer
-                host_buffer(array, f"array 0 on rank {self.rank}")  # raises the precise DdlfastError
-                raise
+        if not self._agreement.known(layout):
+            self._agreement.timeout_s = settings.timeout_s
+            self._agreement.check(layout)
+        if self._core_timeout_s != settings.timeout_s:
+            self._core.set_timeout(settings.timeout_s)
+            self._core_timeout_s = settings.timeout_s
+        try:
+            self._core.allreduce_array(array, array.size, code, op_code, ring_dims, settings.chunk_bytes,
+                                       settings.receives_in_flight, settings.small_bytes, self._rank_order)
+        except DdlfastTimeoutError as stalled:
+            raise self._agreement.name_missing(stalled) from stalled
+        except (BufferError, ValueError):  # NumPy refuses a non-contiguous or read-only buffer
+            host_buffer(array, f"array 0 on rank {self.rank}")  # raises the precise DdlfastError
+            raise
         return array
 
     def _fast_plan(self, array: np.ndarray, op: str, dims: object, compression: object,
@@ -341,7 +331,8 @@ class Context:
     def fused_allreduce(self, arrays: Sequence[np.ndarray], *, op: str = "sum", dims: object = None,
                         compression: object = None, error_feedback: bool = False, stream: object = None) -> list:
         """GPU arrays: ordered after `stream` (default: the stream each array exports, else the host waits)."""
-        return self._run_now_or_in_order(self._prepare(arrays, op, dims, None, compression, error_feedback, stream))
+        request = self._prepare(arrays, op, dims, None, compression, error_feedback, stream)
+        return self._in_order(lambda: self._execute(request), "fused_allreduce")
 
     def fused_allreduce_async(self, arrays: Sequence[np.ndarray], *, op: str = "sum", dims: object = None,
                               compression: object = None, error_feedback: bool = False,
@@ -375,20 +366,18 @@ class Context:
         return self._broadcast(array, root, array)
 
     def _broadcast_gpu(self, request: _GpuRequest, root: int) -> Any:
+        """Through a pinned host copy: broadcasts are one-offs (start-up), not worth a device path."""
+        buffer = request.submission.buffers[0]
+
         def run() -> Any:
+            self._agree_on_broadcast(root, ((f"cuda {buffer.dtype_name}", buffer.shape),))
             path = self._gpu_path()
             copies = path.to_host(request.submission)
-            self._broadcast(copies[0], root, None)
+            self._control.Bcast([copies[0].reshape(-1).view(np.uint8), MPI.BYTE], root=root)
             path.from_host(request.submission, copies, wait_on_host=True)
             return request.result
 
-        self._agreement.timeout_s = load_settings().timeout_s
-        self._agreement.check(("broadcast gpu", root, request.layout()))  # every rank is a GPU caller
-        if self._worker is not None and not self._worker.on_thread():
-            return self._wait(self._worker.submit(run, "broadcast"))
-        with self._lock:
-            self._check_open()
-            return run()
+        return self._in_order(run, "broadcast")
 
     def _gpu_path(self) -> cuda.CudaPath:
         """The GPU side, created at the first GPU collective: every rank gets here in the same order, after
@@ -400,16 +389,16 @@ class Context:
 
     def _broadcast(self, target: np.ndarray, root: int, result: Any) -> Any:
         def run() -> Any:
-            self._agreement.timeout_s = load_settings().timeout_s
-            self._agreement.check(("broadcast", root, ((target.dtype, target.shape),)))
+            self._agree_on_broadcast(root, ((target.dtype, target.shape),))
             self._control.Bcast([target.reshape(-1).view(np.uint8), MPI.BYTE], root=root)
             return result
 
-        if self._worker is not None and not self._worker.on_thread():
-            return self._wait(self._worker.submit(run, "broadcast"))
-        with self._lock:
-            self._check_open()
-            return run()
+        return self._in_order(run, "broadcast")
+
+    def _agree_on_broadcast(self, root: int, arrays: tuple) -> None:
+        """Host and GPU broadcasts share one layout form, so a rank passing the other kind is named."""
+        self._agreement.timeout_s = load_settings().timeout_s
+        self._agreement.check(("broadcast", root, arrays))
 
     # -- execution (communication thread, or inline) -----------------------------------------------------------
 

@@ -67,6 +67,12 @@ for case, (dtype, op) in enumerate([(np.float32, "sum"), (np.float64, "average")
     expect(case, dtype, SIZES, op, [a.get() for a in arrays], f"fused_allreduce {np.dtype(dtype)} {op}",
            2e-2 if dtype == np.float16 else 1e-5)
 
+# A broadcast before any asynchronous call: it runs on the caller's thread (no communication thread yet).
+early = DeviceArray(np.full(77, rank, np.float64), device)
+ddlfast.broadcast(early, root=0)
+if not np.array_equal(early.get(), np.zeros(77)):
+    failures.append(f"rank {rank}: broadcast of a GPU array before any async call did not copy root's values")
+
 # One array, and asynchronous handles outstanding together (completion in submission order).
 single = DeviceArray(inputs(rank, 10, np.float32, [5000])[0], device)
 if ddlfast.allreduce(single) is not single:
