@@ -57,11 +57,11 @@ RingSchedule build_ring_schedule(const Torus& torus, int rank, std::size_t count
   return schedule;
 }
 
-RingSchedule build_rank_schedule(const Torus& torus, int position, std::size_t count, const std::vector<int>& order) {
-  RingSchedule schedule = build_ring_schedule(torus, position, count);
+RingSchedule build_rank_schedule(const RankedTorus& ring, std::size_t count) {
+  RingSchedule schedule = build_ring_schedule(ring.torus, ring.position, count);
   for (RingPhase& phase : schedule.phases) {
-    phase.successor = order[phase.successor];
-    phase.predecessor = order[phase.predecessor];
+    phase.successor = ring.rank_at[phase.successor];
+    phase.predecessor = ring.rank_at[phase.predecessor];
   }
   return schedule;
 }

@@ -50,9 +50,9 @@ ElementRange block_of(ElementRange segment, int parts, int index);
 // (c-s-1) mod d. Dimensions of size 1 contribute no phase.
 RingSchedule build_ring_schedule(const Torus& torus, int rank, std::size_t count);
 
-// The same for the torus position `position`, with each phase's neighbours
-// translated to communicator ranks (order: torus position -> rank).
-RingSchedule build_rank_schedule(const Torus& torus, int position, std::size_t count, const std::vector<int>& order);
+// The same for this rank's position on `ring`, with each phase's neighbours
+// translated to communicator ranks.
+RingSchedule build_rank_schedule(const RankedTorus& ring, std::size_t count);
 
 // Index of the last reduce-scatter phase (where averaging divides), or -1.
 int last_reduce_scatter_phase(const RingSchedule& schedule);

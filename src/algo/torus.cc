@@ -1,6 +1,7 @@
 #include "algo/torus.h"
 
 #include <string>
+#include <utility>
 
 namespace ddlfast {
 
@@ -52,23 +53,25 @@ int Torus::neighbor(int rank, int dim, int delta) const {
   return rank_of(c);
 }
 
-Status resolve_rank_order(const std::vector<int>& order, int world, int rank, std::vector<int>* full_order,
-                          int* position) {
-  *full_order = order;
-  if (full_order->empty()) {
-    for (int r = 0; r < world; ++r) full_order->push_back(r);
+Status RankedTorus::make(const std::vector<int>& dims, const std::vector<int>& order, int world, int rank,
+                         RankedTorus* out) {
+  RankedTorus ring;
+  DDLFAST_RETURN_IF_ERROR(Torus::make(dims, world, &ring.torus));
+  ring.rank_at = order;
+  if (ring.rank_at.empty()) {
+    for (int r = 0; r < world; ++r) ring.rank_at.push_back(r);
   }
-  if (static_cast<int>(full_order->size()) != world) {
-    return Status::invalid("rank order has " + std::to_string(full_order->size()) + " entries for " +
+  if (static_cast<int>(ring.rank_at.size()) != world) {
+    return Status::invalid("rank order has " + std::to_string(ring.rank_at.size()) + " entries for " +
                            std::to_string(world) + " ranks");
   }
   std::vector<int> seen(world, 0);
-  *position = -1;
   for (int v = 0; v < world; ++v) {
-    const int r = (*full_order)[v];
+    const int r = ring.rank_at[v];
     if (r < 0 || r >= world || seen[r]++) return Status::invalid("rank order is not a permutation of the ranks");
-    if (r == rank) *position = v;
+    if (r == rank) ring.position = v;
   }
+  *out = std::move(ring);
   return Status::ok();
 }
 

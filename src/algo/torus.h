@@ -29,10 +29,17 @@ class Torus {
   int world_size_ = 1;
 };
 
-// Which rank sits at each torus position: `order` (empty: identity) checked to
-// be a permutation of 0..world-1; *position is `rank`'s place in it. Engines
-// renumber so that each dimension-1 ring stays on one host.
-Status resolve_rank_order(const std::vector<int>& order, int world, int rank, std::vector<int>* full_order,
-                          int* position);
+// A torus laid over a communicator: which rank sits at each torus position
+// (engines renumber so that each dimension-1 ring stays on one host) and
+// where this rank sits.
+struct RankedTorus {
+  Torus torus;
+  std::vector<int> rank_at;  // torus position -> communicator rank
+  int position = -1;         // this rank's torus position
+
+  // `order` empty: identity; otherwise it must be a permutation of 0..world-1.
+  static Status make(const std::vector<int>& dims, const std::vector<int>& order, int world, int rank,
+                     RankedTorus* out);
+};
 
 }  // namespace ddlfast

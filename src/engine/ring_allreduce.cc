@@ -30,13 +30,9 @@ double monotonic_seconds() {
 
 Status RingAllreduce::create(MpiTransport* transport, const std::vector<int>& dims, const std::vector<int>& order,
                              std::unique_ptr<RingAllreduce>* out) {
-  const int world = transport->size();
-  Torus torus;
-  DDLFAST_RETURN_IF_ERROR(Torus::make(dims, world, &torus));
-  std::vector<int> full_order;
-  int position = -1;
-  DDLFAST_RETURN_IF_ERROR(resolve_rank_order(order, world, transport->rank(), &full_order, &position));
-  out->reset(new RingAllreduce(transport, std::move(torus), std::move(full_order), position));
+  RankedTorus ring;
+  DDLFAST_RETURN_IF_ERROR(RankedTorus::make(dims, order, transport->size(), transport->rank(), &ring));
+  out->reset(new RingAllreduce(transport, std::move(ring)));
   return Status::ok();
 }
 
@@ -78,7 +74,7 @@ Status RingAllreduce::run_small(const SegmentedBuffer& data, DType dtype, int di
 }
 
 Status RingAllreduce::run(const SegmentedBuffer& data, DType dtype, ReduceOp op, const EngineOptions& options) {
-  const int world = torus_.world_size();
+  const int world = ring_.torus.world_size();
   const std::size_t count = data.count();
   if (count == 0 || world == 1) return Status::ok();
   const std::size_t esize = dtype_size(dtype);
@@ -88,9 +84,9 @@ Status RingAllreduce::run(const SegmentedBuffer& data, DType dtype, ReduceOp op,
                                       [](int wire) { return wire >= 0; });
   if (compressed) {
     if (dtype != DType::kFloat32) return Status::invalid("wire compression needs float32 data");
-    if (options.wire_by_dim.size() != static_cast<std::size_t>(torus_.num_dims())) {
+    if (options.wire_by_dim.size() != static_cast<std::size_t>(ring_.torus.num_dims())) {
       return Status::invalid("compression is given for " + std::to_string(options.wire_by_dim.size()) +
-                             " dimensions but the ring has " + std::to_string(torus_.num_dims()));
+                             " dimensions but the ring has " + std::to_string(ring_.torus.num_dims()));
     }
     if (divisor != 1) {
       // Average pre-scales, so partial sums stay within the inputs' range and
@@ -99,7 +95,7 @@ Status RingAllreduce::run(const SegmentedBuffer& data, DType dtype, ReduceOp op,
       divisor = 1;
     }
   }
-  const RingSchedule schedule = build_rank_schedule(torus_, position_, count, order_);
+  const RingSchedule schedule = build_rank_schedule(ring_, count);
   const int last_reduce_scatter = last_reduce_scatter_phase(schedule);
   for (int i = 0; i < static_cast<int>(schedule.phases.size()); ++i) {
     const RingPhase& phase = schedule.phases[i];

@@ -47,7 +47,7 @@ class RingAllreduce {
   static Status create(MpiTransport* transport, const std::vector<int>& dims, const std::vector<int>& order,
                        std::unique_ptr<RingAllreduce>* out);
 
-  const Torus& torus() const { return torus_; }
+  const Torus& torus() const { return ring_.torus; }
 
   // In-place allreduce of `count` elements; every rank passes the same
   // count, dtype, op and options. Identical bits land on every rank because
@@ -68,13 +68,10 @@ class RingAllreduce {
   Status allgather_phase(const SegmentedBuffer& data, const RingPhase& phase, int tag_base, DType dtype,
                          const EngineOptions& options);
 
-  RingAllreduce(MpiTransport* transport, Torus torus, std::vector<int> order, int position)
-      : transport_(transport), torus_(std::move(torus)), order_(std::move(order)), position_(position) {}
+  RingAllreduce(MpiTransport* transport, RankedTorus ring) : transport_(transport), ring_(std::move(ring)) {}
 
   MpiTransport* transport_;
-  Torus torus_;
-  std::vector<int> order_;  // torus position -> communicator rank
-  int position_;            // this rank's torus position
+  RankedTorus ring_;
   std::vector<unsigned char> scratch_;  // persistent across calls
   std::vector<unsigned char> send_stage_;  // encoded chunks until their sends complete
   std::vector<unsigned char> recv_stage_;  // encoded allgather chunks, kept for forwarding

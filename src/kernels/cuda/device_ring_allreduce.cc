@@ -113,13 +113,9 @@ struct DeviceRingAllreduce::Phase {
 
 Status DeviceRingAllreduce::create(MpiTransport* transport, const std::vector<int>& dims,
                                    const std::vector<int>& order, std::unique_ptr<DeviceRingAllreduce>* out) {
-  const int world = transport->size();
-  Torus torus;
-  DDLFAST_RETURN_IF_ERROR(Torus::make(dims, world, &torus));
-  std::vector<int> full_order;
-  int position = -1;
-  DDLFAST_RETURN_IF_ERROR(resolve_rank_order(order, world, transport->rank(), &full_order, &position));
-  out->reset(new DeviceRingAllreduce(transport, std::move(torus), std::move(full_order), position));
+  RankedTorus ring;
+  DDLFAST_RETURN_IF_ERROR(RankedTorus::make(dims, order, transport->size(), transport->rank(), &ring));
+  out->reset(new DeviceRingAllreduce(transport, std::move(ring)));
   return Status::ok();
 }
 
@@ -156,7 +152,7 @@ Status DeviceRingAllreduce::run_small(const SegmentedBuffer& data, DType dtype, 
 
 Status DeviceRingAllreduce::run(const SegmentedBuffer& data, DType dtype, ReduceOp op, const EngineOptions& options,
                                 const DeviceRunOptions& run, DeviceLanes* lanes, const DeviceStaging& staging) {
-  const int world = torus_.world_size();
+  const int world = ring_.torus.world_size();
   const std::size_t count = data.count();
   if (count == 0 || world == 1) return Status::ok();
   if (std::any_of(options.wire_by_dim.begin(), options.wire_by_dim.end(), [](int wire) { return wire >= 0; })) {
@@ -175,7 +171,7 @@ Status DeviceRingAllreduce::run(const SegmentedBuffer& data, DType dtype, Reduce
     return Status(StatusCode::kInternal, "GPU ring: staging slots missing or smaller than one chunk");
   }
 
-  const RingSchedule schedule = build_rank_schedule(torus_, position_, count, order_);
+  const RingSchedule schedule = build_rank_schedule(ring_, count);
   const int last_reduce_scatter = last_reduce_scatter_phase(schedule);
   for (int i = 0; i < static_cast<int>(schedule.phases.size()); ++i) {
     const RingPhase& ring = schedule.phases[i];

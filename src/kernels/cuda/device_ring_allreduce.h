@@ -65,8 +65,7 @@ class DeviceRingAllreduce {
 
  private:
   struct Phase;
-  DeviceRingAllreduce(MpiTransport* transport, Torus torus, std::vector<int> order, int position)
-      : transport_(transport), torus_(std::move(torus)), order_(std::move(order)), position_(position) {}
+  DeviceRingAllreduce(MpiTransport* transport, RankedTorus ring) : transport_(transport), ring_(std::move(ring)) {}
 
   Status run_small(const SegmentedBuffer& data, DType dtype, int divisor, DeviceLanes* lanes,
                    const EngineOptions& options);
@@ -74,9 +73,7 @@ class DeviceRingAllreduce {
   Status run_phase(const Phase& phase, bool reduce, int final_divisor);
 
   MpiTransport* transport_;
-  Torus torus_;
-  std::vector<int> order_;
-  int position_;
+  RankedTorus ring_;
 };
 
 }  // namespace ddlfast
