@@ -16,7 +16,7 @@ import os
 import sys
 from types import TracebackType
 
-from ddlfast.errors import DdlfastTimeoutError
+from ddlfast.errors import DdlfastError, DdlfastTimeoutError
 
 _installed = False
 
@@ -27,8 +27,6 @@ def abort_on_stall_enabled() -> bool:
         return True
     if value in ("0", "false", "no", "off"):
         return False
-    from ddlfast.errors import DdlfastError
-
     raise DdlfastError(f"DDLFAST_ABORT_ON_STALL={value!r}: expected 1 or 0")
 
 

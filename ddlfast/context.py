@@ -293,9 +293,7 @@ class Context:
         if not self._agreement.known(layout):
             self._agreement.timeout_s = settings.timeout_s
             self._agreement.check(layout)
-        if self._core_timeout_s != settings.timeout_s:
-            self._core.set_timeout(settings.timeout_s)
-            self._core_timeout_s = settings.timeout_s
+        self._set_core_timeout(settings.timeout_s)
         try:
             self._core.allreduce_array(array, array.size, code, op_code, ring_dims, settings.chunk_bytes,
                                        settings.receives_in_flight, settings.small_bytes, self._rank_order)
@@ -305,6 +303,11 @@ class Context:
             host_buffer(array, f"array 0 on rank {self.rank}")  # raises the precise DdlfastError
             raise
         return array
+
+    def _set_core_timeout(self, seconds: float) -> None:
+        if self._core_timeout_s != seconds:  # a call into the core per collective otherwise
+            self._core.set_timeout(seconds)
+            self._core_timeout_s = seconds
 
     def _fast_plan(self, array: np.ndarray, op: str, dims: object, compression: object,
                    settings: Settings) -> tuple | None:
@@ -404,8 +407,7 @@ class Context:
 
     def _execute(self, request: _Request | _GpuRequest) -> Any:
         settings = request.settings
-        self._core.set_timeout(settings.timeout_s)
-        self._core_timeout_s = settings.timeout_s
+        self._set_core_timeout(settings.timeout_s)
         self._agreement.timeout_s = settings.timeout_s
         layout = request.layout()
         self._agreement.check(layout)
