@@ -20,7 +20,7 @@ from ddlfast.api import (
     size,
 )
 from ddlfast.context import Context
-from ddlfast.errors import DdlfastError, DdlfastTimeoutError
+from ddlfast.errors import DdlfastBrokenError, DdlfastConsistentError, DdlfastError, DdlfastTimeoutError
 from ddlfast.fusion import FusedBuffer
 from ddlfast.topology import TopologyWarning, topology  # noqa: E402  (the function shadows the submodule)
 from ddlfast.worker import Handle
@@ -30,6 +30,8 @@ _abort.install()
 __all__ = [
     "Context",
     "DdlfastError",
+    "DdlfastBrokenError",
+    "DdlfastConsistentError",
     "DdlfastTimeoutError",
     "FusedBuffer",
     "Handle",

@@ -1,10 +1,11 @@
 # C++ declarations of the compiled core, in one place (as mpi4py's libmpi.pxd).
 from libc.stddef cimport size_t
+from libc.stdint cimport uint64_t
 from libcpp cimport bool
 from libcpp.memory cimport unique_ptr
 from libcpp.string cimport string
 from libcpp.vector cimport vector
-from mpi4py.libmpi cimport MPI_Comm
+from mpi4py.libmpi cimport MPI_Comm, MPI_Request
 
 
 cdef extern from "common/status.h" namespace "ddlfast" nogil:
@@ -41,7 +42,7 @@ cdef extern from "algo/torus.h" namespace "ddlfast" nogil:
     cdef cppclass Torus:
         Torus()
         @staticmethod
-        Status make(const vector[int]& dims, int world_size, Torus* out)
+        Status make(const vector[int]& dims, int world_size, Torus* out) except +
 
 
 cdef extern from "algo/ring_schedule.h" namespace "ddlfast" nogil:
@@ -62,7 +63,7 @@ cdef extern from "algo/ring_schedule.h" namespace "ddlfast" nogil:
     cdef cppclass RingSchedule:
         vector[RingPhase] phases
         ElementRange owned
-    RingSchedule build_ring_schedule(const Torus& torus, int rank, size_t count)
+    RingSchedule build_ring_schedule(const Torus& torus, int rank, size_t count) except +
 
 
 cdef extern from "engine/ring_allreduce.h" namespace "ddlfast" nogil:
@@ -82,7 +83,7 @@ cdef extern from "engine/ring_allreduce.h" namespace "ddlfast" nogil:
 
 cdef extern from "engine/segmented_buffer.h" namespace "ddlfast" nogil:
     cdef cppclass SegmentedBuffer:
-        SegmentedBuffer(vector[char*] bases, const vector[size_t]& counts, size_t element_size)
+        SegmentedBuffer(vector[char*] bases, const vector[size_t]& counts, size_t element_size) except +
         size_t count()
 
 
@@ -95,18 +96,24 @@ cdef extern from "transport/mpi_transport.h" namespace "ddlfast" nogil:
     string mpi_library_version()
     cdef cppclass MpiTransport:
         void set_timeout(double seconds)
+        Status wait_request(MPI_Request* request, const char* what, int peer) except +
+        Status agree(uint64_t sequence, uint64_t digest, bool* agreed) except +
+        void abandon_and_tell(const string& reason) except +
+        bool broken()
+        const string& broken_reason()
+        void request_stop()
 
 
 cdef extern from "engine/context.h" namespace "ddlfast" nogil:
     cdef cppclass Context:
         @staticmethod
-        Status create(MPI_Comm comm, double timeout_s, unique_ptr[Context]* out)
+        Status create(MPI_Comm comm, double timeout_s, unique_ptr[Context]* out) except +
         int rank()
         int size()
         MpiTransport& transport()
         size_t take_overflows()
         Status allreduce(const SegmentedBuffer& data, DType dtype, ReduceOp op, const vector[int]& dims,
-                         const vector[int]& order, const EngineOptions& options)
+                         const vector[int]& order, const EngineOptions& options) except +
 
 
 cdef extern from "common/cuda_info.h" namespace "ddlfast" nogil:

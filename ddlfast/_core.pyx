@@ -4,9 +4,11 @@
 here; every loop that touches data runs in C++ with the GIL released."""
 
 from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
-from libc.stdint cimport uintptr_t
+from libc.stdint cimport uint64_t, uintptr_t
 from libc.stddef cimport size_t
+from libcpp cimport bool
 from libcpp.memory cimport unique_ptr
+from libcpp.string cimport string
 from libcpp.vector cimport vector
 from mpi4py cimport MPI
 from mpi4py.libmpi cimport MPI_COMM_NULL, MPI_Comm
@@ -19,9 +21,10 @@ from ddlfast._core cimport (
 
 import operator
 
-from ddlfast.errors import DdlfastError, DdlfastTimeoutError
+from ddlfast.errors import DdlfastBrokenError, DdlfastError, DdlfastTimeoutError
 
 _STATUS_TIMEOUT = 3
+_STATUS_BROKEN = 5
 
 
 cdef int raise_on_error(const Status& status) except -1:
@@ -30,6 +33,8 @@ cdef int raise_on_error(const Status& status) except -1:
     message = status.message().decode("utf-8", "replace")
     if status.code_int() == _STATUS_TIMEOUT:
         raise DdlfastTimeoutError(message)
+    if status.code_int() == _STATUS_BROKEN:
+        raise DdlfastBrokenError(message)
     raise DdlfastError(message)
 
 
@@ -215,6 +220,48 @@ cdef class CoreContext:
 
     def set_timeout(self, double seconds):
         self.get().transport().set_timeout(seconds)
+
+    def agree(self, uint64_t sequence, uint64_t digest) -> bool:
+        """The per-call agreement (MpiTransport::agree): True when every rank passed the same
+        (sequence, digest). Stall-limited; raises when the context is broken."""
+        cdef bool agreed = False
+        cdef Status status
+        cdef Context* context = self.get()
+        with nogil:
+            status = context.transport().agree(sequence, digest, &agreed)
+        raise_on_error(status)
+        return agreed
+
+    def wait_requests(self, requests, what: str) -> None:
+        """Complete mpi4py requests (any communicator) through the core's one stall-limited poll loop."""
+        cdef MPI.Request request
+        cdef Status status
+        cdef Context* context = self.get()
+        cdef bytes what_bytes = what.encode()
+        cdef const char* what_text = what_bytes
+        for item in requests:
+            request = <MPI.Request?>item
+            with nogil:
+                status = context.transport().wait_request(&request.ob_mpi, what_text, -1)
+            raise_on_error(status)
+
+    def abandon(self, reason: str) -> None:
+        """A collective failed here after it had started: refuse all later work and tell the other ranks
+        (they fail at once instead of at their stall limit)."""
+        cdef string text = reason.encode()
+        cdef Context* context = self.get()
+        with nogil:
+            context.transport().abandon_and_tell(text)
+
+    @property
+    def broken_reason(self) -> str:
+        """Why the context refuses work ('' while it is healthy)."""
+        return self.get().transport().broken_reason().decode("utf-8", "replace")
+
+    def request_stop(self) -> None:
+        """Thread-safe: a wait in progress on another thread gives up within a poll."""
+        if self.context:
+            self.context.get().transport().request_stop()
 
     def allreduce(self, uintptr_t data, size_t count, int dtype, int op, dims, size_t chunk_bytes,
                   int receives_in_flight, size_t small_bytes, order=(), wire=()):

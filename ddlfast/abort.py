@@ -1,6 +1,6 @@
 """Ends the whole job when a stall error goes uncaught.
 
-After DdlfastTimeoutError the communicator is unusable: a peer is gone or
+After DdlfastTimeoutError (or any DdlfastBrokenError) the communicator is unusable: a peer is gone or
 wedged, and MPI_Finalize at interpreter exit would wait for it forever. When
 such an error reaches the top of the main thread uncaught, ddlfast prints the
 traceback as usual and then calls MPI_Abort on COMM_WORLD, so the launcher
@@ -16,7 +16,7 @@ import os
 import sys
 from types import TracebackType
 
-from ddlfast.errors import DdlfastError, DdlfastTimeoutError
+from ddlfast.errors import DdlfastBrokenError, DdlfastError
 
 _installed = False
 
@@ -31,7 +31,7 @@ def abort_on_stall_enabled() -> bool:
 
 
 def install() -> None:
-    """Chains a sys.excepthook that aborts the job after an uncaught DdlfastTimeoutError (once per process)."""
+    """Chains a sys.excepthook that aborts the job after an uncaught DdlfastBrokenError (once per process)."""
     global _installed
     if _installed or not abort_on_stall_enabled():
         return
@@ -40,11 +40,11 @@ def install() -> None:
 
     def hook(kind: type[BaseException], error: BaseException, trace: TracebackType | None) -> None:
         previous(kind, error, trace)
-        if isinstance(error, DdlfastTimeoutError):
+        if isinstance(error, DdlfastBrokenError):  # a stall (DdlfastTimeoutError) or a collective abandoned
             from mpi4py import MPI
 
             if MPI.Is_initialized() and not MPI.Is_finalized():
-                sys.stderr.write("ddlfast: uncaught DdlfastTimeoutError, the communicator is broken: "
+                sys.stderr.write(f"ddlfast: uncaught {type(error).__name__}, the communicator is broken: "
                                  "calling MPI_Abort to end the job (DDLFAST_ABORT_ON_STALL=0 disables this)\n")
                 sys.stderr.flush()
                 sys.stdout.flush()

@@ -1,129 +1,92 @@
-"""Cross-rank agreement on a collective's arguments.
+"""Cross-rank agreement on every collective's arguments.
 
-Before a new layout (arrays' dtypes and shapes, op, dims) runs, the ranks
-exchange a 16-byte digest of it; on a mismatch they exchange full
-descriptions so every rank raises the same error naming who passed what.
-Agreed layouts are cached, so steady-state steps pay one set lookup.
+Every collective a context runs — allreduce, fused allreduce, broadcast, the
+context's own creation — first passes one agreement: the ranks compare a
+64-bit fingerprint of (the call's sequence number on this context, its
+layout). The layout is everything that decides which element meets which and
+how big each message is: the kind of collective, arrays' dtypes and shapes in
+order, op, ring dims, compression, broadcast root, and the engine settings that
+size messages (chunk, small-message, bucket sizes). The comparison is one
+16-byte MPI_Iallreduce(MAX) of (f, ~f) in the compiled core
+(`MpiTransport::agree`): all ranks learn at once whether every fingerprint was
+equal, before any data is sent, so a mismatch leaves nothing in flight and the
+context stays usable. Only on a mismatch do the ranks exchange full
+descriptions (stall-limited), so every rank raises the same DdlfastError naming
+who passed what. A rank whose input is bad joins the agreement with its error
+instead of a layout, so the others learn of it at once, not at a timeout.
+
+Why not the ring's first message: carrying the fingerprint in the ring's data
+messages would save the extra small collective, but a mismatch found there
+leaves messages of the wrong size in flight (a broken context on every rank),
+and the small-message path would still need its own check. The layout digest
+is cached per layout; the per-call cost is a dict lookup and one latency-bound
+16-byte collective.
 """
 
 from __future__ import annotations
 
 import hashlib
-import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
-from mpi4py import MPI
 
-from ddlfast.buffers import HostBuffer
-from ddlfast.errors import DdlfastError, DdlfastTimeoutError
+from ddlfast.errors import DdlfastConsistentError, DdlfastError
 
-MAX_CACHED_LAYOUTS = 4096
+MAX_CACHED_DIGESTS = 4096
 
 
-def layout_of(buffers: Sequence[HostBuffer], op: str, dims: tuple[int, ...]) -> tuple:
-    return (op, dims, tuple((b.array.dtype, b.array.shape) for b in buffers))
+def arrays_of(buffers: Sequence[Any]) -> tuple:
+    """((dtype, shape), ...) of host buffers, the arrays part of a layout."""
+    return tuple((b.array.dtype, b.array.shape) for b in buffers)
 
 
-_DIGEST_TAG = 7101
-_VERDICT_TAG = 7102
-_OK, _MISSING = 0, 1
+def allreduce_layout(op: str, dims: tuple[int, ...], arrays: tuple, codec: object, error_feedback: bool,
+                     settings: Any) -> tuple:
+    """Everything the ranks must agree on for an allreduce (host or GPU arrays)."""
+    return ("allreduce", op, dims, arrays, codec, error_feedback,
+            (settings.chunk_bytes, settings.small_bytes, settings.bucket_bytes, settings.first_bucket_bytes))
 
 
 class Agreement:
-    def __init__(self, control: MPI.Intracomm) -> None:
-        self._control = control
-        self._agreed: set[tuple] = set()
-        self.timeout_s = 0.0  # 0: wait forever
+    """The per-call check of one context: `check(layout)` before every collective (see the module doc)."""
 
-    def known(self, layout: tuple) -> bool:
-        return layout in self._agreed
+    def __init__(self, core: Any, control: Any) -> None:
+        self._core = core  # ddlfast._core.CoreContext: agree() is the 16-byte collective
+        self._control = control  # ddlfast.control.Control: descriptions on a mismatch
+        self._digests: dict[tuple, int] = {}
+        self.sequence = 0  # collectives this context has started; part of every fingerprint
 
-    def check(self, layout: tuple) -> None:
-        """Collective over the control communicator unless `layout` is cached."""
-        if layout in self._agreed:
-            return
-        digest = hashlib.blake2b(repr(layout).encode(), digest_size=16).digest()
-        digests = self._exchange(digest)
-        if all(d == digest for d in digests):
-            if len(self._agreed) >= MAX_CACHED_LAYOUTS:  # layouts that never repeat must not grow memory
-                self._agreed.clear()
-            self._agreed.add(layout)
-            return
-        descriptions = self._control.allgather(describe(layout))
-        raise DdlfastError(disagreement_message(descriptions))
-
-
-    def name_missing(self, stalled: Exception) -> Exception:
-        """After a stalled collective: which ranks never joined? (a census through rank 0)."""
+    def digest(self, layout: tuple) -> int:
         try:
-            self._exchange(b"ddlfast-census!!")
-        except DdlfastTimeoutError as named:
-            return named
-        return DdlfastTimeoutError(f"{stalled}; every rank is alive, so the collective was only slower than "
-                                   "DDLFAST_TIMEOUT_S allows")
+            return self._digests[layout]
+        except KeyError:
+            pass
+        digest = int.from_bytes(hashlib.blake2b(repr(layout).encode(), digest_size=8).digest(), "little")
+        if len(self._digests) >= MAX_CACHED_DIGESTS:  # layouts that never repeat must not grow memory
+            self._digests.clear()
+        self._digests[layout] = digest
+        return digest
 
-    def _exchange(self, digest: bytes) -> list[bytes]:
-        """Every rank's digest, through rank 0, with a stall limit.
+    def check(self, layout: tuple, digest: int | None = None) -> None:
+        """Collective: returns when every rank passed the same layout in the same collective; otherwise every
+        rank raises the same DdlfastError naming who passed what."""
+        sequence = self.sequence
+        self.sequence += 1
+        if self._core.agree(sequence, self.digest(layout) if digest is None else digest):
+            return
+        descriptions = self._control.allgather_objects(describe(layout, sequence),
+                                                       "the description of every rank's collective")
+        raise DdlfastConsistentError(disagreement_message(descriptions))
 
-        Point-to-point rather than an allgather so that rank 0 knows exactly
-        which ranks never arrived and can tell the others: every waiting rank
-        raises DdlfastTimeoutError naming them instead of hanging.
-        """
-        comm, size, rank = self._control, self._control.Get_size(), self._control.Get_rank()
-        if size == 1:
-            return [digest]
-        verdict = np.zeros(2 + size + 2 * size, dtype=np.int64)  # status, count, missing ranks, digests
-        if rank == 0:
-            digests = np.zeros((size, 16), dtype=np.uint8)
-            digests[0] = np.frombuffer(digest, dtype=np.uint8)
-            receives = [comm.Irecv(digests[r], source=r, tag=_DIGEST_TAG) for r in range(1, size)]
-            done = wait_all(receives, self.timeout_s)
-            missing = [r for r, finished in zip(range(1, size), done, strict=True) if not finished]
-            if missing:
-                for request, finished in zip(receives, done, strict=True):
-                    if not finished:
-                        request.Cancel()
-                verdict[0], verdict[1] = _MISSING, len(missing)
-                verdict[2:2 + len(missing)] = missing
-            else:
-                verdict[2 + size:] = digests.view(np.int64).reshape(-1)
-            arrived = [r for r in range(1, size) if r not in missing]
-            sends = [comm.Isend(verdict, dest=r, tag=_VERDICT_TAG) for r in arrived]
-            wait_all(sends, self.timeout_s)
-        else:
-            send = comm.Isend(np.frombuffer(digest, dtype=np.uint8).copy(), dest=0, tag=_DIGEST_TAG)
-            receive = comm.Irecv(verdict, source=0, tag=_VERDICT_TAG)
-            # Rank 0 may itself wait timeout_s for a missing rank before it answers.
-            patience = 2 * self.timeout_s + 1 if self.timeout_s > 0 else 0
-            if not all(wait_all([receive], patience)):
-                receive.Cancel()
-                raise DdlfastTimeoutError(
-                    f"rank {rank} waited {patience:g} s for rank 0 to confirm the collective's arguments; "
-                    "rank 0 never joined (DDLFAST_TIMEOUT_S). Abort the job: this communicator is out of step.")
-            wait_all([send], self.timeout_s)
-        if verdict[0] == _MISSING:
-            missing = verdict[2:2 + verdict[1]].tolist()
-            raise DdlfastTimeoutError(
-                f"rank {rank}: ranks {','.join(map(str, missing))} did not join the collective within "
-                f"{self.timeout_s:g} s (DDLFAST_TIMEOUT_S). Abort the job: this communicator is out of step.")
-        table = verdict[2 + size:].view(np.uint8).reshape(size, 16)
-        return [bytes(row) for row in table]
-
-
-def wait_all(requests: list[MPI.Request], timeout_s: float) -> list[bool]:
-    """Poll until all complete or timeout_s passes (0: forever); which ones completed."""
-    done = [False] * len(requests)
-    deadline = time.monotonic() + timeout_s if timeout_s > 0 else None
-    pause = 1e-5
-    while True:
-        for i, request in enumerate(requests):
-            if not done[i]:
-                done[i] = request.Test()
-        if all(done) or (deadline is not None and time.monotonic() > deadline):
-            return done
-        time.sleep(pause)
-        pause = min(pause * 2, 1e-3)
+    def refuse(self, error: DdlfastError) -> DdlfastError:
+        """This rank cannot take part (its input is bad): take part in the agreement with the error, so every
+        rank raises at once. Returns the error to raise on this rank."""
+        try:
+            self.check(("error", str(error)))
+        except DdlfastError as disagreement:
+            return disagreement
+        return error  # every rank failed the same way: each raises its own error
 
 
 def _dtype_name(dtype: object) -> str:
@@ -133,11 +96,29 @@ def _dtype_name(dtype: object) -> str:
     return np.dtype(dtype).name
 
 
-def describe(layout: tuple) -> dict:
-    """layout: (op, dims, ((dtype, shape), ...), *extras) -> plain data for the message."""
-    op, dims, arrays, *extras = layout
-    return {"op": op, "dims": dims, "arrays": [(_dtype_name(dtype), tuple(shape)) for dtype, shape in arrays],
-            "compression": extras[0] if extras else None, "error_feedback": extras[1] if len(extras) > 1 else None}
+def describe(layout: tuple, sequence: int) -> dict:
+    """A layout as plain data for the mismatch message."""
+    kind, *fields = layout
+    description: dict[str, Any] = {"sequence": sequence, "kind": kind}
+    if kind == "allreduce":
+        op, dims, arrays, codec, error_feedback, sizes = fields
+        description.update(op=op, dims=dims, arrays=[(_dtype_name(d), tuple(s)) for d, s in arrays],
+                           compression=codec, error_feedback=error_feedback,
+                           settings=dict(zip(("DDLFAST_CHUNK_BYTES", "DDLFAST_SMALL_BYTES", "DDLFAST_BUCKET_BYTES",
+                                              "DDLFAST_FIRST_BUCKET_BYTES"), sizes, strict=True)))
+    elif kind == "broadcast":
+        root, arrays = fields
+        description.update(root=root, arrays=[(_dtype_name(d), tuple(s)) for d, s in arrays])
+    elif kind == "error":
+        description["error"] = fields[0]
+    elif kind == "codec":
+        name, payloads = fields
+        description.update(codec=name, arrays=[(_dtype_name(d), tuple(s)) for d, s in payloads])
+    elif kind == "context":
+        description["settings"] = dict(fields[0])
+    else:
+        description["details"] = fields
+    return description
 
 
 def _by_rank(descriptions: list[dict], key_of: Callable[[dict], str]) -> str:
@@ -147,18 +128,40 @@ def _by_rank(descriptions: list[dict], key_of: Callable[[dict], str]) -> str:
     return "; ".join(f"rank{'s' if len(r) > 1 else ''} {','.join(map(str, r))} passed {k}" for k, r in seen.items())
 
 
+def _differs(descriptions: list[dict], field: str) -> bool:
+    return len({repr(d.get(field)) for d in descriptions}) > 1
+
+
+def _array_text(array: tuple) -> str:
+    return "{}[{}]".format(array[0], ",".join(map(str, array[1])))
+
+
 def disagreement_message(descriptions: list[dict]) -> str:
     """Name the first thing the ranks disagree on, and which ranks passed what."""
-    for field in ("op", "dims", "compression", "error_feedback"):
-        if len({repr(d[field]) for d in descriptions}) > 1:
-            return f"ranks disagree on {field}: " + _by_rank(descriptions, lambda d, f=field: repr(d[f]))
-    if len({len(d["arrays"]) for d in descriptions}) > 1:
+    failed = [(rank, d["error"]) for rank, d in enumerate(descriptions) if d["kind"] == "error"]
+    if failed:
+        sequence = descriptions[failed[0][0]]["sequence"]
+        return f"collective #{sequence} could not run: " + "; ".join(f"rank {r}: {text}" for r, text in failed)
+    if _differs(descriptions, "kind"):
+        return "ranks called different collectives: " + _by_rank(descriptions, lambda d: d["kind"])
+    if _differs(descriptions, "sequence"):
+        return ("ranks are at different collectives on this context (a rank skipped or added a call): " +
+                "; ".join(f"rank {r} is at collective #{d['sequence']}" for r, d in enumerate(descriptions)))
+    for field in ("root", "op", "dims", "compression", "error_feedback", "codec"):
+        if _differs(descriptions, field):
+            return f"ranks disagree on {field}: " + _by_rank(descriptions, lambda d, f=field: repr(d.get(f)))
+    if _differs(descriptions, "settings"):
+        first = descriptions[0]["settings"]
+        name = next(n for n in first if len({repr(d["settings"].get(n)) for d in descriptions}) > 1)
+        return (f"ranks disagree on {name} (the ranks' settings must match): " +
+                _by_rank(descriptions, lambda d: f"{name}={d['settings'][name]!r}"))
+    if _differs(descriptions, "details"):
+        return "ranks disagree on the context's settings: " + _by_rank(descriptions, lambda d: repr(d["details"]))
+    if len({len(d.get("arrays", ())) for d in descriptions}) > 1:
         return "ranks disagree on the number of arrays: " + _by_rank(
             descriptions, lambda d: f"{len(d['arrays'])} arrays")
-    for index in range(len(descriptions[0]["arrays"])):
+    for index in range(len(descriptions[0].get("arrays", ()))):
         if len({d["arrays"][index] for d in descriptions}) > 1:
             return f"ranks disagree on array {index}: " + _by_rank(
-                descriptions,
-                lambda d, i=index: "{}[{}]".format(d["arrays"][i][0], ",".join(map(str, d["arrays"][i][1]))),
-            )
+                descriptions, lambda d, i=index: _array_text(d["arrays"][i]))
     return "ranks disagree on the collective's arguments"

@@ -34,3 +34,17 @@ def host_buffer(array: object, where: str) -> HostBuffer:
         raise DdlfastError(f"{where} is read-only; ddlfast reduces in place and needs a writable array")
     pointer = array.ctypes.data
     return HostBuffer(array, pointer, array.size, array.nbytes, code, pointer % array.itemsize == 0)
+
+
+def check_no_overlap(extents: list[tuple[int, int]], rank: int) -> None:
+    """(pointer, nbytes) per array of one call: two that share memory (the same array twice, or overlapping
+    views) would be reduced twice, so they are an error naming both indices."""
+    order = sorted((start, start + size, index) for index, (start, size) in enumerate(extents) if size > 0)
+    reach, holder = -1, -1  # the furthest end so far, and whose
+    for start, end, index in order:
+        if start < reach:
+            low, high = sorted((holder, index))
+            raise DdlfastError(f"arrays {low} and {high} on rank {rank} overlap in memory (the same array, or "
+                               "views of one array, passed twice); each would be reduced twice")
+        if end > reach:
+            reach, holder = end, index

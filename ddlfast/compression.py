@@ -28,12 +28,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
-from mpi4py import MPI
 
 from ddlfast.errors import DdlfastError
 
 if TYPE_CHECKING:
-    from ddlfast.context import Context
+    from ddlfast.agreement import Agreement
+    from ddlfast.control import Control
 
 WIRE_CODES = {"none": -1, "fp16": 0, "bf16": 1}
 _WIRE_DTYPES = {"fp16": np.float16}
@@ -68,29 +68,27 @@ class Codec(Protocol):
 
 
 class HookContext:
-    """What a CollectiveHook may use: rank, size, the per-bucket state and allgather."""
+    """What a CollectiveHook may use: rank, size, the per-bucket state, allgather and allreduce (both
+    stall-limited, like every ddlfast collective)."""
 
-    def __init__(self, context: Context, state: dict) -> None:
-        self.rank, self.size, self.state = context.rank, context.size, state
-        self._control = context._control
+    def __init__(self, control: Control, state: dict) -> None:
+        self.rank, self.size, self.state = control.rank, control.size, state
+        self._control = control
 
     def allgather(self, array: np.ndarray) -> np.ndarray:
         """Every rank's `array` stacked along a new first axis (same shape and dtype on all ranks)."""
-        array = np.ascontiguousarray(array)
-        gathered = np.empty((self.size, *array.shape), dtype=array.dtype)
-        self._control.Allgather([array.view(np.uint8).reshape(-1), MPI.BYTE],
-                                [gathered.view(np.uint8).reshape(-1), MPI.BYTE])
-        return gathered
+        return self._control.allgather_array(array, "a codec's allgather")
 
     def allreduce(self, array: np.ndarray) -> np.ndarray:
         """Sum in place with MPI's own allreduce (for small side data)."""
-        self._control.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM)
+        array[...] = self._control.allreduce_sum(array, "a codec's allreduce")
         return array
 
 
-def run_codec(codec: Any, bucket: np.ndarray, state: dict, context: Context, op: str) -> None:
+def run_codec(codec: Any, bucket: np.ndarray, state: dict, control: Control, agreement: Agreement,
+              op: str) -> None:
     """One bucket through a user Codec or CollectiveHook; validates what the codec returns."""
-    hook_context = HookContext(context, state)
+    hook_context = HookContext(control, state)
     if not isinstance(codec, Codec):
         codec(bucket, hook_context)
     else:
@@ -102,15 +100,15 @@ def run_codec(codec: Any, bucket: np.ndarray, state: dict, context: Context, op:
                 raise DdlfastError(f"{type(codec).__name__}.compress returned a {type(payload).__name__} "
                                    f"as payload {i}, not a NumPy array")
         layout = ("codec", type(codec).__name__, tuple((p.dtype, p.shape) for p in payloads))
-        context._agreement.check(layout)  # mismatched payload sizes across ranks: an error, not garbage
+        agreement.check(layout)  # mismatched payload sizes across ranks: an error, not garbage
         gathered = [hook_context.allgather(p) for p in payloads]
-        by_rank = [[g[r] for g in gathered] for r in range(context.size)]
+        by_rank = [[g[r] for g in gathered] for r in range(control.size)]
         shape_before = bucket.shape
         codec.decompress(by_rank, bucket, state)
         if bucket.shape != shape_before:
             raise DdlfastError(f"{type(codec).__name__}.decompress changed the bucket's shape")
     if op == "average":
-        bucket /= context.size
+        bucket /= control.size
 
 
 class ErrorFeedback:

@@ -1,11 +1,21 @@
 """The Python-side context: one per communicator. It owns the compiled core
-context (private duplicate communicator, engines), the persistent fused
-buffers, the agreement cache, the timeline and, once asynchronous calls are
-used, one communication thread. No hidden state beyond the default context
-for COMM_WORLD, created on first use."""
+context (private duplicate communicator, engines, the stall-limited poll loop),
+a control communicator for the agreement and the Python-side collectives, the
+persistent fused buffers, the timeline and, once asynchronous calls are used,
+one communication thread. No hidden state beyond the default context for
+COMM_WORLD, created on first use.
+
+Every collective passes the per-call agreement (ddlfast/agreement.py) before
+it sends anything; a rank whose input is bad takes part in that agreement with
+its error, so every rank raises at once. A failure after the agreement passed
+(a stall, an MPI error, an exception in a codec) leaves the context broken: the
+core cancels its receives, tells the other ranks, and every later call raises
+DdlfastBrokenError instead of running out of step.
+"""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -15,13 +25,14 @@ import numpy as np
 from mpi4py import MPI
 
 from ddlfast import _core, cuda
-from ddlfast.agreement import Agreement, layout_of, wait_all
+from ddlfast.agreement import Agreement, allreduce_layout, arrays_of
 from ddlfast.bucketing import assign_buckets
-from ddlfast.buffers import HostBuffer, host_buffer
+from ddlfast.buffers import HostBuffer, check_no_overlap, host_buffer
 from ddlfast.compression import Codec, ErrorFeedback, run_codec, wire_by_dim
 from ddlfast.config import Settings, check_variable_names, load_settings, parse_compression, parse_dims
+from ddlfast.control import Control
 from ddlfast.dtypes import DTYPE_CODES
-from ddlfast.errors import DdlfastError, DdlfastTimeoutError
+from ddlfast.errors import DdlfastBrokenError, DdlfastConsistentError, DdlfastError
 from ddlfast.fusion import FusedBuffers, pack, unpack
 from ddlfast.timeline import Timeline
 from ddlfast.worker import CommThread, Handle
@@ -29,9 +40,13 @@ from ddlfast.worker import CommThread, Handle
 OPS = {"sum": 0, "average": 1}
 # dtypes whose NumPy arrays export a typed buffer (the fast single-array path).
 _FAST_DTYPES = {np.dtype(name): code for name, code in DTYPE_CODES.items() if name != "bfloat16"}
+# How long close() lets queued work finish when there is no stall limit (DDLFAST_TIMEOUT_S=0).
 CLOSE_TIMEOUT_S = 60.0
-# Arrays below this are packed into the fused buffer; larger ones are reduced in place.
+# Arrays below this are packed into the fused buffer; larger ones are reduced in place. A function of the
+# size alone (agreed by every rank), so every rank lays a bucket out the same way.
 PACK_BELOW_BYTES = 256 << 10
+# Variables outside Settings that change what a context's creation does collectively (topology, probe).
+_CREATION_VARIABLES = ("DDLFAST_PROBE", "DDLFAST_HOSTS_PER_GROUP", "DDLFAST_CUDA_AWARE_MPI")
 
 
 def _codec_key(compression: object) -> object:
@@ -51,7 +66,8 @@ class _Request(NamedTuple):
     error_feedback: bool
 
     def layout(self) -> tuple:
-        return (*layout_of(self.buffers, self.op, self.dims), _codec_key(self.compression), self.error_feedback)
+        return allreduce_layout(self.op, self.dims, arrays_of(self.buffers), _codec_key(self.compression),
+                                self.error_feedback, self.settings)
 
 
 class _GpuRequest(NamedTuple):
@@ -67,16 +83,23 @@ class _GpuRequest(NamedTuple):
     wait_on_host: bool  # asynchronous handles complete only when the result is on the device
 
     def layout(self) -> tuple:
-        return (*cuda.layout_of(self.submission.buffers, self.op, self.dims), _codec_key(self.compression),
-                self.error_feedback)
+        return allreduce_layout(self.op, self.dims, _gpu_arrays(self.submission.buffers),
+                                _codec_key(self.compression), self.error_feedback, self.settings)
 
 
-def _dup_with_timeout(comm: MPI.Intracomm, timeout_s: float) -> MPI.Intracomm:
-    duplicate, request = comm.Idup()
-    if not wait_all([request], timeout_s)[0]:
-        raise DdlfastTimeoutError(f"rank {comm.Get_rank()} waited {timeout_s:g} s for the other ranks to create "
-                                  "their ddlfast context; some rank never called ddlfast (DDLFAST_TIMEOUT_S)")
-    return duplicate
+def _gpu_arrays(buffers: Sequence[Any]) -> tuple:
+    return tuple((f"cuda {b.dtype_name}", b.shape) for b in buffers)
+
+
+def _creation_layout(settings: Settings) -> tuple:
+    """What every rank must share when a context is created: the engine settings and what drives the topology."""
+    named = {
+        "DDLFAST_BUCKET_BYTES": settings.bucket_bytes, "DDLFAST_FIRST_BUCKET_BYTES": settings.first_bucket_bytes,
+        "DDLFAST_CHUNK_BYTES": settings.chunk_bytes, "DDLFAST_SMALL_BYTES": settings.small_bytes,
+        "DDLFAST_RING_DIMS": settings.ring_dims, "DDLFAST_COMPRESSION": settings.compression,
+    }
+    named.update({name: os.environ.get(name, "").strip() for name in _CREATION_VARIABLES})
+    return ("context", tuple(named.items()))
 
 
 class Context:
@@ -87,10 +110,14 @@ class Context:
         if not isinstance(comm, MPI.Comm):
             raise DdlfastError(f"comm must be an mpi4py communicator, not {type(comm).__name__}")
         check_variable_names()
-        timeout_s = load_settings().timeout_s
-        self._core = _core.CoreContext(comm, timeout_s)
-        self._control = _dup_with_timeout(comm, timeout_s)  # agreement messages, apart from the data path
-        self._agreement = Agreement(self._control)
+        settings = load_settings()
+        self._core = _core.CoreContext(comm, settings.timeout_s)
+        self._core_timeout_s: float | None = settings.timeout_s  # what the core was last told
+        control, created = comm.Idup()  # agreement descriptions and Python-side collectives
+        self._core.wait_requests([created], "the other ranks to create their ddlfast context")
+        self._control = Control(control, self._core)
+        self._agreement = Agreement(self._core, self._control)
+        self._thread_level = MPI.Query_thread()
         self._fused = FusedBuffers()
         self._dims_cache: dict[tuple, tuple[int, ...]] = {}
         self._rank_order: tuple[int, ...] = ()  # torus position -> rank; () is identity
@@ -102,13 +129,13 @@ class Context:
         self._core.record_events = self._timeline is not None
         self._worker: CommThread | None = None
         self._fast_plans: dict[tuple, tuple] = {}  # allreduce()'s per-kind-of-call plans
-        self._core_timeout_s: float | None = None  # what the core was last told (set before its first run)
         self._cuda_path: cuda.CudaPath | None = None  # created at the first GPU collective (collective itself)
         self._lock = threading.Lock()
         self._closed = False
-        # Placement detection is collective; do it here, where every rank has
-        # just proven it is present (the dups above time out otherwise).
-        self._topology_for(load_settings().bucket_bytes)
+        # Settings that size messages or drive the topology must match on every rank; then placement detection
+        # (collective) runs where every rank has just proven it is present.
+        self._agreement.check(_creation_layout(settings))
+        self._topology_for(settings.bucket_bytes)
 
     @property
     def rank(self) -> int:
@@ -121,21 +148,31 @@ class Context:
     def close(self) -> None:
         """Finish submitted work, then free the private communicators.
 
-        Handles that completed before close() keep their results; nothing can
-        be submitted afterwards.
+        Handles that completed before close() keep their results; nothing can be submitted afterwards. Ends
+        in bounded time even with a peer gone: queued work is itself stall-limited, and past that the core is
+        told to stop waiting, so no thread is inside MPI when the communicators are freed (a broken context
+        leaves them to MPI_Finalize rather than free what messages in flight still use).
         """
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-        drained = self._worker.close(CLOSE_TIMEOUT_S) if self._worker is not None else True
+        drained = True
+        if self._worker is not None:
+            timeout_s = load_settings().timeout_s
+            drained = self._worker.close(timeout_s + 10.0 if timeout_s > 0 else CLOSE_TIMEOUT_S)
+            if not drained:
+                self._core.request_stop()
+                drained = self._worker.close(10.0)
         if self._timeline is not None:
             self._timeline.flush()
         if drained and not MPI.Is_finalized():
+            healthy = not self._core.broken_reason
             if self._cuda_path is not None:
                 self._cuda_path.close()
             self._core.close()
-            self._control.Free()
+            if healthy:
+                self._control.comm.Free()
         self._fused.clear()
 
     # -- helpers -----------------------------------------------------------------------------------------------
@@ -143,6 +180,10 @@ class Context:
     def _check_open(self) -> None:
         if self._closed:
             raise DdlfastError("this ddlfast context is closed")
+        reason = self._core.broken_reason
+        if reason:
+            raise DdlfastBrokenError(f"rank {self.rank}: this ddlfast context is unusable after an earlier failure "
+                                     f"({reason}); abort the job, or create a new Context")
 
     def _resolve_dims(self, dims: object, settings: Settings) -> tuple[int, ...]:
         try:
@@ -166,7 +207,7 @@ class Context:
         if self._topology is None or (every_tier and not self._topology_every_tier):
             from ddlfast.topology import build
 
-            self._topology = build(self._control, plan_bytes, every_tier)
+            self._topology = build(self._control.comm, plan_bytes, every_tier)
             self._topology_every_tier = every_tier  # the planner asks for every tier probed, even on one host
             self._rank_order = self._topology.order
         return self._topology
@@ -186,15 +227,19 @@ class Context:
 
     def _topology_info(self, every_tier: bool = False) -> Any:
         """ddlfast.topology(): on the communication thread when there is one, so collectives stay ordered."""
-        return self._in_order(lambda: self._topology_for(load_settings().bucket_bytes, every_tier), "topology")
+        settings = load_settings()
+        if self._topology is not None and not (every_tier and not self._topology_every_tier):
+            return self._topology  # nothing collective to do
+        return self._in_order(lambda: self._agreed(("topology", every_tier),
+                                                   lambda: self._topology_for(settings.bucket_bytes, every_tier)),
+                              "topology")
 
     def _prepare(self, arrays: Sequence[np.ndarray], op: str, dims: object, result: Any,
                  compression: object = None, error_feedback: bool = False, stream: object = None,
                  asynchronous: bool = False) -> _Request | _GpuRequest:
         """Validate on the caller's thread, so bad input raises where it was passed."""
-        self._check_open()
         if op not in OPS:
-            raise DdlfastError(f"op={op!r} is not one of {', '.join(OPS)}")
+            raise DdlfastError(f"op={op!r} on rank {self.rank} is not one of {', '.join(OPS)}")
         if isinstance(arrays, np.ndarray) or not isinstance(arrays, Sequence):
             raise DdlfastError("fused_allreduce takes a list of arrays; use ddlfast.allreduce for one array")
         if len(arrays) == 0:
@@ -203,7 +248,10 @@ class Context:
         ring_dims = self._resolve_dims(dims, settings)
         if cuda.any_device_array(arrays):
             gpu_buffers = cuda.device_buffers(arrays, self.rank, stream)
+            check_no_overlap([(b.pointer, b.nbytes) for b in gpu_buffers], self.rank)
             codec = self._resolve_compression(compression, settings, [b.dtype_name for b in gpu_buffers])
+            if isinstance(codec, tuple):
+                wire_by_dim(codec, ring_dims, self._hosts_tier(ring_dims))
             # The fences go on the caller's streams now, on the caller's thread: later work there is not waited for.
             return _GpuRequest(cuda.submit(gpu_buffers), op, ring_dims, settings,
                                list(arrays) if result is None else result, codec, bool(error_feedback),
@@ -212,7 +260,11 @@ class Context:
             raise DdlfastError(f"stream= was given on rank {self.rank} but the arrays are in host memory; streams "
                                "order GPU arrays only")
         buffers = [host_buffer(array, f"array {i} on rank {self.rank}") for i, array in enumerate(arrays)]
+        if len(buffers) > 1:
+            check_no_overlap([(b.pointer, b.nbytes) for b in buffers], self.rank)
         codec = self._resolve_compression(compression, settings, [b.array.dtype.name for b in buffers])
+        if isinstance(codec, tuple):
+            wire_by_dim(codec, ring_dims, self._hosts_tier(ring_dims))  # raises when codecs do not fit the dims
         return _Request(buffers, op, ring_dims, settings, list(arrays) if result is None else result, codec,
                         bool(error_feedback))
 
@@ -237,6 +289,15 @@ class Context:
         with self._lock:
             self._check_open()
             if self._worker is None:
+                if self._thread_level < MPI.THREAD_MULTIPLE:
+                    names = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
+                             MPI.THREAD_SERIALIZED: "serialized"}
+                    raise DdlfastError(
+                        f"rank {self.rank}: asynchronous ddlfast calls run on a communication thread and need MPI "
+                        f"initialized with MPI_THREAD_MULTIPLE, but MPI provides "
+                        f"{names.get(self._thread_level, self._thread_level)}; unset MPI4PY_RC_THREAD_LEVEL (or "
+                        "set it to 'multiple', or mpi4py.rc.thread_level = 'multiple' before importing "
+                        "mpi4py.MPI), or use the blocking calls")
                 self._worker = CommThread(f"ddlfast-comm-rank{self.rank}")
             return self._worker
 
@@ -264,12 +325,50 @@ class Context:
         finally:
             self._timeline.add("wait", start, time.perf_counter(), thread="caller")
 
+    def _agreed(self, layout: tuple, action: Callable[[], Any], digest: int | None = None) -> Any:
+        """The agreement, then the collective. A failure after the agreement passed leaves the context broken
+        (the other ranks are told, and fail at once rather than at their stall limit)."""
+        self._agreement.check(layout, digest)
+        try:
+            return action()
+        except DdlfastConsistentError:
+            raise
+        except BaseException as error:
+            self._after_failure(error)
+            raise
+
+    def _after_failure(self, error: BaseException) -> None:
+        if not self._core.broken_reason:
+            self._core.abandon(f"rank {self.rank}: {type(error).__name__}: {error}")
+
+    def _refused(self, error: DdlfastError) -> DdlfastError:
+        """Bad input on this rank: join the agreement with the error (so the others raise too), return what
+        to raise here."""
+        if isinstance(error, DdlfastBrokenError) or self._closed:
+            return error
+        return self._in_order(lambda: self._agreement.refuse(error), "a refused collective")
+
+    def _refuse_async(self, error: DdlfastError) -> None:
+        """The same for an asynchronous call: the refusal takes the call's place in the queue."""
+        if isinstance(error, DdlfastBrokenError) or self._closed:
+            return
+
+        def refuse() -> None:
+            raise self._agreement.refuse(error)
+
+        self._ensure_worker().submit(refuse, "a refused collective")
+
+    def _set_core_timeout(self, seconds: float) -> None:
+        if self._core_timeout_s != seconds:  # a call into the core per collective otherwise
+            self._core.set_timeout(seconds)
+            self._core_timeout_s = seconds
+
     # -- collectives ---------------------------------------------------------------------------------------------
 
     def allreduce(self, array: np.ndarray, *, op: str = "sum", dims: object = None,
                   compression: object = None, stream: object = None) -> np.ndarray:
         """One array: the latency-sensitive path, with the per-call Python work kept to a minimum
-        (a plan per (dtype, shape, op, dims, compression) and settings; the layout agreement is cached)."""
+        (a plan per (dtype, shape, op, dims, compression) and settings, holding the layout's digest)."""
         settings = load_settings()
         plan = None
         if type(array) is np.ndarray and stream is None and self._timeline is None:
@@ -279,9 +378,12 @@ class Context:
                 pass
             if plan is None or plan[0] is not settings:
                 plan = self._fast_plan(array, op, dims, compression, settings)
-        if plan is None or not array.flags.aligned:
-            # The general path: full error messages, compression, GPU arrays.
-            return self.fused_allreduce([array], op=op, dims=dims, compression=compression, stream=stream)[0]
+        if plan is not None:
+            flags = array.flags
+            if not (flags.c_contiguous and flags.writeable and flags.aligned):
+                plan = None
+        if plan is None:  # the general path: full validation and messages, compression, GPU arrays
+            return self._fused_allreduce([array], op, dims, compression, False, stream)[0]
         if self._worker is None:  # _in_order's own first case, spelled out: this is the latency path
             with self._lock:
                 self._check_open()
@@ -289,25 +391,16 @@ class Context:
         return self._in_order(lambda: self._allreduce_now(array, plan, settings), "allreduce")
 
     def _allreduce_now(self, array: np.ndarray, plan: tuple, settings: Settings) -> np.ndarray:
-        _, code, op_code, ring_dims, layout = plan
-        if not self._agreement.known(layout):
-            self._agreement.timeout_s = settings.timeout_s
-            self._agreement.check(layout)
+        _, code, op_code, ring_dims, layout, digest = plan
         self._set_core_timeout(settings.timeout_s)
+        self._agreement.check(layout, digest)
         try:
             self._core.allreduce_array(array, array.size, code, op_code, ring_dims, settings.chunk_bytes,
                                        settings.receives_in_flight, settings.small_bytes, self._rank_order)
-        except DdlfastTimeoutError as stalled:
-            raise self._agreement.name_missing(stalled) from stalled
-        except (BufferError, ValueError):  # NumPy refuses a non-contiguous or read-only buffer
-            host_buffer(array, f"array 0 on rank {self.rank}")  # raises the precise DdlfastError
+        except BaseException as error:
+            self._after_failure(error)
             raise
         return array
-
-    def _set_core_timeout(self, seconds: float) -> None:
-        if self._core_timeout_s != seconds:  # a call into the core per collective otherwise
-            self._core.set_timeout(seconds)
-            self._core_timeout_s = seconds
 
     def _fast_plan(self, array: np.ndarray, op: str, dims: object, compression: object,
                    settings: Settings) -> tuple | None:
@@ -320,9 +413,12 @@ class Context:
                 or (codec == ("auto",) and self._topology.placement.hosts > 1)):
             return None
         self._check_open()
-        ring_dims = self._resolve_dims(dims, settings)
-        layout = (op, ring_dims, ((array.dtype, array.shape),), codec, False)  # as the general path's layout
-        plan = (settings, code, OPS[op], ring_dims, layout)
+        try:
+            ring_dims = self._resolve_dims(dims, settings)
+        except DdlfastError:
+            return None  # the general path refuses it on every rank
+        layout = allreduce_layout(op, ring_dims, ((array.dtype, array.shape),), codec, False, settings)
+        plan = (settings, code, OPS[op], ring_dims, layout, self._agreement.digest(layout))
         if len(self._fast_plans) >= 256:  # calls with ever new shapes must not grow memory
             self._fast_plans.clear()
         try:
@@ -334,15 +430,32 @@ class Context:
     def fused_allreduce(self, arrays: Sequence[np.ndarray], *, op: str = "sum", dims: object = None,
                         compression: object = None, error_feedback: bool = False, stream: object = None) -> list:
         """GPU arrays: ordered after `stream` (default: the stream each array exports, else the host waits)."""
-        request = self._prepare(arrays, op, dims, None, compression, error_feedback, stream)
+        if type(arrays) is list and len(arrays) == 1 and stream is None and not error_feedback:
+            self.allreduce(arrays[0], op=op, dims=dims, compression=compression)  # the same collective, and layout
+            return arrays
+        return self._fused_allreduce(arrays, op, dims, compression, error_feedback, stream)
+
+    def _fused_allreduce(self, arrays: Sequence[np.ndarray], op: str, dims: object, compression: object,
+                         error_feedback: bool, stream: object) -> list:
+        self._check_open()
+        try:
+            request = self._prepare(arrays, op, dims, None, compression, error_feedback, stream)
+        except DdlfastError as error:
+            raise self._refused(error) from None
         return self._in_order(lambda: self._execute(request), "fused_allreduce")
 
     def fused_allreduce_async(self, arrays: Sequence[np.ndarray], *, op: str = "sum", dims: object = None,
                               compression: object = None, error_feedback: bool = False,
                               result: Any = None, stream: object = None) -> Handle:
         """Queue the collective on the communication thread; wait() returns the list (or `result`)."""
-        request = self._prepare(arrays, op, dims, result, compression, error_feedback, stream, asynchronous=True)
-        return self._ensure_worker().submit(lambda: self._execute(request), f"fused_allreduce of {len(arrays)} arrays")
+        worker = self._ensure_worker()
+        try:
+            request = self._prepare(arrays, op, dims, result, compression, error_feedback, stream,
+                                    asynchronous=True)
+        except DdlfastError as error:
+            self._refuse_async(error)
+            raise
+        return worker.submit(lambda: self._execute(request), f"fused_allreduce of {len(arrays)} arrays")
 
     def allreduce_async(self, array: np.ndarray, *, op: str = "sum", dims: object = None,
                         compression: object = None, stream: object = None) -> Handle:
@@ -352,89 +465,85 @@ class Context:
 
     def broadcast(self, array: np.ndarray, root: int = 0) -> np.ndarray:
         """Copy `root`'s array into every rank's array, in place (MPI_Bcast)."""
-        if not 0 <= root < self.size:
-            raise DdlfastError(f"broadcast root {root} is outside 0..{self.size - 1}")
-        request = self._prepare([array], "sum", None, array)
+        self._check_open()
+        try:
+            self._check_root(root)
+            request = self._prepare([array], "sum", None, array, compression="none")
+        except DdlfastError as error:
+            raise self._refused(error) from None
         if isinstance(request, _GpuRequest):
             return self._broadcast_gpu(request, root)
-        return self._broadcast(request.buffers[0].array, root, array)
+        target = request.buffers[0].array
+        return self._broadcast(target, root, ((target.dtype, target.shape),), array)
 
     def broadcast_bytes(self, array: np.ndarray, root: int = 0) -> np.ndarray:
         """broadcast() for any contiguous writable byte view (e.g. a tensor of any dtype)."""
-        if not 0 <= root < self.size:
-            raise DdlfastError(f"broadcast root {root} is outside 0..{self.size - 1}")
         self._check_open()
-        if not (isinstance(array, np.ndarray) and array.flags.c_contiguous and array.flags.writeable):
-            raise DdlfastError("broadcast_bytes needs a C-contiguous writable NumPy array")
-        return self._broadcast(array, root, array)
+        try:
+            self._check_root(root)
+            if not (isinstance(array, np.ndarray) and array.flags.c_contiguous and array.flags.writeable):
+                raise DdlfastError(f"broadcast_bytes on rank {self.rank} needs a C-contiguous writable NumPy array")
+        except DdlfastError as error:
+            raise self._refused(error) from None
+        return self._broadcast(array, root, (("bytes", (array.nbytes,)),), array)
+
+    def _check_root(self, root: object) -> None:
+        if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not 0 <= root < self.size:
+            raise DdlfastError(f"broadcast root {root!r} on rank {self.rank} is outside 0..{self.size - 1}")
+
+    def _broadcast(self, target: np.ndarray, root: int, arrays: tuple, result: Any) -> Any:
+        """Host and GPU broadcasts share one layout form, so a rank passing the other kind is named."""
+        layout = ("broadcast", int(root), arrays)
+        run = lambda: self._control.bcast_into(target, int(root), "a broadcast")  # noqa: E731
+        return self._in_order(lambda: (self._agreed(layout, run), result)[1], "broadcast")
 
     def _broadcast_gpu(self, request: _GpuRequest, root: int) -> Any:
         """Through a pinned host copy: broadcasts are one-offs (start-up), not worth a device path."""
-        buffer = request.submission.buffers[0]
+        layout = ("broadcast", int(root), _gpu_arrays(request.submission.buffers))
 
-        def run() -> Any:
-            self._agree_on_broadcast(root, ((f"cuda {buffer.dtype_name}", buffer.shape),))
+        def run() -> None:
             path = self._gpu_path()
             copies = path.to_host(request.submission)
-            self._control.Bcast([copies[0].reshape(-1).view(np.uint8), MPI.BYTE], root=root)
+            self._control.bcast_into(copies[0], int(root), "a broadcast")
             path.from_host(request.submission, copies, wait_on_host=True)
-            return request.result
 
-        return self._in_order(run, "broadcast")
+        return self._in_order(lambda: (self._agreed(layout, run), request.result)[1], "broadcast")
 
     def _gpu_path(self) -> cuda.CudaPath:
         """The GPU side, created at the first GPU collective: every rank gets here in the same order, after
         an agreement on a GPU layout, so the collective creation cannot meet a host-only rank."""
         if self._cuda_path is None:
-            self._cuda_path = cuda.CudaPath(self._control, load_settings().timeout_s)
+            self._cuda_path = cuda.CudaPath(self._control.comm, load_settings().timeout_s)
             self._cuda_path.record_events = self._timeline is not None
         return self._cuda_path
-
-    def _broadcast(self, target: np.ndarray, root: int, result: Any) -> Any:
-        def run() -> Any:
-            self._agree_on_broadcast(root, ((target.dtype, target.shape),))
-            self._control.Bcast([target.reshape(-1).view(np.uint8), MPI.BYTE], root=root)
-            return result
-
-        return self._in_order(run, "broadcast")
-
-    def _agree_on_broadcast(self, root: int, arrays: tuple) -> None:
-        """Host and GPU broadcasts share one layout form, so a rank passing the other kind is named."""
-        self._agreement.timeout_s = load_settings().timeout_s
-        self._agreement.check(("broadcast", root, arrays))
 
     # -- execution (communication thread, or inline) -----------------------------------------------------------
 
     def _execute(self, request: _Request | _GpuRequest) -> Any:
-        settings = request.settings
-        self._set_core_timeout(settings.timeout_s)
-        self._agreement.timeout_s = settings.timeout_s
+        self._set_core_timeout(request.settings.timeout_s)
         layout = request.layout()
-        self._agreement.check(layout)
         if isinstance(request, _GpuRequest):
-            return self._execute_gpu(request, layout)
-        self._reduce_host(request, layout)
+            self._agreed(layout, lambda: self._execute_gpu(request, layout))
+        else:
+            self._agreed(layout, lambda: self._reduce_host(request, layout))
         return request.result
 
-    def _execute_gpu(self, request: _GpuRequest, layout: tuple) -> Any:
+    def _execute_gpu(self, request: _GpuRequest, layout: tuple) -> None:
         """Uncompressed: the GPU ring (CUDA kernels, ddlfast's streams). Compression and user codecs: the
         host engine on pinned copies, so every codec behaves exactly as on host arrays."""
         path = self._gpu_path()
         submission = request.submission
         plain = isinstance(request.compression, tuple) and not wire_by_dim(
             request.compression, request.dims, self._hosts_tier(request.dims))
-        try:
-            if plain and not request.error_feedback:
-                path.run(submission, request.op, request.dims, request.settings, self._rank_order,
-                         request.wait_on_host)
-                if self._timeline is not None:
-                    for name, dim, start, end, nbytes in path.take_events():
-                        self._timeline.add(f"gpu {name}" if dim < 0 else f"gpu {name} dim{dim + 1}", start, end,
-                                           bytes=nbytes)
-                    self._timeline.flush()
-                return request.result
-        except DdlfastTimeoutError as stalled:
-            raise self._agreement.name_missing(stalled) from stalled
+        if plain and not request.error_feedback:
+            path.run(submission, request.op, request.dims, request.settings, self._rank_order,
+                     request.wait_on_host)
+            if self._timeline is not None:
+                for name, dim, start, end, nbytes in path.take_events():
+                    self._timeline.add(f"gpu {name}" if dim < 0 else f"gpu {name} dim{dim + 1}", start, end,
+                                       bytes=nbytes)
+                self._timeline.flush()
+            return
         copies = path.to_host(submission)
         where = f"on rank {self.rank}"
         host = _Request([host_buffer(c, f"host copy of array {i} {where}") for i, c in enumerate(copies)],
@@ -442,7 +551,6 @@ class Context:
                         request.error_feedback)
         self._reduce_host(host, layout)
         path.from_host(submission, copies, request.wait_on_host)
-        return request.result
 
     def _reduce_host(self, request: _Request, layout: tuple) -> None:
         settings, buffers = request.settings, request.buffers
@@ -465,22 +573,23 @@ class Context:
     def _run_user_codec(self, members: list[HostBuffer], request: _Request, key: tuple) -> None:
         fused = self._fused.get(members[0].array.dtype, sum(b.count for b in members))
         pack(fused, members)
-        run_codec(request.compression, fused, self._codec_state.setdefault(key, {}), self, request.op)
+        run_codec(request.compression, fused, self._codec_state.setdefault(key, {}), self._control,
+                  self._agreement, request.op)
         unpack(fused, members)
 
     def _reduce_bucket(self, members: list[HostBuffer], request: _Request, key: tuple) -> None:
-        """Large arrays are reduced where they lie, as segments of one logical buffer;
-        only the small ones are packed (their per-message cost would dominate)."""
+        """Large arrays are reduced where they lie, as segments of one logical buffer; only the small ones
+        are packed (their per-message cost would dominate). Which arrays are packed depends on sizes alone,
+        so every rank lays the bucket out alike; a large array that does not start at a multiple of its
+        element size (np.frombuffer at an odd offset) is reduced through an aligned copy in its own place."""
         settings, op, dims = request.settings, OPS[request.op], request.dims
         wire = wire_by_dim(request.compression, dims, self._hosts_tier(dims))
         if wire and request.error_feedback:
-            names = [n for n in request.compression if n in ("fp16", "bf16")]
+            name = "bf16" if "bf16" in request.compression else "fp16"  # "auto" compresses with fp16
             for position, b in enumerate(members):
-                self._error_feedback.apply((key, position), b.array, names[0])
-        # Small arrays are packed (their per-message cost would dominate), and so are arrays that do not start
-        # at a multiple of their element size (np.frombuffer at an odd offset): packing copies bytes.
-        small = [b for b in members if b.nbytes < PACK_BELOW_BYTES or not b.aligned]
-        if len(small) == 1 and small[0].aligned:
+                self._error_feedback.apply((key, position), b.array, name)
+        small = [b for b in members if b.nbytes < PACK_BELOW_BYTES]
+        if len(small) == 1:
             small = []
         pointers, counts = [], []
         fused = None
@@ -493,16 +602,22 @@ class Context:
             pointers.append(fused.ctypes.data)
             counts.append(fused.size)
         packed = {id(b) for b in small}
+        staged: list[tuple[np.ndarray, HostBuffer]] = []
         for b in members:
-            if id(b) not in packed:
+            if id(b) in packed:
+                continue
+            if not b.aligned:
+                copy = b.array.reshape(-1).copy()  # NumPy allocates it aligned
+                staged.append((copy, b))
+                pointers.append(copy.ctypes.data)
+            else:
                 pointers.append(b.pointer)
-                counts.append(b.count)
-        try:
-            self._core.allreduce_segments(pointers, counts, members[0].dtype_code, op, dims, settings.chunk_bytes,
-                                          settings.receives_in_flight, settings.small_bytes, self._rank_order, wire)
-        except DdlfastTimeoutError as stalled:
-            raise self._agreement.name_missing(stalled) from stalled
+            counts.append(b.count)
+        self._core.allreduce_segments(pointers, counts, members[0].dtype_code, op, dims, settings.chunk_bytes,
+                                      settings.receives_in_flight, settings.small_bytes, self._rank_order, wire)
         self._record_engine_events()
+        for copy, b in staged:
+            b.array.reshape(-1)[...] = copy
         if fused is not None:
             start = time.perf_counter()
             unpack(fused, small)
@@ -510,9 +625,10 @@ class Context:
                 self._timeline.add("unpack", start, time.perf_counter(), arrays=len(small), bytes=fused.nbytes)
         if wire:
             # The encoders count finite values that became inf; ranks that saw none must raise too.
-            overflowed = self._control.allreduce(self._core.take_overflows(), op=MPI.SUM)
+            overflowed = int(self._control.allreduce_sum(np.array([self._core.take_overflows()], dtype=np.int64),
+                                                         "the count of wire overflows")[0])
             if overflowed:
-                raise DdlfastError(
+                raise DdlfastConsistentError(
                     f"wire overflow on rank {self.rank}: {overflowed} partial sums exceeded the range of "
                     f"{'/'.join(n for n in request.compression if n != 'none')} and the result holds inf; use "
                     "compression='bf16' or op='average' (which pre-scales)")

@@ -314,11 +314,6 @@ def device_buffers(arrays: Sequence[object], rank: int, stream: object = None) -
     return buffers
 
 
-def layout_of(buffers: Sequence[DeviceBuffer], op: str, dims: tuple[int, ...]) -> tuple:
-    """The agreement layout of a GPU collective: like the host one, with dtypes marked "cuda"."""
-    return (op, dims, tuple((f"cuda {b.dtype_name}", b.shape) for b in buffers))
-
-
 def bucket_layout(nbytes: Sequence[int], align: int = BUCKET_ALIGN_BYTES) -> tuple[list[int], int]:
     """Byte offsets of packed arrays in the bucket (each a multiple of `align`) and the bucket's size.
 

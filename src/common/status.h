@@ -13,6 +13,9 @@ enum class StatusCode : int {
   kMpiError = 2,
   kTimeout = 3,
   kInternal = 4,
+  // The communicator is out of step (an earlier stall or failure left
+  // messages in flight, or the context was closed mid-wait): abort the job.
+  kBroken = 5,
 };
 
 class Status {

@@ -18,7 +18,9 @@ Status Context::allreduce(const SegmentedBuffer& data, DType dtype, ReduceOp op,
     DDLFAST_RETURN_IF_ERROR(RingAllreduce::create(transport_.get(), dims, order, &engine));
     found = engines_.emplace(std::move(key), std::move(engine)).first;
   }
-  return found->second->run(data, dtype, op, options);
+  const Status status = found->second->run(data, dtype, op, options);
+  if (!status.is_ok()) transport_->abandon(status);
+  return status;
 }
 
 }  // namespace ddlfast

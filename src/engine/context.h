@@ -27,6 +27,8 @@ class Context {
     return total;
   }
 
+  // A failure leaves the transport broken when it abandoned messages in
+  // flight (see MpiTransport::abandon): every later call then refuses.
   Status allreduce(const SegmentedBuffer& data, DType dtype, ReduceOp op, const std::vector<int>& dims,
                    const std::vector<int>& order, const EngineOptions& options);
 

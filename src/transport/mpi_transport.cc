@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <cstring>
 #include <memory>
 
 #include "kernels/cpu_kernels.h"
@@ -29,6 +30,72 @@ bool mpi_is_finalized() {
 // Spinning in MPI_Wait starves the peer when ranks outnumber cores; polling
 // with a yield keeps progress fair and costs nothing when cores are free.
 constexpr int kSpinsBeforeYield = 64;
+// How long a stalled rank waits for census answers, and an answering rank for the verdict.
+constexpr double kCensusSeconds = 2.0;
+constexpr int kAskTag = 1;
+constexpr int kReplyTag = 2;
+constexpr int kVerdictTag = 3;
+// What a census ask says of its sender: it passed the stall limit, or it abandoned a collective after an error.
+constexpr std::int64_t kAskAfterStall = 0;
+constexpr std::int64_t kAskAfterFailure = 1;
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string text;
+  for (int r : ranks) text += (text.empty() ? "" : ",") + std::to_string(r);
+  return text;
+}
+
+std::string seconds_text(double seconds) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3g", seconds);
+  return text;
+}
+
+// splitmix64: the sequence number and the layout digest mixed into one fingerprint.
+std::uint64_t mix(std::uint64_t sequence, std::uint64_t digest) {
+  std::uint64_t z = digest + 0x9e3779b97f4a7c15ULL * (sequence + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// A non-blocking dup polled against the stall limit (a rank that never creates its context is a timeout).
+Status dup_with_limit(MPI_Comm comm, double timeout_s, MPI_Comm* out) {
+  // MPI writes the new handle whenever the dup completes, possibly after we
+  // gave up; so it lands in a heap cell that is deliberately leaked on timeout.
+  auto pending = std::make_unique<MPI_Comm>(MPI_COMM_NULL);
+  MPI_Request request;
+  int code = MPI_Comm_idup(comm, pending.get(), &request);
+  if (code != MPI_SUCCESS) return Status(StatusCode::kMpiError, "MPI_Comm_idup failed: " + mpi_error_string(code));
+  const auto start = std::chrono::steady_clock::now();
+  for (int spins = 0;; ++spins) {
+    int done = 0;
+    code = MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    if (code != MPI_SUCCESS) return Status(StatusCode::kMpiError, "MPI_Comm_idup failed: " + mpi_error_string(code));
+    if (done) break;
+    if (spins % kSpinsBeforeYield == 0) {
+      sched_yield();
+      const double waited = seconds_since(start);
+      if (timeout_s > 0 && waited > timeout_s) {
+        pending.release();  // see above: MPI may still complete the dup into it
+        int rank = 0;
+        MPI_Comm_rank(comm, &rank);
+        return Status(StatusCode::kTimeout,
+                      "rank " + std::to_string(rank) + " waited " + seconds_text(waited) +
+                          " s for the other ranks to create their ddlfast context (a collective step); some rank "
+                          "never called ddlfast (DDLFAST_TIMEOUT_S). Abort the job: this communicator is out of "
+                          "step.");
+      }
+    }
+  }
+  *out = *pending;
+  MPI_Comm_set_errhandler(*out, MPI_ERRORS_RETURN);
+  return Status::ok();
+}
 
 }  // namespace
 
@@ -51,124 +118,331 @@ std::string mpi_library_version() {
 
 Status MpiTransport::create(MPI_Comm comm, double timeout_s, std::unique_ptr<MpiTransport>* out) {
   std::unique_ptr<MpiTransport> transport(new MpiTransport());
-  // Non-blocking dup, so a rank that never creates its context is a timeout
-  // error on the others rather than a hang.
-  // MPI writes the new handle whenever the dup completes, possibly after we
-  // gave up; so it lands in a heap cell that is deliberately leaked on timeout.
-  auto pending = std::make_unique<MPI_Comm>(MPI_COMM_NULL);
-  MPI_Request request;
-  int code = MPI_Comm_idup(comm, pending.get(), &request);
-  if (code != MPI_SUCCESS) return Status(StatusCode::kMpiError, "MPI_Comm_idup failed: " + mpi_error_string(code));
-  const auto start = std::chrono::steady_clock::now();
-  for (int spins = 0;; ++spins) {
-    int done = 0;
-    code = MPI_Test(&request, &done, MPI_STATUS_IGNORE);
-    if (code != MPI_SUCCESS) return Status(StatusCode::kMpiError, "MPI_Comm_idup failed: " + mpi_error_string(code));
-    if (done) break;
-    if (spins % kSpinsBeforeYield == 0) {
-      sched_yield();
-      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (timeout_s > 0 && waited > timeout_s) {
-        pending.release();  // see above: MPI may still complete the dup into it
-        int rank = 0;
-        MPI_Comm_rank(comm, &rank);
-        return Status(StatusCode::kTimeout,
-                      "rank " + std::to_string(rank) + " waited " + std::to_string(waited) +
-                          " s for the other ranks to create their ddlfast context (a collective step); some rank "
-                          "never called ddlfast (DDLFAST_TIMEOUT_S). Abort the job.");
-      }
-    }
-  }
-  transport->comm_ = *pending;
-  MPI_Comm_set_errhandler(transport->comm_, MPI_ERRORS_RETURN);
+  DDLFAST_RETURN_IF_ERROR(dup_with_limit(comm, timeout_s, &transport->comm_));
+  DDLFAST_RETURN_IF_ERROR(dup_with_limit(comm, timeout_s, &transport->census_comm_));
   MPI_Comm_rank(transport->comm_, &transport->rank_);
   MPI_Comm_size(transport->comm_, &transport->size_);
   MPI_Op_create(&fp16_sum_op, 1, &transport->fp16_sum_);
   MPI_Op_create(&bf16_sum_op, 1, &transport->bf16_sum_);
+  transport->timeout_s_ = timeout_s;
+  transport->post_census_ask();
   *out = std::move(transport);
   return Status::ok();
 }
 
 MpiTransport::~MpiTransport() {
   if (mpi_is_finalized()) return;  // MPI already tore everything down at exit
-  for (MPI_Request& request : requests_) {
-    if (request != MPI_REQUEST_NULL) {
-      MPI_Cancel(&request);
-      MPI_Request_free(&request);
+  if (broken()) {
+    // Messages of an abandoned collective may still be in flight and MPI may
+    // still write into scratch_: leave MPI's objects and that memory alone.
+    scratch_.release();
+    return;
+  }
+  for (std::size_t id = 0; id < requests_.size(); ++id) {
+    if (requests_[id] == MPI_REQUEST_NULL) continue;
+    if (is_receive_[id]) {
+      MPI_Cancel(&requests_[id]);
+      MPI_Wait(&requests_[id], MPI_STATUS_IGNORE);
+    } else {
+      MPI_Request_free(&requests_[id]);  // sends are never cancelled (MPI-4 deprecates it)
     }
+  }
+  if (census_ask_request_ != MPI_REQUEST_NULL) {
+    MPI_Cancel(&census_ask_request_);
+    MPI_Wait(&census_ask_request_, MPI_STATUS_IGNORE);
   }
   if (fp16_sum_ != MPI_OP_NULL) MPI_Op_free(&fp16_sum_);
   if (bf16_sum_ != MPI_OP_NULL) MPI_Op_free(&bf16_sum_);
+  if (census_comm_ != MPI_COMM_NULL) MPI_Comm_free(&census_comm_);
   if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
 Status MpiTransport::check(int code, const char* what, int peer) const {
   if (code == MPI_SUCCESS) return Status::ok();
-  return Status(StatusCode::kMpiError, std::string(what) + " on rank " + std::to_string(rank_) + " with peer rank " +
-                                           std::to_string(peer) + " failed: " + mpi_error_string(code));
+  std::string where = " on rank " + std::to_string(rank_);
+  if (peer >= 0) where += " with peer rank " + std::to_string(peer);
+  return Status(StatusCode::kMpiError, std::string(what) + where + " failed: " + mpi_error_string(code));
 }
 
-RequestId MpiTransport::track(MPI_Request raw, int peer) {
+Status MpiTransport::refuse_if_broken() const {
+  if (broken_.empty()) return Status::ok();
+  return Status(StatusCode::kBroken, "this ddlfast context is unusable after an earlier failure (" + broken_ +
+                                         "); abort the job, or create a new Context");
+}
+
+void MpiTransport::mark_broken(const std::string& reason) {
+  if (broken_.empty()) broken_ = reason.empty() ? std::string("an abandoned collective") : reason;
+}
+
+RequestId MpiTransport::track(MPI_Request raw, int peer, bool is_receive) {
   if (free_ids_.empty()) {
     requests_.push_back(raw);
     peers_.push_back(peer);
+    is_receive_.push_back(is_receive);
     return static_cast<RequestId>(requests_.size() - 1);
   }
   const RequestId id = free_ids_.back();
   free_ids_.pop_back();
   requests_[id] = raw;
   peers_[id] = peer;
+  is_receive_[id] = is_receive;
   return id;
 }
 
+std::size_t MpiTransport::in_flight() const {
+  return static_cast<std::size_t>(
+      std::count_if(requests_.begin(), requests_.end(), [](MPI_Request r) { return r != MPI_REQUEST_NULL; }));
+}
+
 Status MpiTransport::isend(const void* data, std::size_t bytes, int peer, int tag, RequestId* request) {
+  DDLFAST_RETURN_IF_ERROR(refuse_if_broken());
   if (bytes > static_cast<std::size_t>(INT_MAX)) return Status::invalid("message of " + std::to_string(bytes) + " bytes is too large");
   MPI_Request raw;
   DDLFAST_RETURN_IF_ERROR(check(MPI_Isend(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, comm_, &raw), "MPI_Isend", peer));
-  *request = track(raw, peer);
+  *request = track(raw, peer, false);
   return Status::ok();
 }
 
 Status MpiTransport::irecv(void* data, std::size_t bytes, int peer, int tag, RequestId* request) {
+  DDLFAST_RETURN_IF_ERROR(refuse_if_broken());
   if (bytes > static_cast<std::size_t>(INT_MAX)) return Status::invalid("message of " + std::to_string(bytes) + " bytes is too large");
   MPI_Request raw;
   DDLFAST_RETURN_IF_ERROR(check(MPI_Irecv(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, comm_, &raw), "MPI_Irecv", peer));
-  *request = track(raw, peer);
+  *request = track(raw, peer, true);
   return Status::ok();
 }
 
 Status MpiTransport::wait(RequestId request) {
-  MPI_Request& raw = requests_[request];
-  const auto start = std::chrono::steady_clock::now();
-  int spins = 0;
-  while (raw != MPI_REQUEST_NULL) {
-    int done = 0;
-    DDLFAST_RETURN_IF_ERROR(check(MPI_Test(&raw, &done, MPI_STATUS_IGNORE), "MPI_Test", peers_[request]));
-    if (done) break;
-    if (++spins < kSpinsBeforeYield) continue;
-    spins = 0;
-    sched_yield();
-    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (timeout_s_ > 0 && waited > timeout_s_) {
-      return Status(StatusCode::kTimeout, "rank " + std::to_string(rank_) + " waited " + std::to_string(waited) +
-                                              " s for data from rank " + std::to_string(peers_[request]) +
-                                              " (DDLFAST_TIMEOUT_S)");
-    }
-  }
+  DDLFAST_RETURN_IF_ERROR(wait_request(&requests_[request], "data", peers_[request]));
   free_ids_.push_back(request);
   return Status::ok();
 }
 
 Status MpiTransport::wait_all() {
   for (RequestId id = 0; id < static_cast<RequestId>(requests_.size()); ++id) {
-    if (requests_[id] != MPI_REQUEST_NULL) DDLFAST_RETURN_IF_ERROR(wait(id));
+    if (requests_[id] != MPI_REQUEST_NULL) {
+      DDLFAST_RETURN_IF_ERROR(wait_request(&requests_[id], is_receive_[id] ? "data" : "a send to be taken",
+                                           peers_[id]));
+    }
   }
   free_ids_.clear();
   for (RequestId id = static_cast<RequestId>(requests_.size()) - 1; id >= 0; --id) free_ids_.push_back(id);
   return Status::ok();
 }
 
+// The one poll loop (see the file comment of the header).
+Status MpiTransport::wait_request(MPI_Request* request, const char* what, int peer) {
+  std::chrono::steady_clock::time_point start;
+  bool started = false;
+  int spins = 0;
+  while (*request != MPI_REQUEST_NULL) {
+    int done = 0;
+    DDLFAST_RETURN_IF_ERROR(check(MPI_Test(request, &done, MPI_STATUS_IGNORE), "MPI_Test", peer));
+    if (done) break;
+    if (++spins < kSpinsBeforeYield) continue;
+    spins = 0;
+    sched_yield();
+    if (!started) {
+      start = std::chrono::steady_clock::now();
+      started = true;
+    }
+    if (stop_requested_.load(std::memory_order_relaxed)) {
+      mark_broken("the context was closed while rank " + std::to_string(rank_) + " waited for " + what);
+      return refuse_if_broken();
+    }
+    if (census_ask_arrived()) return answer_census(what, peer);
+    const double waited = seconds_since(start);
+    if (timeout_s_ > 0 && waited > timeout_s_) return stalled(what, peer, waited);
+  }
+  return Status::ok();
+}
+
+void MpiTransport::post_census_ask() {
+  if (size_ > 1 && census_comm_ != MPI_COMM_NULL) {
+    MPI_Irecv(scratch_->census_ask, 3, MPI_INT64_T, MPI_ANY_SOURCE, kAskTag, census_comm_, &census_ask_request_);
+  }
+}
+
+bool MpiTransport::census_ask_arrived() {
+  if (census_ask_request_ == MPI_REQUEST_NULL) return false;
+  int done = 0;
+  if (MPI_Test(&census_ask_request_, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return false;
+  return done != 0;
+}
+
+// Tells the asking rank this one is alive (fire and forget), and listens for the next ask.
+void MpiTransport::reply_to_census() {
+  scratch_->census_reply[0] = rank_;
+  scratch_->census_reply[1] = static_cast<std::int64_t>(sequence_);
+  MPI_Request reply;
+  if (MPI_Isend(scratch_->census_reply, 2, MPI_INT64_T, static_cast<int>(scratch_->census_ask[0]), kReplyTag,
+                census_comm_, &reply) == MPI_SUCCESS) {
+    MPI_Request_free(&reply);
+  }
+  post_census_ask();
+}
+
+// Another rank stalled and asks who is alive: answer, learn its verdict, and fail this wait too
+// (the collective it abandoned can never complete here either).
+Status MpiTransport::answer_census(const char* what, int peer) {
+  const int asker = static_cast<int>(scratch_->census_ask[0]);
+  const auto asker_sequence = scratch_->census_ask[1];
+  const bool asker_failed = scratch_->census_ask[2] == kAskAfterFailure;
+  reply_to_census();
+  std::vector<std::int64_t> verdict(static_cast<std::size_t>(size_) + 1, -1);
+  MPI_Request receive;
+  std::string missing;
+  if (MPI_Irecv(verdict.data(), size_ + 1, MPI_INT64_T, asker, kVerdictTag, census_comm_, &receive) == MPI_SUCCESS) {
+    const auto start = std::chrono::steady_clock::now();
+    int done = 0;
+    while (!done && seconds_since(start) < kCensusSeconds + 1.0) {
+      MPI_Test(&receive, &done, MPI_STATUS_IGNORE);
+      if (census_ask_arrived()) reply_to_census();  // a second stalled rank asks too
+      sched_yield();
+    }
+    if (done) {
+      std::vector<int> ranks;
+      for (std::int64_t i = 0; i < verdict[0] && i < size_; ++i) ranks.push_back(static_cast<int>(verdict[1 + i]));
+      missing = ranks.empty() ? std::string("every rank answered its census")
+                              : "rank" + std::string(ranks.size() > 1 ? "s " : " ") + rank_list(ranks) +
+                                    " did not join";
+    } else {
+      MPI_Cancel(&receive);
+      MPI_Wait(&receive, MPI_STATUS_IGNORE);
+      missing = "its census verdict did not arrive";
+    }
+  }
+  std::string text = "rank " + std::to_string(rank_) + " stopped waiting for " + what;
+  if (peer >= 0) text += " from rank " + std::to_string(peer);
+  text += " (collective #" + std::to_string(sequence_) + "): rank " + std::to_string(asker) +
+          (asker_failed ? " abandoned collective #" + std::to_string(asker_sequence) +
+                              " after an error there (its own message says which)"
+                        : " gave up waiting in collective #" + std::to_string(asker_sequence) +
+                              " after DDLFAST_TIMEOUT_S (" + seconds_text(timeout_s_) + " s)") +
+          "; " + missing + ". Abort the job: this communicator is out of step.";
+  mark_broken(text);
+  return Status(StatusCode::kTimeout, text);
+}
+
+// This rank passed the stall limit: ask every rank whether it is alive, tell the ones that are who is not.
+Status MpiTransport::stalled(const char* what, int peer, double waited) {
+  std::string text = "rank " + std::to_string(rank_) + " waited " + seconds_text(waited) + " s for " + what;
+  if (peer >= 0) text += " from rank " + std::to_string(peer);
+  text += " in collective #" + std::to_string(sequence_) + " (DDLFAST_TIMEOUT_S=" + seconds_text(timeout_s_) + ")";
+  const std::vector<int> missing = census(kAskAfterStall);
+  if (size_ > 1 && missing.empty()) {
+    text += "; every rank answered the census within " + seconds_text(kCensusSeconds) +
+            " s, so the collective was only slower than DDLFAST_TIMEOUT_S allows";
+  } else if (!missing.empty()) {
+    text += "; rank" + std::string(missing.size() > 1 ? "s " : " ") + rank_list(missing) +
+            " did not join (no answer from inside any ddlfast call within " + seconds_text(kCensusSeconds) + " s)";
+  }
+  text += ". Abort the job: this communicator is out of step.";
+  mark_broken(text);
+  return Status(StatusCode::kTimeout, text);
+}
+
+// Asks every other rank whether it is alive (ranks inside a ddlfast wait answer at once and fail their wait),
+// sends the answering ranks the list of those that did not answer within kCensusSeconds, and returns it.
+std::vector<int> MpiTransport::census(std::int64_t kind) {
+  std::vector<int> missing;
+  if (size_ == 1 || census_comm_ == MPI_COMM_NULL) return missing;
+  const std::int64_t ask[3] = {rank_, static_cast<std::int64_t>(sequence_), kind};
+  std::vector<std::int64_t> replies(2 * static_cast<std::size_t>(size_), -1);
+  std::vector<MPI_Request> receives(static_cast<std::size_t>(size_), MPI_REQUEST_NULL);
+  std::vector<char> answered(static_cast<std::size_t>(size_), 0);
+  answered[rank_] = 1;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    MPI_Request send;
+    if (MPI_Isend(ask, 3, MPI_INT64_T, r, kAskTag, census_comm_, &send) == MPI_SUCCESS) MPI_Request_free(&send);
+    MPI_Irecv(&replies[2 * r], 2, MPI_INT64_T, r, kReplyTag, census_comm_, &receives[r]);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  int waiting_for = size_ - 1;
+  while (waiting_for > 0 && seconds_since(start) < kCensusSeconds) {
+    for (int r = 0; r < size_; ++r) {
+      if (answered[r]) continue;
+      int done = 0;
+      MPI_Test(&receives[r], &done, MPI_STATUS_IGNORE);
+      if (done) {
+        answered[r] = 1;
+        --waiting_for;
+      }
+    }
+    if (census_ask_arrived()) reply_to_census();  // another rank asks at the same time: tell it we live
+    sched_yield();
+  }
+  std::vector<int> alive;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    if (answered[r]) {
+      alive.push_back(r);
+    } else {
+      missing.push_back(r);
+      MPI_Cancel(&receives[r]);
+      MPI_Wait(&receives[r], MPI_STATUS_IGNORE);
+    }
+  }
+  // The verdict buffer must outlive its sends: it goes where abandoned buffers go.
+  std::vector<std::int64_t>& verdict = scratch_->verdicts.emplace_back(static_cast<std::size_t>(size_) + 1, 0);
+  verdict[0] = static_cast<std::int64_t>(missing.size());
+  for (std::size_t i = 0; i < missing.size(); ++i) verdict[1 + i] = missing[i];
+  for (int r : alive) {
+    MPI_Request send;
+    if (MPI_Isend(verdict.data(), size_ + 1, MPI_INT64_T, r, kVerdictTag, census_comm_, &send) == MPI_SUCCESS) {
+      MPI_Request_free(&send);
+    }
+  }
+  return missing;
+}
+
+void MpiTransport::abandon(const Status& failure, bool force) {
+  bool abandoned = false;
+  for (std::size_t id = 0; id < requests_.size(); ++id) {
+    if (requests_[id] == MPI_REQUEST_NULL) continue;
+    abandoned = true;
+    if (is_receive_[id]) {  // nothing may land in the caller's memory later
+      MPI_Cancel(&requests_[id]);
+      MPI_Wait(&requests_[id], MPI_STATUS_IGNORE);
+    } else {
+      MPI_Request_free(&requests_[id]);  // never cancel a send
+    }
+  }
+  free_ids_.clear();
+  for (RequestId id = static_cast<RequestId>(requests_.size()) - 1; id >= 0; --id) free_ids_.push_back(id);
+  if (failure.code() == StatusCode::kTimeout || failure.code() == StatusCode::kBroken) {
+    mark_broken(failure.message());  // the stall census already told the other ranks
+  } else if (abandoned || force) {
+    abandon_and_tell(failure.message());
+  }
+}
+
+void MpiTransport::abandon_and_tell(const std::string& reason) {
+  if (broken()) return;
+  mark_broken(reason);
+  census(kAskAfterFailure);  // ranks waiting for this one fail now instead of at their stall limit
+}
+
+Status MpiTransport::agree(std::uint64_t sequence, std::uint64_t digest, bool* agreed) {
+  DDLFAST_RETURN_IF_ERROR(refuse_if_broken());
+  sequence_ = sequence;
+  const std::uint64_t fingerprint = mix(sequence, digest);
+  *agreed = true;
+  if (size_ == 1) return Status::ok();
+  std::uint64_t* both = scratch_->agree;
+  both[0] = fingerprint;
+  both[1] = ~fingerprint;
+  MPI_Request request;
+  DDLFAST_RETURN_IF_ERROR(
+      check(MPI_Iallreduce(MPI_IN_PLACE, both, 2, MPI_UINT64_T, MPI_MAX, comm_, &request), "MPI_Iallreduce", -1));
+  DDLFAST_RETURN_IF_ERROR(wait_request(&request, "the agreement on the collective's arguments"));
+  *agreed = both[0] == fingerprint && ~both[1] == fingerprint;
+  return Status::ok();
+}
+
 Status MpiTransport::native_allreduce(void* data, std::size_t count, DType dtype) {
+  DDLFAST_RETURN_IF_ERROR(refuse_if_broken());
   if (count > static_cast<std::size_t>(INT_MAX)) return Status::invalid("count too large for MPI_Allreduce");
   MPI_Datatype type = MPI_FLOAT;
   MPI_Op op = MPI_SUM;
@@ -180,7 +454,17 @@ Status MpiTransport::native_allreduce(void* data, std::size_t count, DType dtype
     case DType::kFloat16: type = MPI_UINT16_T; op = fp16_sum_; break;
     case DType::kBFloat16: type = MPI_UINT16_T; op = bf16_sum_; break;
   }
-  return check(MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), type, op, comm_), "MPI_Allreduce", -1);
+  const std::size_t bytes = count * dtype_size(dtype);
+  std::vector<char>& copy = scratch_->small;
+  if (copy.size() < bytes) copy.resize(bytes);
+  std::memcpy(copy.data(), data, bytes);
+  MPI_Request request;
+  DDLFAST_RETURN_IF_ERROR(check(
+      MPI_Iallreduce(MPI_IN_PLACE, copy.data(), static_cast<int>(count), type, op, comm_, &request),
+      "MPI_Iallreduce", -1));
+  DDLFAST_RETURN_IF_ERROR(wait_request(&request, "MPI_Allreduce (buffers <= DDLFAST_SMALL_BYTES)"));
+  std::memcpy(data, copy.data(), bytes);
+  return Status::ok();
 }
 
 }  // namespace ddlfast

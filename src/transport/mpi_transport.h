@@ -1,9 +1,26 @@
-// Transport over MPI point-to-point on a private duplicate of the caller's
-// communicator, so ddlfast's messages never match the application's.
+// Transport over MPI on a private duplicate of the caller's communicator, so
+// ddlfast's messages never match the application's. Every wait in ddlfast —
+// ring messages, the small-message collective, the per-call agreement and the
+// Python side's control collectives — goes through one stall-limited poll
+// loop here (wait_request), which also answers the stall census (below).
+//
+// Stall census. When a wait passes DDLFAST_TIMEOUT_S, the rank asks every
+// other rank "are you there?" on a census communicator of its own. A rank that
+// is inside any ddlfast wait answers at once (its poll loop tests for asks),
+// then learns the verdict and fails too; a rank that does not answer within
+// kCensusSeconds is named as the one that never joined. So every live rank
+// raises within the stall limit plus a few seconds, naming the missing ranks,
+// and no census message can be mistaken for data (own communicator and tags).
+//
+// After a failure with messages in flight the transport is broken: receives
+// are cancelled (nothing may later land in user memory), sends are released
+// (never cancelled), and every later call fails with the first reason.
 #pragma once
 
 #include <mpi.h>
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,30 +46,85 @@ class MpiTransport final : public Transport {
   int size() const override { return size_; }
   MPI_Comm comm() const { return comm_; }
   void set_timeout(double seconds) { timeout_s_ = seconds; }
+  double timeout() const { return timeout_s_; }
 
   Status isend(const void* data, std::size_t bytes, int peer, int tag, RequestId* request) override;
   Status irecv(void* data, std::size_t bytes, int peer, int tag, RequestId* request) override;
   Status wait(RequestId request) override;
   Status wait_all() override;
 
-  // MPI's own allreduce on the private communicator (the small-message path).
+  // Polls any MPI request (also the Python side's, on other communicators)
+  // until it completes, the stall limit passes (census, then kTimeout), or
+  // request_stop() is called (kAborted). `what` names the wait in messages;
+  // peer < 0: a collective.
+  Status wait_request(MPI_Request* request, const char* what, int peer = -1);
+
+  // The per-call agreement: true when every rank passed the same
+  // (sequence number, digest). One 16-byte MPI_Iallreduce(MAX) of (f, ~f):
+  // max(f) == f and min(f) == f on every rank iff all fingerprints are equal.
+  Status agree(std::uint64_t sequence, std::uint64_t digest, bool* agreed);
+
+  // MPI's own allreduce on the private communicator (the small-message path),
+  // stall-limited, through an internal copy so that a collective abandoned
+  // after a stall can never write into the caller's memory.
   // fp16/bf16 use ddlfast's kernels as user-defined MPI ops.
   Status native_allreduce(void* data, std::size_t count, DType dtype);
+
+  // After a failed collective: cancel receives, release sends, refuse all
+  // later work with the failure's message, and tell the other ranks (a
+  // census, so ranks waiting for this one fail at once). No-op when nothing
+  // was in flight and the failure did not abandon a collective (unless force).
+  void abandon(const Status& failure, bool force = false);
+  // The same for a failure outside the transport (the Python side's).
+  void abandon_and_tell(const std::string& reason);
+  void mark_broken(const std::string& reason);
+  bool broken() const { return !broken_.empty(); }
+  const std::string& broken_reason() const { return broken_; }
+  std::size_t in_flight() const;
+
+  // Thread-safe: a wait in progress (on another thread) returns kAborted
+  // within a poll; used by close() so that no thread is inside MPI when the
+  // context is torn down.
+  void request_stop() { stop_requested_.store(true, std::memory_order_relaxed); }
 
  private:
   MpiTransport() = default;
   Status check(int code, const char* what, int peer) const;
-  RequestId track(MPI_Request raw, int peer);
+  RequestId track(MPI_Request raw, int peer, bool is_receive);
+  Status refuse_if_broken() const;
+  Status stalled(const char* what, int peer, double waited);
+  Status answer_census(const char* what, int peer);
+  std::vector<int> census(std::int64_t kind);
+  bool census_ask_arrived();
+  void post_census_ask();
+  void reply_to_census();
 
   MPI_Comm comm_ = MPI_COMM_NULL;
+  MPI_Comm census_comm_ = MPI_COMM_NULL;
   MPI_Op fp16_sum_ = MPI_OP_NULL;
   MPI_Op bf16_sum_ = MPI_OP_NULL;
   int rank_ = 0;
   int size_ = 1;
   double timeout_s_ = 0.0;  // 0: wait forever
+  std::uint64_t sequence_ = 0;  // the collective this rank is in (for census answers)
   std::vector<MPI_Request> requests_;
   std::vector<int> peers_;
+  std::vector<char> is_receive_;
   std::vector<RequestId> free_ids_;
+  // Memory MPI may still write after a collective was abandoned (agreement,
+  // small-message copy, census messages): deliberately leaked, not freed, when
+  // a broken transport is destroyed.
+  struct Scratch {
+    std::uint64_t agree[2] = {0, 0};
+    std::vector<char> small;
+    std::int64_t census_ask[3] = {0, 0, 0};
+    std::int64_t census_reply[2] = {0, 0};
+    std::vector<std::vector<std::int64_t>> verdicts;  // census verdicts sent (fire and forget)
+  };
+  std::unique_ptr<Scratch> scratch_ = std::make_unique<Scratch>();
+  MPI_Request census_ask_request_ = MPI_REQUEST_NULL;
+  std::string broken_;
+  std::atomic<bool> stop_requested_{false};
 };
 
 }  // namespace ddlfast

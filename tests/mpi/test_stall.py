@@ -15,11 +15,12 @@ TIMEOUT_S = 3
 @pytest.mark.parametrize("mode", ["new-context", "new-layout", "cached-layout"])
 def test_missing_rank_is_named_within_the_timeout(mode: str) -> None:
     result = run_mpi(4, "stall.py", mode, str(TIMEOUT_S), env={"DDLFAST_TIMEOUT_S": str(TIMEOUT_S)}, timeout=120)
-    # Ranks' lines can interleave on the shared pipe: every message ends with the variable's name.
-    reports = re.findall(r"rank (\d): after ([\d.]+) s: (.*?\(DDLFAST_TIMEOUT_S\))", result.stdout)
+    # Ranks' lines can interleave on the shared pipe: every message ends with the same sentence.
+    reports = re.findall(r"rank (\d): after ([\d.]+) s: (.*?out of step\.)", result.stdout)
     assert len(reports) == 3, result.stdout
     for _rank, elapsed, message in reports:
-        assert float(elapsed) < TIMEOUT_S * 3 + 5, result.stdout
-        assert "did not join" in message or "never joined" in message or "never called" in message, message
+        # The census answers within 2 s of the first rank's stall limit; ranks that answer wait for its verdict.
+        assert float(elapsed) < TIMEOUT_S + 2 + 3, result.stdout
+        assert "did not join" in message or "never called" in message, message
         if mode != "new-context":
-            assert "ranks 3 did not join" in message, message
+            assert "rank 3 did not join" in message, message

@@ -2,27 +2,64 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 
-from ddlfast.agreement import describe, disagreement_message
+from ddlfast.agreement import allreduce_layout, describe, disagreement_message
+
+SETTINGS = SimpleNamespace(chunk_bytes=1 << 20, small_bytes=8192, bucket_bytes=64 << 20, first_bucket_bytes=1 << 20)
 
 
-def host_layout(dtype: object, shape: tuple, op: str = "sum") -> tuple:
-    return (op, (4,), ((np.dtype(dtype), shape),), ("none",), False)
+def host_layout(dtype: object, shape: tuple, op: str = "sum", settings: object = SETTINGS) -> tuple:
+    return allreduce_layout(op, (4,), ((np.dtype(dtype), shape),), ("none",), False, settings)
 
 
 def gpu_layout(dtype: str, shape: tuple) -> tuple:
-    return ("sum", (4,), ((f"cuda {dtype}", shape),), ("none",), False)
+    return allreduce_layout("sum", (4,), ((f"cuda {dtype}", shape),), ("none",), False, SETTINGS)
+
+
+def message_for(layouts: list[tuple], sequences: list[int] | None = None) -> str:
+    sequences = sequences or [7] * len(layouts)
+    return disagreement_message([describe(layout, s) for layout, s in zip(layouts, sequences, strict=True)])
 
 
 def test_shape_difference_names_the_odd_rank() -> None:
     layouts = [host_layout(np.float32, (1000,))] * 4
     layouts[1] = host_layout(np.float32, (1007,))
-    message = disagreement_message([describe(layout) for layout in layouts])
+    message = message_for(layouts)
     assert "ranks 0,2,3 passed float32[1000]" in message and "rank 1 passed float32[1007]" in message
 
 
 def test_gpu_and_host_arrays_mixed_across_ranks_are_described() -> None:
-    layouts = [gpu_layout("float32", (10,)), host_layout(np.float32, (10,))]
-    message = disagreement_message([describe(layout) for layout in layouts])
+    message = message_for([gpu_layout("float32", (10,)), host_layout(np.float32, (10,))])
     assert "cuda float32" in message and "rank 1 passed float32[10]" in message
+
+
+def test_dtype_difference_at_the_same_size() -> None:
+    message = message_for([host_layout(np.float32, (3000,)), host_layout(np.int32, (3000,))])
+    assert "rank 0 passed float32[3000]" in message and "rank 1 passed int32[3000]" in message
+
+
+def test_a_skipped_call_names_each_ranks_sequence_number() -> None:
+    message = message_for([host_layout(np.float32, (8,)), host_layout(np.float32, (8,))], [5, 4])
+    assert "different collectives" in message and "rank 0 is at collective #5" in message
+    assert "rank 1 is at collective #4" in message
+
+
+def test_an_engine_setting_that_sizes_messages_is_named() -> None:
+    other = SimpleNamespace(**{**vars(SETTINGS), "small_bytes": 65536})
+    message = message_for([host_layout(np.float32, (8,)), host_layout(np.float32, (8,), settings=other)])
+    assert "DDLFAST_SMALL_BYTES" in message and "rank 1 passed DDLFAST_SMALL_BYTES=65536" in message
+
+
+def test_a_rank_with_bad_input_is_named_with_its_error() -> None:
+    message = message_for([host_layout(np.float32, (8,)), ("error", "array 0 on rank 1 is not C-contiguous")])
+    assert message.startswith("collective #7 could not run: rank 1: array 0 on rank 1 is not C-contiguous")
+
+
+def test_broadcast_roots_and_kinds_are_compared() -> None:
+    arrays = ((np.dtype(np.float32), (4,)),)
+    assert "ranks disagree on root" in message_for([("broadcast", 0, arrays), ("broadcast", 1, arrays)])
+    message = message_for([("broadcast", 0, arrays), host_layout(np.float32, (4,))])
+    assert "different collectives" in message and "rank 1 passed allreduce" in message
