@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import platform
+import threading
 import weakref
 from collections.abc import Sequence
 
@@ -16,7 +17,12 @@ from ddlfast.errors import DdlfastError
 from ddlfast.worker import Handle
 
 _default: Context | None = None
-_by_comm: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# Contexts for other communicators. mpi4py 4 communicators are unhashable (and equal by handle, not identity),
+# so they are keyed by id(); the weak reference beside each context tells a live entry from one whose
+# communicator died and whose id() was reused. A finalizer on the communicator retires its context.
+_by_comm: dict[int, tuple[weakref.ref, Context]] = {}
+_retired: list[Context] = []  # contexts whose communicator went away off the main thread: closed on the next call
+_lock = threading.Lock()
 
 
 def default_context() -> Context:
@@ -28,15 +34,50 @@ def default_context() -> Context:
 
 
 def _context_for(comm: MPI.Comm | None) -> Context:
-    if comm is None or comm == MPI.COMM_WORLD:
+    if _retired:
+        _close_retired()
+    if comm is None:
         return default_context()
     if not isinstance(comm, MPI.Comm):
         raise DdlfastError(f"comm must be an mpi4py communicator, not {type(comm).__name__}")
-    context = _by_comm.get(comm)
-    if context is None:
-        context = Context(comm)
-        _by_comm[comm] = context
+    if comm == MPI.COMM_NULL:
+        raise DdlfastError("comm is MPI.COMM_NULL (this rank is not in the communicator, e.g. Split with "
+                           "MPI.UNDEFINED): call ddlfast only on ranks that belong to it")
+    if comm.Is_inter():
+        raise DdlfastError("comm is an intercommunicator; ddlfast needs an intracommunicator (see Intercomm.Merge)")
+    if comm == MPI.COMM_WORLD:
+        return default_context()
+    key = id(comm)
+    entry = _by_comm.get(key)
+    if entry is not None and entry[0]() is comm:
+        return entry[1]
+    context = Context(comm)  # collective: every rank of comm gets here
+    with _lock:
+        stale = _by_comm.pop(key, None)
+        if stale is not None:  # its communicator died and this one took its id before the finalizer ran
+            _retired.append(stale[1])
+        _by_comm[key] = (weakref.ref(comm), context)
+    weakref.finalize(comm, _retire, key, context)
     return context
+
+
+def _retire(key: int, context: Context) -> None:
+    """The communicator is gone: close its context (now on the main thread, else on the next call)."""
+    with _lock:
+        entry = _by_comm.get(key)
+        if entry is not None and entry[1] is context:
+            del _by_comm[key]
+        _retired.append(context)
+    if threading.current_thread() is threading.main_thread():
+        _close_retired()
+
+
+def _close_retired() -> None:
+    with _lock:
+        contexts = _retired[:]
+        _retired.clear()
+    for context in contexts:
+        context.close()
 
 
 def fused_allreduce(
@@ -94,11 +135,11 @@ def broadcast(array: np.ndarray, root: int = 0, comm: MPI.Comm | None = None) ->
 
 
 def rank(comm: MPI.Comm | None = None) -> int:
-    return (comm or MPI.COMM_WORLD).Get_rank()
+    return (MPI.COMM_WORLD if comm is None else comm).Get_rank()  # not `comm or`: COMM_NULL is falsy
 
 
 def size(comm: MPI.Comm | None = None) -> int:
-    return (comm or MPI.COMM_WORLD).Get_size()
+    return (MPI.COMM_WORLD if comm is None else comm).Get_size()
 
 
 def has_cuda() -> bool:
@@ -125,7 +166,11 @@ def build_info() -> dict:
 @atexit.register
 def _close_contexts() -> None:
     # Free the private communicators before mpi4py finalizes MPI.
+    _close_retired()
+    with _lock:
+        contexts = [context for _, context in _by_comm.values()]
+        _by_comm.clear()
+    for context in contexts:
+        context.close()
     if _default is not None:
         _default.close()
-    for context in list(_by_comm.values()):
-        context.close()

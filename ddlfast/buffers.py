@@ -26,6 +26,10 @@ def host_buffer(array: object, where: str) -> HostBuffer:
         kind = type(array).__module__ + "." + type(array).__qualname__
         hint = " (CuPy/CUDA arrays need a CUDA build)" if hasattr(array, "__cuda_array_interface__") else ""
         raise DdlfastError(f"{where} is a {kind}, not a NumPy array{hint}")
+    if isinstance(array, np.ma.MaskedArray):
+        raise DdlfastError(f"{where} is a masked array (numpy.ma.MaskedArray); ddlfast would reduce the masked "
+                           "elements too and ignore the mask: pass np.ma.filled(array, 0) (a copy) or array.data "
+                           "(the values, in place) and combine the masks yourself")
     code = dtype_code(array.dtype, where)
     flags = array.flags
     if not flags.c_contiguous:

@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from ddlfast.errors import DdlfastError
 
-_SIZE_PATTERN = re.compile(r"^\s*(\d+)\s*([kmg]i?b?|b)?\s*$", re.IGNORECASE)
+_SIZE_PATTERN = re.compile(r"^\s*(\d+)\s*([kmg]i?b?|b)?\s*$", re.IGNORECASE | re.ASCII)
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+_MAX_DIGITS = 30  # int() of a long digit string is slow, and above 4300 digits a ValueError
+
+KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 
 # Defaults chosen from measurements on the 2-core development machine (see README).
 DEFAULT_BUCKET_BYTES = 64 << 20
@@ -23,16 +28,44 @@ DEFAULT_SMALL_BYTES = 8 << 10
 DEFAULT_RECEIVES_IN_FLIGHT = 4
 # Generous for one message on a slow link, short enough that a missing rank is named promptly.
 DEFAULT_TIMEOUT_S = 120.0
-MAX_CHUNK_BYTES = 1 << 30
+DEFAULT_PROBE_TIMEOUT_S = 30.0
+DEFAULT_TIMELINE_MAX_EVENTS = 100_000
+
+# Accepted ranges, inclusive (docs/configuration.md is the table users read; tests/unit/test_config.py checks
+# that both agree). Every upper bound keeps a value inside what the C++ core takes (int, size_t, double) and
+# what one rank can afford to allocate; every lower bound excludes settings that only make things pathological
+# (DDLFAST_CHUNK_BYTES=8 costs gigabytes of request bookkeeping for a 16 MiB allreduce).
+MIN_CHUNK_BYTES = 4 * KIB  # a module attribute so that test programs may lower it (the fuzz cuts tiny chunks)
+MAX_CHUNK_BYTES = GIB
+MAX_BUCKET_BYTES = 16 * GIB
+MAX_SMALL_BYTES = GIB  # MPI_Allreduce's int count stays below INT_MAX for every dtype
+MIN_RECEIVES_IN_FLIGHT, MAX_RECEIVES_IN_FLIGHT = 2, 1024
+MAX_SCRATCH_BYTES = 4 * GIB  # receive scratch per phase = receives in flight x chunk bytes
+MIN_TIMEOUT_S, MAX_TIMEOUT_S = 0.1, 7 * 24 * 3600.0  # 0 (wait forever) is accepted too
+MIN_PROBE_TIMEOUT_S, MAX_PROBE_TIMEOUT_S = 0.1, 3600.0
+MAX_TIMELINE_MAX_EVENTS = 10_000_000  # ~150 bytes each in memory before a flush
+MAX_HOSTS_PER_GROUP = 1 << 20
+MAX_RING_DIMS = 32  # dimensions in a shape, and codecs in a per-dimension compression list
+MAX_RING_DIM = (1 << 31) - 1  # ranks in one dimension: an MPI rank count (int)
 
 
-def parse_size(text: str, name: str) -> int:
-    """'4096', '512KiB', '64M', '1g' -> bytes."""
+def _format_bytes(value: int) -> str:
+    for unit, name in ((GIB, "GiB"), (MIB, "MiB"), (KIB, "KiB")):
+        if value >= unit and value % unit == 0:
+            return f"{value // unit} {name}"
+    return f"{value} bytes" if value != 1 else "1 byte"
+
+
+def parse_size(text: str, name: str, accepted: str = "") -> int:
+    """'4096', '512KiB', '64M', '1g' -> bytes. `accepted` (the range) is added to errors."""
     match = _SIZE_PATTERN.match(str(text))
     if not match:
-        raise DdlfastError(f"{name}={text!r} is not a byte size; use e.g. 1048576, 512KiB or 64MiB")
+        raise DdlfastError(f"{name}={text!r} is not a byte size; use e.g. 1048576, 512KiB or 64MiB{accepted}")
+    digits = match.group(1).lstrip("0") or "0"
+    if len(digits) > _MAX_DIGITS:
+        raise DdlfastError(f"{name}={text!r} is out of range ({len(digits)} digits){accepted}")
     unit = (match.group(2) or "").lower()[:1]
-    return int(match.group(1)) * _SIZE_UNITS[unit]
+    return int(digits) * _SIZE_UNITS[unit]
 
 
 def parse_dims(value: object, name: str = "dims") -> str | tuple[int, ...]:
@@ -42,7 +75,10 @@ def parse_dims(value: object, name: str = "dims") -> str | tuple[int, ...]:
         if text in ("flat", "auto"):
             return text
         parts = text.split("x")
-        if not all(part.strip().isdecimal() for part in parts):
+        if len(parts) > MAX_RING_DIMS or any(len(part.strip()) > _MAX_DIGITS for part in parts):
+            raise DdlfastError(f"{name}={value!r} is out of range: accepted 1 to {MAX_RING_DIMS} dimensions of "
+                               f"1 to {MAX_RING_DIM} ranks each")
+        if not all(part.strip().isascii() and part.strip().isdecimal() for part in parts):
             raise DdlfastError(f"{name}={value!r} is not 'flat', 'auto' or a shape like '4x2'")
         dims = tuple(int(part) for part in parts)
     elif isinstance(value, (tuple, list)):
@@ -53,6 +89,9 @@ def parse_dims(value: object, name: str = "dims") -> str | tuple[int, ...]:
         raise DdlfastError(f"{name}={value!r} must be 'flat', 'auto', '4x2' or a tuple of ints")
     if any(d < 1 for d in dims):
         raise DdlfastError(f"{name}={value!r}: every ring dimension must be >= 1")
+    if len(dims) > MAX_RING_DIMS or any(d > MAX_RING_DIM for d in dims):
+        raise DdlfastError(f"{name}={value!r} is out of range: accepted 1 to {MAX_RING_DIMS} dimensions of "
+                           f"1 to {MAX_RING_DIM} ranks each")
     return dims
 
 
@@ -73,42 +112,70 @@ def parse_compression(value: object, name: str = "compression") -> tuple[str, ..
         if codec not in WIRE_CODECS:
             raise DdlfastError(f"{name}={value!r}: unknown codec {codec!r}; use {', '.join(WIRE_CODECS)} "
                                "(comma-separated per ring dimension), or a ddlfast.compression.Codec")
+    if len(names) > MAX_RING_DIMS:
+        raise DdlfastError(f"{name}={value!r}: at most {MAX_RING_DIMS} codecs (one per ring dimension)")
     if "auto" in names and len(names) > 1:
         raise DdlfastError(f"{name}={value!r}: 'auto' stands alone")
     return names
 
 
-def _env_size(name: str, default: int, minimum: int, maximum: int | None = None) -> int:
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
+def _raw(name: str, environ: Mapping[str, str] | None) -> str | None:
+    """The variable's text, or None when unset or blank (both mean the default)."""
+    raw = (os.environ if environ is None else environ).get(name)
+    return None if raw is None or raw.strip() == "" else raw
+
+
+def _env_size(name: str, default: int, minimum: int, maximum: int,
+              environ: Mapping[str, str] | None = None) -> int:
+    raw = _raw(name, environ)
+    if raw is None:
         return default
-    value = parse_size(raw, name)
-    if value < minimum or (maximum is not None and value > maximum):
-        upper = f" and <= {maximum}" if maximum is not None else ""
-        raise DdlfastError(f"{name}={raw!r} must be >= {minimum}{upper} bytes")
+    accepted = f"{_format_bytes(minimum)} to {_format_bytes(maximum)} ({maximum} bytes)"
+    value = parse_size(raw, name, f"; accepted {accepted}")
+    if not minimum <= value <= maximum:
+        raise DdlfastError(f"{name}={raw!r} is out of range: accepted {accepted}")
     return value
 
 
-def _env_int(name: str, default: int, minimum: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
+def _env_int(name: str, default: int, minimum: int, maximum: int, environ: Mapping[str, str] | None = None) -> int:
+    raw = _raw(name, environ)
+    if raw is None:
         return default
-    if not raw.strip().isdecimal() or int(raw) < minimum:
-        raise DdlfastError(f"{name}={raw!r} must be an integer >= {minimum}")
-    return int(raw)
+    text = raw.strip()
+    if not (text.isascii() and text.isdecimal()):
+        raise DdlfastError(f"{name}={raw!r} is not an integer; accepted integers {minimum} to {maximum}")
+    if len(text.lstrip("0")) > _MAX_DIGITS or not minimum <= int(text) <= maximum:
+        raise DdlfastError(f"{name}={raw!r} is out of range: accepted integers {minimum} to {maximum}")
+    return int(text)
 
 
-def _env_seconds(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
+def _env_seconds(name: str, default: float, minimum: float, maximum: float, zero_means_forever: bool,
+                 environ: Mapping[str, str] | None = None) -> float:
+    raw = _raw(name, environ)
+    if raw is None:
         return default
+    forever = " (or 0: no limit)" if zero_means_forever else ""
     try:
-        value = float(raw)
+        value = float(raw) if len(raw) <= 64 else float("nan")
     except ValueError:
-        raise DdlfastError(f"{name}={raw!r} is not a number of seconds") from None
-    if not value >= 0 or value == float("inf"):
-        raise DdlfastError(f"{name}={raw!r} must be a finite number of seconds >= 0 (0 disables the limit)")
+        raise DdlfastError(f"{name}={raw!r} is not a number of seconds; accepted {minimum:g} to {maximum:g}"
+                           f"{forever}") from None
+    if zero_means_forever and value == 0:
+        return 0.0
+    if not minimum <= value <= maximum:  # NaN fails too
+        raise DdlfastError(f"{name}={raw!r} is out of range: accepted {minimum:g} to {maximum:g} seconds{forever}")
     return value
+
+
+def _env_choice(name: str, default: str, choices: dict[str, str], environ: Mapping[str, str] | None = None) -> str:
+    """A keyword variable; `choices` maps each accepted spelling (lower case) to its meaning."""
+    raw = _raw(name, environ)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value not in choices:
+        raise DdlfastError(f"{name}={raw!r}: accepted {', '.join(sorted(set(choices)))}")
+    return choices[value]
 
 
 @dataclass(frozen=True)
@@ -175,13 +242,73 @@ def check_variable_names(environ: dict[str, str] | None = None) -> None:
 
 def _parse_settings() -> Settings:
     compression = parse_compression(os.environ.get("DDLFAST_COMPRESSION", "none"), "DDLFAST_COMPRESSION")
+    chunk_bytes = _env_size("DDLFAST_CHUNK_BYTES", DEFAULT_CHUNK_BYTES, MIN_CHUNK_BYTES, MAX_CHUNK_BYTES)
+    receives = _env_int("DDLFAST_RECEIVES_IN_FLIGHT", DEFAULT_RECEIVES_IN_FLIGHT, MIN_RECEIVES_IN_FLIGHT,
+                        MAX_RECEIVES_IN_FLIGHT)
+    if chunk_bytes * receives > MAX_SCRATCH_BYTES:  # the core allocates this much receive scratch up front
+        raise DdlfastError(
+            f"DDLFAST_RECEIVES_IN_FLIGHT={receives} x DDLFAST_CHUNK_BYTES={chunk_bytes} is "
+            f"{_format_bytes(chunk_bytes * receives)} of receive scratch; the product must be at most "
+            f"{_format_bytes(MAX_SCRATCH_BYTES)}")
     return Settings(
-        bucket_bytes=_env_size("DDLFAST_BUCKET_BYTES", DEFAULT_BUCKET_BYTES, minimum=1),
-        first_bucket_bytes=_env_size("DDLFAST_FIRST_BUCKET_BYTES", DEFAULT_FIRST_BUCKET_BYTES, minimum=1),
-        chunk_bytes=_env_size("DDLFAST_CHUNK_BYTES", DEFAULT_CHUNK_BYTES, minimum=8, maximum=MAX_CHUNK_BYTES),
-        small_bytes=_env_size("DDLFAST_SMALL_BYTES", DEFAULT_SMALL_BYTES, minimum=0),
-        receives_in_flight=_env_int("DDLFAST_RECEIVES_IN_FLIGHT", DEFAULT_RECEIVES_IN_FLIGHT, minimum=2),
+        bucket_bytes=_env_size("DDLFAST_BUCKET_BYTES", DEFAULT_BUCKET_BYTES, 1, MAX_BUCKET_BYTES),
+        first_bucket_bytes=_env_size("DDLFAST_FIRST_BUCKET_BYTES", DEFAULT_FIRST_BUCKET_BYTES, 1, MAX_BUCKET_BYTES),
+        chunk_bytes=chunk_bytes,
+        small_bytes=_env_size("DDLFAST_SMALL_BYTES", DEFAULT_SMALL_BYTES, 0, MAX_SMALL_BYTES),
+        receives_in_flight=receives,
         ring_dims=parse_dims(os.environ.get("DDLFAST_RING_DIMS", "").strip() or "auto", "DDLFAST_RING_DIMS"),
-        timeout_s=_env_seconds("DDLFAST_TIMEOUT_S", DEFAULT_TIMEOUT_S),
+        timeout_s=_env_seconds("DDLFAST_TIMEOUT_S", DEFAULT_TIMEOUT_S, MIN_TIMEOUT_S, MAX_TIMEOUT_S,
+                               zero_means_forever=True),
         compression=compression,
     )
+
+
+# -- variables read outside the engine settings (each by its own module, through these functions) -----------------
+
+
+def probe_mode(environ: Mapping[str, str] | None = None) -> str:
+    """DDLFAST_PROBE: '1' measure unless cached (default), '0' skip and use defaults, 'force' measure again."""
+    return _env_choice("DDLFAST_PROBE", "1", {"1": "1", "0": "0", "force": "force"}, environ)
+
+
+def probe_timeout_s(environ: Mapping[str, str] | None = None) -> float:
+    """DDLFAST_PROBE_TIMEOUT_S: a probe peer that does not answer is an error after this long."""
+    return _env_seconds("DDLFAST_PROBE_TIMEOUT_S", DEFAULT_PROBE_TIMEOUT_S, MIN_PROBE_TIMEOUT_S,
+                        MAX_PROBE_TIMEOUT_S, zero_means_forever=False, environ=environ)
+
+
+def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """DDLFAST_CACHE_DIR (default ~/.cache/ddlfast)."""
+    raw = _raw("DDLFAST_CACHE_DIR", environ)
+    if raw is None:
+        return Path.home() / ".cache" / "ddlfast"
+    return Path(raw.strip())
+
+
+def hosts_per_group(environ: Mapping[str, str] | None = None) -> int:
+    """DDLFAST_HOSTS_PER_GROUP: hosts per rack (default 1: no racks)."""
+    return _env_int("DDLFAST_HOSTS_PER_GROUP", 1, 1, MAX_HOSTS_PER_GROUP, environ)
+
+
+def timeline_path(environ: Mapping[str, str] | None = None) -> str | None:
+    """DDLFAST_TIMELINE: the trace path prefix, or None (no trace)."""
+    raw = _raw("DDLFAST_TIMELINE", environ)
+    return None if raw is None else raw.strip()
+
+
+def timeline_max_events(environ: Mapping[str, str] | None = None) -> int:
+    """DDLFAST_TIMELINE_MAX_EVENTS: the most events a trace file holds."""
+    return _env_int("DDLFAST_TIMELINE_MAX_EVENTS", DEFAULT_TIMELINE_MAX_EVENTS, 1, MAX_TIMELINE_MAX_EVENTS, environ)
+
+
+_ON_OFF = {**dict.fromkeys(("1", "true", "yes", "on"), "1"), **dict.fromkeys(("0", "false", "no", "off"), "0")}
+
+
+def abort_on_stall(environ: Mapping[str, str] | None = None) -> bool:
+    """DDLFAST_ABORT_ON_STALL: whether an uncaught DdlfastTimeoutError calls MPI_Abort (default on)."""
+    return _env_choice("DDLFAST_ABORT_ON_STALL", "1", _ON_OFF, environ) == "1"
+
+
+def cuda_aware_mpi(environ: Mapping[str, str] | None = None) -> str:
+    """DDLFAST_CUDA_AWARE_MPI: auto (ask MPI), on (device pointers to MPI), off (stage through host memory)."""
+    return _env_choice("DDLFAST_CUDA_AWARE_MPI", "auto", {"auto": "auto", "on": "on", "off": "off"}, environ)

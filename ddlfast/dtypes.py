@@ -26,9 +26,18 @@ def dtype_code(dtype: np.dtype, where: str) -> int:
     code = _codes_by_dtype.get(dtype)
     if code is not None:
         return code
-    name = np.dtype(dtype).name
-    code = DTYPE_CODES.get(name) if np.dtype(dtype).isnative else None
+    dtype = np.dtype(dtype)
+    name = dtype.name
+    code = DTYPE_CODES.get(name) if dtype.isnative else None
     if code is None:
+        if name in DTYPE_CODES:  # a supported type in the other byte order
+            order = "big-endian" if dtype.byteorder == ">" else "little-endian"
+            native = dtype.newbyteorder("=")
+            plain = native.kind != "V"  # ml_dtypes' bfloat16 spells as raw bytes ('<V2')
+            spelled = dtype.str if plain else f"{dtype.byteorder}{name}"
+            fix = repr(native.str) if plain else f"ml_dtypes.{name}"
+            raise DdlfastError(f"{where}: {spelled} ({order} {name}) is not supported; use .astype({fix}) "
+                               "(ddlfast reduces native byte order only)")
         raise DdlfastError(f"{where} has dtype {name}, which ddlfast cannot reduce; supported: {', '.join(SUPPORTED)}")
     _codes_by_dtype[np.dtype(dtype)] = code
     return code

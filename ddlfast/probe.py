@@ -11,29 +11,47 @@ and a rank that does not answer makes every waiting rank raise DdlfastTimeoutErr
 DDLFAST_PROBE: `1` (default) measure unless cached, `0` skip and use defaults, `force` measure and re-cache.
 The cache lives in $DDLFAST_CACHE_DIR (default ~/.cache/ddlfast); rank 0 alone reads and writes it and tells
 the others, so hosts with different home directories still agree.
+
+The cache is untrusted input (a shared or planted directory, a truncated write, a hand edit): rank 0 reads it
+without following links, only from a regular file of its own user, at most CACHE_MAX_BYTES, checks the nesting
+before parsing and every value after, and on any doubt warns and probes again. It then sends the others a fixed
+array of floats, never an object, so nothing in the file can make rank 0 fail alone while the others wait. The
+file is written to a fresh temporary file (0600, in a 0700 directory when ddlfast creates it) that is then
+renamed over the old one: a planted link at either name is replaced, never followed.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+import stat
+import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from mpi4py import MPI
 
-from ddlfast.errors import DdlfastError, DdlfastTimeoutError
+from ddlfast import config
+from ddlfast.errors import DdlfastTimeoutError
 from ddlfast.plan import DEFAULT_GAMMA, DEFAULT_INTER, DEFAULT_INTRA, Link
 
 SMALL_BYTES = 8
 LARGE_BYTES = (1 << 20, 4 << 20)
 ROUND_TRIPS_SMALL = 20
 ROUND_TRIPS_LARGE = 4
-DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_TIMEOUT_S = config.DEFAULT_PROBE_TIMEOUT_S
 CACHE_VERSION = 1
+CACHE_MAX_BYTES = 64 << 10  # a valid file is ~200 bytes
+CACHE_MAX_DEPTH = 4  # a valid file nests 2 deep; deeper JSON would only exercise json's recursion
+# What a measured value may be, in seconds: latency per message, per byte sent (>= 1 kB/s), per byte reduced.
+ALPHA_RANGE = (1e-9, 1.0)
+BETA_RANGE = (1e-15, 1e-3)
+GAMMA_RANGE = (1e-15, 1e-3)
 TIERS = ("intra", "inter", "group")
 _IDLE_POLL_S = 1e-3  # ranks that only wait leave the CPU to the pair that measures
 
@@ -64,26 +82,15 @@ def default_links(pairs: dict[str, tuple[int, int]], source: str) -> Links:
 
 
 def probe_mode() -> str:
-    raw = os.environ.get("DDLFAST_PROBE", "1").strip().lower() or "1"
-    if raw not in ("0", "1", "force"):
-        raise DdlfastError(f"DDLFAST_PROBE={raw!r} must be 1 (measure unless cached), 0 (skip) or force")
-    return raw
+    return config.probe_mode()
 
 
 def probe_timeout() -> float:
-    raw = os.environ.get("DDLFAST_PROBE_TIMEOUT_S", "").strip()
-    try:
-        value = float(raw) if raw else DEFAULT_TIMEOUT_S
-    except ValueError:
-        value = -1.0
-    if not 0 < value < float("inf"):
-        raise DdlfastError(f"DDLFAST_PROBE_TIMEOUT_S={raw!r} must be a number of seconds > 0")
-    return value
+    return config.probe_timeout_s()
 
 
 def cache_dir() -> Path:
-    raw = os.environ.get("DDLFAST_CACHE_DIR", "").strip()
-    return Path(raw) if raw else Path.home() / ".cache" / "ddlfast"
+    return config.cache_dir()
 
 
 # -- bounded waiting ----------------------------------------------------------------------------------------------
@@ -191,24 +198,170 @@ def fingerprint(description: dict) -> str:
     return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
 
 
-def _read_cache(key: str) -> Links | None:
+class CacheWarning(UserWarning):
+    """The probe cache could not be used; ddlfast probes again."""
+
+
+class _BadCache(ValueError):
+    pass
+
+
+def _cache_path(key: str) -> Path:
+    return cache_dir() / f"probe-{key}.json"
+
+
+def _read_cache(key: str, tiers: tuple[str, ...] | None = None) -> Links | None:
+    """The cached links, or None: missing (silently) or unusable (with a CacheWarning). Never raises.
+
+    tiers: the tiers this job probes; a file whose tiers differ is unusable."""
+    path = _cache_path(key)
     try:
-        data = json.loads((cache_dir() / f"probe-{key}.json").read_text())
-        tiers = [None if data[t] is None else Link(float(data[t][0]), float(data[t][1])) for t in TIERS]
-        return Links(*tiers, gamma=float(data["gamma"]), source="cache")
-    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        text = _read_small_file(path)
+        if text is None:
+            return None
+        return _links_from_json(text, tiers)
+    except Exception as error:  # anything in the file, or the file system, only costs a probe
+        warnings.warn(f"ddlfast: ignoring the probe cache {path}: {error}; measuring again", CacheWarning,
+                      stacklevel=2)
         return None
 
 
-def _write_cache(key: str, links: Links) -> None:
-    directory = cache_dir()
+def _read_small_file(path: Path) -> str | None:
+    """The file's text; None when it does not exist. Refuses links, non-regular files, other users' files and
+    files over CACHE_MAX_BYTES (raises _BadCache or OSError)."""
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        temporary = directory / f".probe-{key}.{os.getpid()}.tmp"
-        temporary.write_text(json.dumps({**links.as_dict(), "written": time.time()}))
-        os.replace(temporary, directory / f"probe-{key}.json")
-    except OSError:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        if os.path.islink(path):
+            raise _BadCache("it is a symbolic link") from None
+        raise error
+    with os.fdopen(descriptor, "rb") as file:
+        info = os.fstat(file.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise _BadCache("it is not a regular file")
+        if hasattr(os, "getuid") and info.st_uid != os.getuid():
+            raise _BadCache(f"it belongs to user id {info.st_uid}, not to this user")
+        data = file.read(CACHE_MAX_BYTES + 1)
+    if len(data) > CACHE_MAX_BYTES:
+        raise _BadCache(f"it is larger than {CACHE_MAX_BYTES} bytes")
+    return data.decode("utf-8")
+
+
+def _nesting_depth(text: str) -> int:
+    """How deep JSON arrays and objects nest in `text` (brackets inside strings ignored)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+            if deepest > CACHE_MAX_DEPTH:
+                return deepest
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
+def _number(value: object, what: str, bounds: tuple[float, float]) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _BadCache(f"{what} is {value!r}, not a number")
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond float's range
+        number = math.inf
+    if not (math.isfinite(number) and bounds[0] <= number <= bounds[1]):
+        raise _BadCache(f"{what}={value!r} is outside {bounds[0]:g}..{bounds[1]:g}")
+    return number
+
+
+def _links_from_json(text: str, tiers: tuple[str, ...] | None) -> Links:
+    """Parse and validate a cache file's text (raises _BadCache or ValueError)."""
+    if _nesting_depth(text) > CACHE_MAX_DEPTH:
+        raise _BadCache(f"its JSON nests deeper than {CACHE_MAX_DEPTH} levels")
+    # NaN and Infinity are JSON extensions Python accepts; a cache never holds them.
+    data = json.loads(text, parse_constant=lambda name: _reject_constant(name))
+    if not isinstance(data, dict):
+        raise _BadCache("it is not a JSON object")
+    links = []
+    for tier in TIERS:
+        if tier not in data:
+            raise _BadCache(f"it has no {tier!r} entry")
+        entry = data[tier]
+        if entry is None:
+            links.append(None)
+            continue
+        if not isinstance(entry, list) or len(entry) != 2:
+            raise _BadCache(f"{tier} is {entry!r}, not [alpha, beta]")
+        links.append(Link(_number(entry[0], f"{tier} alpha", ALPHA_RANGE),
+                          _number(entry[1], f"{tier} beta", BETA_RANGE)))
+    gamma = _number(data.get("gamma"), "gamma", GAMMA_RANGE)
+    if tiers is not None:
+        present = tuple(t for t, link in zip(TIERS, links, strict=True) if link is not None)
+        if present != tuple(t for t in TIERS if t in tiers):
+            raise _BadCache(f"it holds the tiers {present or '()'} but this job has {tuple(tiers) or '()'}")
+    return Links(*links, gamma=gamma, source="cache")
+
+
+def _reject_constant(name: str) -> float:
+    raise _BadCache(f"it holds {name}")
+
+
+def _write_cache(key: str, links: Links) -> None:
+    """Atomically replace the cache file; never follows a link, never raises for file-system trouble."""
+    directory = cache_dir()
+    temporary = None
+    try:
+        if not directory.exists():
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        descriptor, temporary = tempfile.mkstemp(prefix=f".probe-{key}.", suffix=".tmp", dir=directory)
+        with os.fdopen(descriptor, "w") as file:  # mkstemp: O_EXCL, mode 0600
+            file.write(json.dumps({**links.as_dict(), "written": time.time()}, allow_nan=False))
+        os.replace(temporary, directory / f"probe-{key}.json")  # renames over a link, never through it
+        temporary = None
+    except (OSError, ValueError):
         pass  # a read-only home only costs a probe next time
+    finally:
+        if temporary is not None:
+            try:
+                os.unlink(temporary)
+            except OSError:
+                pass
+
+
+# What rank 0 sends the others: [hit, intra alpha, intra beta, inter alpha, inter beta, group alpha, group beta,
+# gamma]; -1 for a tier that is absent. Plain floats, so the broadcast cannot fail on one rank alone.
+_WIRE_SIZE = 2 + 2 * len(TIERS)
+
+
+def _to_wire(links: Links | None) -> np.ndarray:
+    values = np.full(_WIRE_SIZE, -1.0)
+    if links is not None:
+        values[0] = 1.0
+        for i, tier in enumerate(TIERS):
+            link = getattr(links, tier)
+            if link is not None:
+                values[1 + 2 * i: 3 + 2 * i] = link.alpha, link.beta
+        values[-1] = links.gamma
+    return values
+
+
+def _from_wire(values: np.ndarray) -> Links | None:
+    if values[0] != 1.0:
+        return None
+    tiers = [Link(float(values[1 + 2 * i]), float(values[2 + 2 * i])) if values[2 + 2 * i] > 0 else None
+             for i in range(len(TIERS))]
+    return Links(*tiers, gamma=float(values[-1]), source="cache")
 
 
 def links_for(comm: MPI.Intracomm, pairs: dict[str, tuple[int, int]], description: dict,
@@ -219,12 +372,14 @@ def links_for(comm: MPI.Intracomm, pairs: dict[str, tuple[int, int]], descriptio
         return default_links(pairs, "defaults (DDLFAST_PROBE=0)")
     if not pairs:
         return default_links(pairs, "defaults (nothing to probe)")
+    timeout_s = probe_timeout()
     key = fingerprint(description)
-    cached = _read_cache(key) if comm.rank == 0 and mode == "1" else None
-    cached = comm.bcast(cached, root=0)
+    values = _to_wire(_read_cache(key, tuple(pairs)) if comm.rank == 0 and mode == "1" else None)
+    wait_all([comm.Ibcast(values, root=0)], time.monotonic() + timeout_s, "sharing the probe cache", idle=True)
+    cached = _from_wire(values)
     if cached is not None:
         return cached
-    links = measure(comm, pairs, probe_timeout())
+    links = measure(comm, pairs, timeout_s)
     if comm.rank == 0:
         _write_cache(key, links)
     return links

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from mpi4py import MPI
 
-from ddlfast import probe
+from ddlfast import config, probe
 from ddlfast.errors import DdlfastError
 from ddlfast.plan import DEFAULT_INTER, DEFAULT_INTRA, Cluster, Link, Prediction, plan
 
@@ -90,12 +90,9 @@ def detect_placement(comm: MPI.Intracomm) -> Placement:
 
 def hosts_per_group(hosts: int) -> tuple[int, str | None]:
     """DDLFAST_HOSTS_PER_GROUP (default 1: no racks) and a warning when it cannot be used as given."""
-    raw = os.environ.get("DDLFAST_HOSTS_PER_GROUP", "").strip()
-    if not raw:
+    value = config.hosts_per_group()
+    if value == 1:
         return 1, None
-    if not raw.isdigit() or int(raw) < 1:
-        raise DdlfastError(f"DDLFAST_HOSTS_PER_GROUP={raw!r} must be an integer >= 1 (hosts per rack)")
-    value = int(raw)
     if hosts % value:
         return 1, f"DDLFAST_HOSTS_PER_GROUP={value} does not divide the {hosts} hosts; ignoring it"
     return value, None

@@ -125,9 +125,38 @@ def test_rejects_non_native_byte_order_and_still_accepts_native(name: str) -> No
     foreign = np.dtype(name).newbyteorder("S")
     assert not foreign.isnative
     for _ in range(2):  # the dtype-code cache must keep the two byte orders apart, in either order
-        with pytest.raises(DdlfastError, match=WHERE):
+        with pytest.raises(DdlfastError, match=WHERE) as error:
             host_buffer(np.zeros(3, dtype=foreign), WHERE)
         assert host_buffer(np.zeros(3, dtype=name), WHERE).dtype_code == DTYPE_CODES[name]
+    order = "big-endian" if foreign.byteorder == ">" else "little-endian"
+    message = str(error.value)
+    assert f"{foreign.str} ({order} {name}) is not supported" in message, message
+    assert f".astype({np.dtype(name).str!r})" in message and "cannot be reduced" not in message, message
+
+
+def test_big_endian_float32_message() -> None:
+    if sys.byteorder != "little":
+        pytest.skip("on a big-endian host >f4 is native")
+    with pytest.raises(DdlfastError) as error:
+        host_buffer(np.zeros(3, dtype=">f4"), WHERE)
+    assert ">f4 (big-endian float32) is not supported" in str(error.value)
+    assert ".astype('<f4')" in str(error.value)
+
+
+def test_big_endian_bfloat16_message() -> None:
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    foreign = np.dtype(ml_dtypes.bfloat16).newbyteorder("S")
+    with pytest.raises(DdlfastError, match=r"bfloat16\) is not supported.*astype\(ml_dtypes\.bfloat16\)"):
+        host_buffer(np.zeros(3, dtype=foreign), WHERE)
+
+
+@pytest.mark.parametrize("mask", [False, [False, True, False], True], ids=["nomask", "some", "all"])
+def test_rejects_masked_arrays(mask: object) -> None:
+    data = np.ma.masked_array(np.arange(3, dtype=np.float32), mask=mask)
+    with pytest.raises(DdlfastError, match=WHERE) as error:
+        host_buffer(data, WHERE)
+    assert "masked array" in str(error.value) and "array.data" in str(error.value)
+    assert host_buffer(data.data, WHERE).count == 3  # the suggested fix works, in place
 
 
 def test_dtype_code_names_the_array() -> None:

@@ -121,7 +121,7 @@ def test_defaults_when_nothing_is_set() -> None:
     assert settings.ring_dims in ("flat", "auto")
     assert settings.timeout_s > 0
     assert codec_names(settings.compression) == ("none",)
-    assert 8 <= settings.chunk_bytes <= config.MAX_CHUNK_BYTES
+    assert config.MIN_CHUNK_BYTES <= settings.chunk_bytes <= config.MAX_CHUNK_BYTES
     assert settings.receives_in_flight >= 2
 
 
@@ -140,7 +140,7 @@ def test_empty_or_blank_means_default(monkeypatch: pytest.MonkeyPatch, name: str
         ("DDLFAST_BUCKET_BYTES", "1", "bucket_bytes", 1),
         ("DDLFAST_FIRST_BUCKET_BYTES", "1", "first_bucket_bytes", 1),
         ("DDLFAST_FIRST_BUCKET_BYTES", "256k", "first_bucket_bytes", 256 << 10),
-        ("DDLFAST_CHUNK_BYTES", "8", "chunk_bytes", 8),
+        ("DDLFAST_CHUNK_BYTES", "4KiB", "chunk_bytes", 4 << 10),
         ("DDLFAST_CHUNK_BYTES", "1GiB", "chunk_bytes", 1 << 30),
         ("DDLFAST_CHUNK_BYTES", "64KiB", "chunk_bytes", 64 << 10),
         ("DDLFAST_SMALL_BYTES", "0", "small_bytes", 0),
@@ -174,6 +174,8 @@ def test_each_variable_is_read(monkeypatch: pytest.MonkeyPatch, name: str, value
         ("DDLFAST_FIRST_BUCKET_BYTES", "0"),
         ("DDLFAST_FIRST_BUCKET_BYTES", "1.5MiB"),
         ("DDLFAST_CHUNK_BYTES", "7"),
+        ("DDLFAST_CHUNK_BYTES", "8"),
+        ("DDLFAST_CHUNK_BYTES", "4095"),
         ("DDLFAST_CHUNK_BYTES", "0"),
         ("DDLFAST_CHUNK_BYTES", str((1 << 30) + 1)),
         ("DDLFAST_CHUNK_BYTES", "2GiB"),
@@ -284,3 +286,117 @@ def test_every_variable_the_package_reads_is_known() -> None:
     for source in package.glob("*.py"):
         read |= set(re.findall(r"\"(DDLFAST_[A-Z0-9_]+)\"", source.read_text()))
     assert read - config.KNOWN_VARIABLES == set()
+
+
+# ---------------------------------------------------------------- bounds (docs/configuration.md)
+
+# (variable, lowest accepted, highest accepted, just below, just above); None: no such value.
+BOUNDS = [
+    ("DDLFAST_BUCKET_BYTES", "1", "16GiB", "0", str((16 << 30) + 1)),
+    ("DDLFAST_FIRST_BUCKET_BYTES", "1", "16GiB", "0", "17GiB"),
+    ("DDLFAST_CHUNK_BYTES", "4KiB", "1GiB", "4095", str((1 << 30) + 1)),
+    ("DDLFAST_SMALL_BYTES", "0", "1GiB", None, str((1 << 30) + 1)),
+    ("DDLFAST_RECEIVES_IN_FLIGHT", "2", "1024", "1", "1025"),
+    ("DDLFAST_TIMEOUT_S", "0.1", "604800", "0.09", "604800.5"),
+]
+
+
+@pytest.mark.parametrize(("name", "lowest", "highest", "below", "above"), BOUNDS, ids=[b[0] for b in BOUNDS])
+def test_each_engine_variable_has_both_bounds(monkeypatch: pytest.MonkeyPatch, name: str, lowest: str,
+                                              highest: str, below: str | None, above: str) -> None:
+    for ok in (lowest, highest):
+        monkeypatch.setenv(name, ok)
+        config.load_settings()
+    for bad in (below, above):
+        if bad is None:
+            continue
+        monkeypatch.setenv(name, bad)
+        with pytest.raises(DdlfastError) as error:
+            config.load_settings()
+        message = str(error.value)
+        assert name in message and repr(bad) in message and "accepted" in message, message
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("DDLFAST_RECEIVES_IN_FLIGHT", "100000000"),  # was std::bad_alloc -> SIGABRT in the core
+    ("DDLFAST_RECEIVES_IN_FLIGHT", str(2**31)),  # was OverflowError converting to int
+    ("DDLFAST_RECEIVES_IN_FLIGHT", str(2**64)),
+    ("DDLFAST_RECEIVES_IN_FLIGHT", "9" * 5000),  # int() of > 4300 digits is a ValueError
+    ("DDLFAST_CHUNK_BYTES", str(2**64)),
+    ("DDLFAST_CHUNK_BYTES", "9" * 5000),
+    ("DDLFAST_SMALL_BYTES", "16GiB"),
+    ("DDLFAST_BUCKET_BYTES", str(2**63) + "GiB"),
+    ("DDLFAST_TIMEOUT_S", "1e400"),
+    ("DDLFAST_TIMEOUT_S", "-0.5"),
+    ("DDLFAST_TIMEOUT_S", "1" * 5000),
+    ("DDLFAST_RING_DIMS", "2x" + "9" * 40),
+    ("DDLFAST_RING_DIMS", "x".join(["1"] * 33)),
+    ("DDLFAST_COMPRESSION", ",".join(["none"] * 33)),
+])
+def test_values_beyond_what_the_core_takes_are_clear_errors(monkeypatch: pytest.MonkeyPatch, name: str,
+                                                             value: str) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(DdlfastError, match=name):
+        config.load_settings()
+
+
+def test_receive_scratch_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DDLFAST_CHUNK_BYTES", "1GiB")
+    monkeypatch.setenv("DDLFAST_RECEIVES_IN_FLIGHT", "4")
+    assert config.load_settings().chunk_bytes == 1 << 30  # 4 GiB of scratch: the limit
+    monkeypatch.setenv("DDLFAST_RECEIVES_IN_FLIGHT", "5")
+    with pytest.raises(DdlfastError, match="DDLFAST_RECEIVES_IN_FLIGHT=5 x DDLFAST_CHUNK_BYTES"):
+        config.load_settings()
+    monkeypatch.setenv("DDLFAST_CHUNK_BYTES", "1MiB")
+    monkeypatch.setenv("DDLFAST_RECEIVES_IN_FLIGHT", "1024")
+    assert config.load_settings().receives_in_flight == 1024
+
+
+def test_parse_dims_bounds_api_arguments_too() -> None:
+    assert config.parse_dims((1,) * 32) == (1,) * 32
+    for bad in ((1,) * 33, (2, 2**31), "1x" * 32 + "1"):
+        with pytest.raises(DdlfastError, match="out of range"):
+            config.parse_dims(bad)
+
+
+@pytest.mark.parametrize(("function", "name", "default", "good", "bad"), [
+    (config.probe_mode, "DDLFAST_PROBE", "1", {"0": "0", " FORCE ": "force", "1": "1"}, ["2", "yes", "-1"]),
+    (config.probe_timeout_s, "DDLFAST_PROBE_TIMEOUT_S", 30.0, {"0.1": 0.1, "3600": 3600.0, "2.5": 2.5},
+     ["0", "0.05", "3601", "nan", "inf", "soon"]),
+    (config.hosts_per_group, "DDLFAST_HOSTS_PER_GROUP", 1, {"1": 1, "4": 4, str(1 << 20): 1 << 20},
+     ["0", str((1 << 20) + 1), "racks", "2.0", "-2", "\u0664"]),
+    (config.timeline_max_events, "DDLFAST_TIMELINE_MAX_EVENTS", 100_000, {"1": 1, "10000000": 10_000_000},
+     ["0", "10000001", str(2**70), "many"]),
+    (config.abort_on_stall, "DDLFAST_ABORT_ON_STALL", True, {"0": False, "off": False, "1": True, "Yes": True},
+     ["2", "maybe"]),
+    (config.cuda_aware_mpi, "DDLFAST_CUDA_AWARE_MPI", "auto", {"on": "on", "OFF": "off", "auto": "auto"},
+     ["yes", "1"]),
+])
+def test_variables_read_outside_the_engine_settings(function, name: str, default: object, good: dict,
+                                                    bad: list[str]) -> None:
+    assert function({}) == default
+    assert function({name: "  "}) == default
+    for raw, expected in good.items():
+        assert function({name: raw}) == expected
+    for raw in bad:
+        with pytest.raises(DdlfastError) as error:
+            function({name: raw})
+        assert name in str(error.value) and repr(raw) in str(error.value) and "accepted" in str(error.value)
+
+
+def test_cache_dir_and_timeline_path(tmp_path) -> None:
+    assert config.cache_dir({}).parts[-2:] == (".cache", "ddlfast")
+    assert config.cache_dir({"DDLFAST_CACHE_DIR": f" {tmp_path} "}) == tmp_path
+    assert config.timeline_path({}) is None
+    assert config.timeline_path({"DDLFAST_TIMELINE": " /tmp/trace "}) == "/tmp/trace"
+
+
+def test_the_documented_table_lists_every_runtime_variable() -> None:
+    import pathlib
+
+    table = (pathlib.Path(config.__file__).parent.parent / "docs" / "configuration.md").read_text()
+    for name in config.KNOWN_VARIABLES:
+        assert f"`{name}`" in table, f"{name} is missing from docs/configuration.md"
+    for expected in ("4 KiB to 1 GiB", "integer 2 to 1024", "0.1 to 604800 seconds", "0 to 1 GiB",
+                     "1 byte to 16 GiB", "integer 1 to 10000000", "0.1 to 3600 seconds", "integer 1 to 1048576"):
+        assert expected in table, f"docs/configuration.md should say {expected!r}"

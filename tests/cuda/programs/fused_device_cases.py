@@ -70,7 +70,7 @@ def check(case: int, op: str, got: list[np.ndarray], label: str) -> None:
 
 
 path = cuda.CudaPath(comm, 120.0)
-settings_list = [("64KiB", "4KiB"), ("1MiB", "64KiB"), ("64MiB", "512KiB"), ("300000", "1000")]
+settings_list = [("64KiB", "4KiB"), ("1MiB", "64KiB"), ("64MiB", "512KiB"), ("300000", "5000")]
 for case in range(12):
     bucket, chunk = settings_list[case % len(settings_list)]
     os.environ["DDLFAST_BUCKET_BYTES"] = bucket

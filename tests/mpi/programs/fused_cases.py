@@ -35,7 +35,7 @@ def arrays_for(owner: int, case: int) -> list[np.ndarray]:
     return result
 
 
-settings = [("64KiB", "4KiB"), ("1MiB", "64KiB"), ("64MiB", "512KiB"), ("300000", "1000")]
+settings = [("64KiB", "4KiB"), ("1MiB", "64KiB"), ("64MiB", "512KiB"), ("300000", "5000")]
 for case in range(12):
     bucket, chunk = settings[case % len(settings)]
     os.environ["DDLFAST_BUCKET_BYTES"] = bucket

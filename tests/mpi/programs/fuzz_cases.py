@@ -41,7 +41,10 @@ import numpy as np
 from mpi4py import MPI
 
 import ddlfast
-from ddlfast import _core
+from ddlfast import _core, config
+
+# Tiny chunks (8 bytes and up) cut these small buffers into many chunks; users may not go below 4 KiB.
+config.MIN_CHUNK_BYTES = 8
 
 DTYPES = {
     "float32": np.dtype(np.float32), "float64": np.dtype(np.float64), "float16": np.dtype(np.float16),

@@ -1,6 +1,7 @@
 """Runs on every rank: one rank dies, the job must end (non-zero) instead of hanging.
 
     rank_death.py --when mid|before --how exit|kill [--victim R] [--count N] [--layout new|cached]
+                  [--record DIR]
 
 mid:    every rank loops over large allreduces; 0.3 s in, a timer thread on
         the victim ends its process while its main thread is inside the
@@ -15,6 +16,12 @@ error prints "rank R: <seconds> s after the first call ...: <Type>: <message>" a
 re-raises it (the process exits non-zero). Under hydra's default the
 launcher kills the survivors first; with `mpiexec -disable-auto-cleanup`
 only ddlfast's stall limit (DDLFAST_TIMEOUT_S) frees them.
+
+--record DIR: each survivor also writes DIR/rank<R>.error ("<Type>: <message>")
+before re-raising, and DIR/rank<R>.uncaught when the error reaches
+sys.excepthook (just before ddlfast's hook calls MPI_Abort). Unlike output,
+which travels through the launcher and is lost when MPI_Abort tears the job
+down before the launcher forwarded it, a file written before the abort stays.
 """
 
 from __future__ import annotations
@@ -39,9 +46,12 @@ def main() -> None:
     parser.add_argument("--victim", type=int, default=-1, help="rank that dies (default: the last)")
     parser.add_argument("--count", type=int, default=4_000_000, help="float32 elements per allreduce")
     parser.add_argument("--layout", choices=["new", "cached"], default="cached")
+    parser.add_argument("--record", help="directory for what each survivor raised (see the docstring)")
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
     rank, world = comm.Get_rank(), comm.Get_size()
+    if args.record:
+        record_uncaught(os.path.join(args.record, f"rank{rank}"))
     victim = args.victim % world
     array = np.ones(args.count, np.float32)
     ddlfast.allreduce(array)  # contexts created and the layout agreed on every rank
@@ -73,12 +83,30 @@ def main() -> None:
             inside.clear()
             calls += 1
     except Exception as error:
+        if args.record:
+            record(os.path.join(args.record, f"rank{rank}.error"), error)
         # The victim's death time is not known here; `start` is within 0.5 s of it.
         print(f"rank {rank}: {time.time() - start:.2f} s after the first call, after {calls} calls: "
               f"{type(error).__name__}: {error}", flush=True)
         raise
     print(f"rank {rank}: FAIL, still running 120 s after rank {victim} died", flush=True)
     sys.exit(2)
+
+
+def record(path: str, error: BaseException) -> None:
+    with open(path, "w") as file:  # on disk once close() returns, whatever kills this process next
+        file.write(f"{type(error).__name__}: {error}")
+
+
+def record_uncaught(prefix: str) -> None:
+    """Runs before the hook in place (ddlfast's, which calls MPI_Abort after a DdlfastTimeoutError)."""
+    chained = sys.excepthook
+
+    def hook(kind: type[BaseException], error: BaseException, trace: object) -> None:
+        record(prefix + ".uncaught", error)
+        chained(kind, error, trace)
+
+    sys.excepthook = hook
 
 
 if __name__ == "__main__":
