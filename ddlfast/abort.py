@@ -12,22 +12,17 @@ this off (for programs that install their own handling).
 
 from __future__ import annotations
 
-import os
 import sys
 from types import TracebackType
 
-from ddlfast.errors import DdlfastBrokenError, DdlfastError
+from ddlfast import config
+from ddlfast.errors import DdlfastBrokenError
 
 _installed = False
 
 
 def abort_on_stall_enabled() -> bool:
-    value = os.environ.get("DDLFAST_ABORT_ON_STALL", "1").strip().lower()
-    if value in ("1", "true", "yes", "on", ""):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise DdlfastError(f"DDLFAST_ABORT_ON_STALL={value!r}: expected 1 or 0")
+    return config.abort_on_stall()
 
 
 def install() -> None:

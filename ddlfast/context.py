@@ -333,7 +333,15 @@ class Context:
             return action()
         except DdlfastConsistentError:
             raise
-        except BaseException as error:
+        except DdlfastError as error:
+            self._after_failure(error)
+            raise
+        except Exception as error:  # e.g. a user codec's: the collective is abandoned all the same
+            self._after_failure(error)
+            raise DdlfastBrokenError(f"rank {self.rank}: the collective failed here ({type(error).__name__}: "
+                                     f"{error}); the other ranks were told, and this context refuses further "
+                                     "work") from error
+        except BaseException as error:  # KeyboardInterrupt and the like stay what they are
             self._after_failure(error)
             raise
 
@@ -481,7 +489,8 @@ class Context:
         self._check_open()
         try:
             self._check_root(root)
-            if not (isinstance(array, np.ndarray) and array.flags.c_contiguous and array.flags.writeable):
+            if not (isinstance(array, np.ndarray) and not isinstance(array, np.ma.MaskedArray)
+                    and array.flags.c_contiguous and array.flags.writeable):
                 raise DdlfastError(f"broadcast_bytes on rank {self.rank} needs a C-contiguous writable NumPy array")
         except DdlfastError as error:
             raise self._refused(error) from None

@@ -23,13 +23,12 @@ A bucket runs on one of two paths:
 from __future__ import annotations
 
 import ctypes
-import os
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from ddlfast import _core
+from ddlfast import _core, config
 from ddlfast.bucketing import assign_buckets
 from ddlfast.dtypes import DTYPE_CODES
 from ddlfast.errors import DdlfastError
@@ -328,11 +327,7 @@ def bucket_layout(nbytes: Sequence[int], align: int = BUCKET_ALIGN_BYTES) -> tup
 
 def cuda_aware_setting(environ: dict | None = None) -> str:
     """DDLFAST_CUDA_AWARE_MPI: auto (ask MPI), on (pass device pointers), off (stage through host)."""
-    value = (os.environ if environ is None else environ).get(CUDA_AWARE_ENV, "auto").strip().lower() or "auto"
-    if value not in ("auto", "on", "off"):
-        raise DdlfastError(f"{CUDA_AWARE_ENV}={value!r} must be auto (ask MPI), on (device pointers to MPI) or "
-                           "off (stage through pinned host memory)")
-    return value
+    return config.cuda_aware_mpi(environ)
 
 
 def use_direct_transfers(setting: str, mpi_reports_cuda: bool) -> bool:

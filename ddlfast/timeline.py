@@ -14,6 +14,7 @@ import os
 import threading
 import time
 
+from ddlfast import config
 from ddlfast.errors import DdlfastError
 
 DEFAULT_MAX_EVENTS = 100_000
@@ -37,13 +38,10 @@ class Timeline:
 
     @staticmethod
     def from_env(rank: int) -> Timeline | None:
-        path = os.environ.get("DDLFAST_TIMELINE", "").strip()
+        path = config.timeline_path()
         if not path:
             return None
-        raw_max = os.environ.get("DDLFAST_TIMELINE_MAX_EVENTS", str(DEFAULT_MAX_EVENTS)).strip()
-        if not raw_max.isdecimal() or int(raw_max) < 1:
-            raise DdlfastError(f"DDLFAST_TIMELINE_MAX_EVENTS={raw_max!r} must be an integer >= 1")
-        return Timeline(path, rank, int(raw_max))
+        return Timeline(path, rank, config.timeline_max_events())
 
     def add(self, name: str, start_s: float, end_s: float, thread: str = "comm", **args: object) -> None:
         with self._lock:

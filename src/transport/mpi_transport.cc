@@ -132,6 +132,10 @@ Status MpiTransport::create(MPI_Comm comm, double timeout_s, std::unique_ptr<Mpi
 
 MpiTransport::~MpiTransport() {
   if (mpi_is_finalized()) return;  // MPI already tore everything down at exit
+  if (census_ask_request_ != MPI_REQUEST_NULL) {  // cancelling a receive is always safe
+    MPI_Cancel(&census_ask_request_);
+    MPI_Wait(&census_ask_request_, MPI_STATUS_IGNORE);
+  }
   if (broken()) {
     // Messages of an abandoned collective may still be in flight and MPI may
     // still write into scratch_: leave MPI's objects and that memory alone.
@@ -146,10 +150,6 @@ MpiTransport::~MpiTransport() {
     } else {
       MPI_Request_free(&requests_[id]);  // sends are never cancelled (MPI-4 deprecates it)
     }
-  }
-  if (census_ask_request_ != MPI_REQUEST_NULL) {
-    MPI_Cancel(&census_ask_request_);
-    MPI_Wait(&census_ask_request_, MPI_STATUS_IGNORE);
   }
   if (fp16_sum_ != MPI_OP_NULL) MPI_Op_free(&fp16_sum_);
   if (bf16_sum_ != MPI_OP_NULL) MPI_Op_free(&bf16_sum_);
@@ -321,7 +321,7 @@ Status MpiTransport::answer_census(const char* what, int peer) {
                               " after DDLFAST_TIMEOUT_S (" + seconds_text(timeout_s_) + " s)") +
           "; " + missing + ". Abort the job: this communicator is out of step.";
   mark_broken(text);
-  return Status(StatusCode::kTimeout, text);
+  return Status(asker_failed ? StatusCode::kBroken : StatusCode::kTimeout, text);
 }
 
 // This rank passed the stall limit: ask every rank whether it is alive, tell the ones that are who is not.

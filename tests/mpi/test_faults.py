@@ -1,0 +1,40 @@
+"""The fault-injection suite (tests/mpi/programs/faults.py): one fault per case, on one rank or all, and every
+rank's outcome asserted by the program itself (right numbers, or the right DdlfastError naming the fault)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.mpi.launcher import run_mpi
+
+CASES = ["mismatch-after-cache", "skipped-call", "alignment", "aliasing", "bad-input-one-rank", "broadcast-roots",
+         "env-differs-at-creation", "env-differs-later", "error-then-calls", "bad-environment"]
+
+
+def outcomes(stdout: str, case: str, ranks: int) -> None:
+    for r in range(ranks):
+        assert f"rank {r}: ok {case}" in stdout, stdout
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("case", CASES)
+def test_fault_reaches_every_rank(case: str, ranks: int) -> None:
+    # A generous stall limit: a fault that took the slow route would still end, with the wrong error type.
+    result = run_mpi(ranks, "faults.py", case, env={"DDLFAST_TIMEOUT_S": "60", "DDLFAST_ABORT_ON_STALL": "0"},
+                     timeout=240)
+    outcomes(result.stdout, case, ranks)
+
+
+@pytest.mark.mpi
+def test_a_missing_rank_then_every_later_call_refuses() -> None:
+    env = {"DDLFAST_TIMEOUT_S": "3", "DDLFAST_ABORT_ON_STALL": "0"}
+    result = run_mpi(3, "faults.py", "stall-then-calls", env=env, timeout=120)
+    outcomes(result.stdout, "stall-then-calls", 3)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("level", ["serialized", "single"])
+def test_async_calls_below_thread_multiple_say_how_to_fix_it(level: str) -> None:
+    result = run_mpi(2, "faults.py", "thread-level", env={"MPI4PY_RC_THREAD_LEVEL": level}, timeout=120)
+    outcomes(result.stdout, "thread-level", 2)
