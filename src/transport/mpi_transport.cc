@@ -246,14 +246,19 @@ Status MpiTransport::wait_request(MPI_Request* request, const char* what, int pe
       start = std::chrono::steady_clock::now();
       started = true;
     }
-    if (stop_requested_.load(std::memory_order_relaxed)) {
-      mark_broken("the context was closed while rank " + std::to_string(rank_) + " waited for " + what);
-      return refuse_if_broken();
-    }
-    if (census_ask_arrived()) return answer_census(what, peer);
-    const double waited = seconds_since(start);
-    if (timeout_s_ > 0 && waited > timeout_s_) return stalled(what, peer, waited);
+    DDLFAST_RETURN_IF_ERROR(idle(start, what, peer));
   }
+  return Status::ok();
+}
+
+Status MpiTransport::idle(std::chrono::steady_clock::time_point since, const char* what, int peer) {
+  if (stop_requested_.load(std::memory_order_relaxed)) {
+    mark_broken("the context was closed while rank " + std::to_string(rank_) + " waited for " + what);
+    return refuse_if_broken();
+  }
+  if (census_ask_arrived()) return answer_census(what, peer);
+  const double waited = seconds_since(since);
+  if (timeout_s_ > 0 && waited > timeout_s_) return stalled(what, peer, waited);
   return Status::ok();
 }
 

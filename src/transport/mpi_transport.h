@@ -20,6 +20,7 @@
 #include <mpi.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -58,6 +59,11 @@ class MpiTransport final : public Transport {
   // request_stop() is called (kAborted). `what` names the wait in messages;
   // peer < 0: a collective.
   Status wait_request(MPI_Request* request, const char* what, int peer = -1);
+  // What wait_request does between polls, for executors that poll several
+  // requests themselves (the GPU ring): fails when the context is being
+  // closed, answers a census, and runs one (kTimeout) once nothing has moved
+  // since `since` for the stall limit.
+  Status idle(std::chrono::steady_clock::time_point since, const char* what, int peer);
 
   // The per-call agreement: true when every rank passed the same
   // (sequence number, digest). One 16-byte MPI_Iallreduce(MAX) of (f, ~f):

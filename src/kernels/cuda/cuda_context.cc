@@ -35,7 +35,6 @@ bool mpi_cuda_aware(std::string* how) {
 Status CudaContext::create(MPI_Comm comm, double timeout_s, std::unique_ptr<CudaContext>* out) {
   std::unique_ptr<CudaContext> context(new CudaContext());
   DDLFAST_RETURN_IF_ERROR(MpiTransport::create(comm, timeout_s, &context->transport_));
-  context->timeout_s_ = timeout_s;
   *out = std::move(context);
   return Status::ok();
 }
@@ -146,8 +145,10 @@ Status CudaContext::allreduce(int device, const SegmentedBuffer& data, DType dty
   staging.host_send = direct ? nullptr : state->host_send.data();
   DeviceRunOptions run;
   run.transfer = transfer;
-  run.timeout_s = timeout_s_;
-  return found->second->run(data, dtype, op, options, run, &state->lanes, staging);
+  const Status status = found->second->run(data, dtype, op, options, run, &state->lanes, staging);
+  // The phase cancelled its own receives; ranks still in the ring are told (a census), and this transport refuses.
+  if (!status.is_ok()) transport_->abandon(status, /*force=*/true);
+  return status;
 }
 
 Status CudaContext::record(int device, Fence* done) {

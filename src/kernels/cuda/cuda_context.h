@@ -35,7 +35,6 @@ class CudaContext {
   int rank() const { return transport_->rank(); }
   int size() const { return transport_->size(); }
   void set_timeout(double seconds) {
-    timeout_s_ = seconds;
     transport_->set_timeout(seconds);
   }
 
@@ -73,7 +72,6 @@ class CudaContext {
   Status ensure_staging(DeviceState* state, int slots, std::size_t slot_bytes, bool direct);
 
   std::unique_ptr<MpiTransport> transport_;
-  double timeout_s_ = 0.0;
   std::map<int, std::unique_ptr<DeviceState>> devices_;
   std::map<std::pair<std::vector<int>, std::vector<int>>, std::unique_ptr<DeviceRingAllreduce>> engines_;
 };

@@ -25,12 +25,6 @@ int send_marker(int slots, int slot) { return 1 + slots + slot; }
 
 constexpr int kSpinsBeforeYield = 64;
 
-std::string seconds_text(double seconds) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%g s", seconds);
-  return text;
-}
-
 double monotonic_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -41,25 +35,42 @@ Status mpi_status(int code, const char* what, int peer) {
                 std::string(what) + " with rank " + std::to_string(peer) + " failed: " + mpi_error_string(code));
 }
 
-// Turns of the polling loop that changed nothing: yield now and then, and
-// fail once nothing has moved for the stall limit.
+// Turns of the polling loop that changed nothing: yield now and then, and let
+// the transport decide (its one stall limit and census) once nothing has moved.
 class Stall {
  public:
-  explicit Stall(double limit_s) : limit_s_(limit_s), last_progress_s_(monotonic_seconds()) {}
+  explicit Stall(MpiTransport* transport) : transport_(transport), last_progress_(std::chrono::steady_clock::now()) {}
   void progressed() {
     idle_turns_ = 0;
-    if (limit_s_ > 0) last_progress_s_ = monotonic_seconds();
+    last_progress_ = std::chrono::steady_clock::now();
   }
-  bool expired() {
-    if (++idle_turns_ % kSpinsBeforeYield == 0) sched_yield();
-    return limit_s_ > 0 && monotonic_seconds() - last_progress_s_ > limit_s_;
+  Status idle(const char* what, int peer) {
+    if (++idle_turns_ % kSpinsBeforeYield != 0) return Status::ok();
+    sched_yield();
+    return transport_->idle(last_progress_, what, peer);
   }
-  double limit_s() const { return limit_s_; }
 
  private:
-  double limit_s_;
-  double last_progress_s_;
-  long idle_turns_ = 0;
+  MpiTransport* transport_;
+  std::chrono::steady_clock::time_point last_progress_;
+  int idle_turns_ = 0;
+};
+
+// Requests a phase posted itself: on any early return the receives are
+// cancelled (nothing may land in device memory later) and sends released.
+struct PostedRequests {
+  std::vector<MPI_Request> receives, sent;
+  explicit PostedRequests(int slots) : receives(slots, MPI_REQUEST_NULL), sent(slots, MPI_REQUEST_NULL) {}
+  ~PostedRequests() {
+    for (MPI_Request& request : receives) {
+      if (request == MPI_REQUEST_NULL) continue;
+      MPI_Cancel(&request);
+      MPI_Wait(&request, MPI_STATUS_IGNORE);
+    }
+    for (MPI_Request& request : sent) {
+      if (request != MPI_REQUEST_NULL) MPI_Request_free(&request);
+    }
+  }
 };
 
 Status check_bytes(std::size_t bytes) {
@@ -92,7 +103,6 @@ struct DeviceRingAllreduce::Phase {
   DType dtype;
   std::size_t chunk_elems;
   DeviceTransfer transfer;
-  double timeout_s;
   DeviceLanes* lanes;
   const DeviceStaging& staging;
   MPI_Comm comm;
@@ -105,9 +115,6 @@ struct DeviceRingAllreduce::Phase {
   // A device scratch slot at the same address mod 16 as `target`.
   char* device_recv(int slot, const void* target) const {
     return staging.device_recv + slot * staging.slot_bytes + reinterpret_cast<std::uintptr_t>(target) % 16;
-  }
-  std::string where(const char* kind) const {
-    return "rank " + std::to_string(rank) + ", GPU ring dimension " + std::to_string(ring.dim + 1) + " " + kind;
   }
 };
 
@@ -176,7 +183,7 @@ Status DeviceRingAllreduce::run(const SegmentedBuffer& data, DType dtype, Reduce
   for (int i = 0; i < static_cast<int>(schedule.phases.size()); ++i) {
     const RingPhase& ring = schedule.phases[i];
     const Phase phase{data, ring, (i * kTagsPerPhase) % kTagSpace, dtype, chunk_elems, run.transfer,
-                      run.timeout_s, lanes, staging, transport_->comm(), transport_->rank()};
+                      lanes, staging, transport_->comm(), transport_->rank()};
     const double start = monotonic_seconds();
     const bool reduce = ring.kind == PhaseKind::kReduceScatter;
     DDLFAST_RETURN_IF_ERROR(run_phase(phase, reduce, reduce && i == last_reduce_scatter ? divisor : 1));
@@ -232,11 +239,12 @@ Status DeviceRingAllreduce::run_phase(const Phase& p, bool reduce, int final_div
     // MPI will write the data in place: let every earlier kernel finish first.
     DDLFAST_RETURN_IF_ERROR(lanes->wait(kNowMarker));
   }
-  const char* kind = reduce ? "reduce-scatter" : "allgather";
-  std::vector<MPI_Request> receives(slots, MPI_REQUEST_NULL), sent(slots, MPI_REQUEST_NULL);
+  PostedRequests requests(slots);
+  std::vector<MPI_Request>& receives = requests.receives;
+  std::vector<MPI_Request>& sent = requests.sent;
   std::vector<int> send_state(slots, kFree);
   std::size_t posted = 0, arrived = 0, started = 0, posted_sends = 0, finished_sends = 0;
-  Stall stall(p.timeout_s);
+  Stall stall(transport_);
   while (arrived < items.size() || finished_sends < sends.size()) {
     bool progress = false;
     lanes->poll();
@@ -330,13 +338,9 @@ Status DeviceRingAllreduce::run_phase(const Phase& p, bool reduce, int final_div
     }
     if (progress) {
       stall.progressed();
-    } else if (stall.expired()) {
-      return Status(StatusCode::kTimeout,
-                    p.where(kind) + ": nothing moved for " + seconds_text(stall.limit_s()) + "; received " +
-                        std::to_string(arrived) + " of " + std::to_string(items.size()) + " chunks from rank " +
-                        std::to_string(ring.predecessor) + ", completed " + std::to_string(finished_sends) + " of " +
-                        std::to_string(sends.size()) + " sends to rank " + std::to_string(ring.successor) +
-                        " (DDLFAST_TIMEOUT_S). A rank stopped joining, or the GPU stopped making progress.");
+    } else {
+      DDLFAST_RETURN_IF_ERROR(stall.idle(reduce ? "GPU ring reduce-scatter chunks" : "GPU ring allgather chunks",
+                                         ring.predecessor));
     }
   }
   return Status::ok();

@@ -47,7 +47,6 @@ enum class DeviceTransfer : int { kStaged = 0, kDirect = 1 };
 
 struct DeviceRunOptions {
   DeviceTransfer transfer = DeviceTransfer::kStaged;
-  double timeout_s = 0.0;  // stall limit; 0 waits forever
 };
 
 class DeviceRingAllreduce {

@@ -136,7 +136,6 @@ Status emulated_device_allreduce(MPI_Comm comm, const std::vector<char*>& bases,
   const SegmentedBuffer data(bases, counts, dtype_size(dtype));
   DeviceRunOptions run;
   run.transfer = direct ? DeviceTransfer::kDirect : DeviceTransfer::kStaged;
-  run.timeout_s = timeout_s;
   const Status status = engine->run(data, dtype, op, options, run, &lanes, staging);
   const Status drained = lanes.drain();
   return status.is_ok() ? drained : status;
