@@ -123,22 +123,27 @@ _HALF_INDEX = {2: 0, 3: 1}  # dtype code -> any_nonfinite index
 
 def split_exact(uintptr_t values, uintptr_t remainders, size_t count, int dtype, int divisor, path=None):
     """values = trunc(values / divisor) in place, remainders = what is left (int32/int64)."""
-    cdef const KernelTable* table = _table(path)
-    if dtype not in _INTEGER_INDEX or divisor < 1:
-        raise DdlfastError(f"split_exact takes an integer dtype code and divisor >= 1, got {dtype}, {divisor}")
-    cdef int index = _INTEGER_INDEX[dtype]
-    with nogil:
-        table.split[index](<void*>values, <void*>remainders, count, divisor)
+    _exact_integer_kernel(True, values, remainders, count, dtype, divisor, path)
 
 
 def join_exact(uintptr_t values, uintptr_t remainders, size_t count, int dtype, int divisor, path=None):
     """values += floor(remainders / divisor) in place, wrapping (int32/int64)."""
+    _exact_integer_kernel(False, values, remainders, count, dtype, divisor, path)
+
+
+cdef int _exact_integer_kernel(bint split, uintptr_t values, uintptr_t remainders, size_t count, int dtype,
+                               int divisor, path) except -1:
     cdef const KernelTable* table = _table(path)
     if dtype not in _INTEGER_INDEX or divisor < 1:
-        raise DdlfastError(f"join_exact takes an integer dtype code and divisor >= 1, got {dtype}, {divisor}")
+        raise DdlfastError(f"{'split' if split else 'join'}_exact takes an integer dtype code and divisor >= 1, "
+                           f"got {dtype}, {divisor}")
     cdef int index = _INTEGER_INDEX[dtype]
     with nogil:
-        table.join[index](<void*>values, <const void*>remainders, count, divisor)
+        if split:
+            table.split[index](<void*>values, <void*>remainders, count, divisor)
+        else:
+            table.join[index](<void*>values, <const void*>remainders, count, divisor)
+    return 0
 
 
 def any_nonfinite(uintptr_t values, size_t count, int dtype, path=None) -> bool:

@@ -82,7 +82,8 @@ def check_int_average(comm: MPI.Intracomm, name: str, count: int, api: str, case
     got = array.astype(object)
     bad = np.flatnonzero(got != want)
     if bad.size:
-        return f"{bad.size} wrong, first at {bad[:4].tolist()}: got {got[bad[:4]].tolist()} want {want[bad[:4]].tolist()}"
+        first = bad[:4]
+        return f"{bad.size} wrong, first at {first.tolist()}: got {got[first].tolist()} want {want[first].tolist()}"
     return None
 
 
@@ -103,7 +104,8 @@ def check_half_average(comm: MPI.Intracomm, name: str, count: int, near_max: boo
     error = np.abs(got - want)
     if np.any(error > tolerance):
         worst = int(np.argmax(error - tolerance))
-        return f"error {error[worst]:.4g} > {tolerance[worst]:.4g} at {worst} (got {got[worst]}, want {want[worst]})", array
+        return (f"error {error[worst]:.4g} > {tolerance[worst]:.4g} at {worst} "
+                f"(got {got[worst]}, want {want[worst]})"), array
     return None, array
 
 
