@@ -27,12 +27,18 @@ cdef extern from "kernels/cpu_kernels.h" namespace "ddlfast" nogil:
     ctypedef size_t (*EncodeFn)(void* dst_wire, const float* src, size_t n)
     ctypedef void (*DecodeFn)(float* dst, const void* src_wire, size_t n)
     ctypedef void (*AccumulateFn)(float* dst, const void* src_wire, size_t n, int divisor)
+    ctypedef void (*SplitFn)(void* values, void* remainders, size_t n, int divisor)
+    ctypedef void (*JoinFn)(void* values, const void* remainders, size_t n, int divisor)
+    ctypedef bool (*AnyNonFiniteFn)(const void* values, size_t n)
     cdef struct KernelTable:
         const char* name
         ReduceFn reduce[6]
         EncodeFn encode[2]
         DecodeFn decode[2]
         AccumulateFn accumulate[2]
+        SplitFn split[2]
+        JoinFn join[2]
+        AnyNonFiniteFn any_nonfinite[2]
     const KernelTable& scalar_kernels()
     const KernelTable* avx2_kernels()
     const KernelTable& best_kernels()

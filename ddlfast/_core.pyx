@@ -121,6 +121,48 @@ def accumulate_wire(uintptr_t dst, uintptr_t src, size_t count, int wire, int di
         table.accumulate[wire](<float*>dst, <const void*>src, count, divisor)
 
 
+# Exact integer average and the half types' range check (src/engine/exact_arithmetic.h).
+_INTEGER_INDEX = {4: 0, 5: 1}  # dtype code -> split/join index
+_HALF_INDEX = {2: 0, 3: 1}  # dtype code -> any_nonfinite index
+
+
+def split_exact(uintptr_t values, uintptr_t remainders, size_t count, int dtype, int divisor, path=None):
+    """values = trunc(values / divisor) in place, remainders = what is left (int32/int64)."""
+    _exact_integer_kernel(True, values, remainders, count, dtype, divisor, path)
+
+
+def join_exact(uintptr_t values, uintptr_t remainders, size_t count, int dtype, int divisor, path=None):
+    """values += floor(remainders / divisor) in place, wrapping (int32/int64)."""
+    _exact_integer_kernel(False, values, remainders, count, dtype, divisor, path)
+
+
+cdef int _exact_integer_kernel(bint split, uintptr_t values, uintptr_t remainders, size_t count, int dtype,
+                               int divisor, path) except -1:
+    cdef const KernelTable* table = _table(path)
+    if dtype not in _INTEGER_INDEX or divisor < 1:
+        raise DdlfastError(f"{'split' if split else 'join'}_exact takes an integer dtype code and divisor >= 1, "
+                           f"got {dtype}, {divisor}")
+    cdef int index = _INTEGER_INDEX[dtype]
+    with nogil:
+        if split:
+            table.split[index](<void*>values, <void*>remainders, count, divisor)
+        else:
+            table.join[index](<void*>values, <const void*>remainders, count, divisor)
+    return 0
+
+
+def any_nonfinite(uintptr_t values, size_t count, int dtype, path=None) -> bool:
+    """Whether any of `count` float16/bfloat16 values is inf or nan."""
+    cdef const KernelTable* table = _table(path)
+    if dtype not in _HALF_INDEX:
+        raise DdlfastError(f"any_nonfinite takes a float16/bfloat16 dtype code, got {dtype}")
+    cdef int index = _HALF_INDEX[dtype]
+    cdef bint found
+    with nogil:
+        found = table.any_nonfinite[index](<const void*>values, count)
+    return found
+
+
 def ring_schedule(dims, int rank, size_t count):
     """The schedule of one rank as plain Python data (for tests and tools).
 

@@ -117,8 +117,8 @@ def _expected_from_mpi(mpi_sum: np.ndarray, op: str, world: int) -> np.ndarray:
         return mpi_sum
     if mpi_sum.dtype.kind == "f":
         return (mpi_sum.astype(np.float64) / world).astype(mpi_sum.dtype)
-    # Integer average truncates toward zero, like C division.
-    return (np.sign(mpi_sum) * (np.abs(mpi_sum) // world)).astype(mpi_sum.dtype)
+    # Integer average is the floor of the exact sum / p (NumPy's //); these small inputs cannot wrap.
+    return (mpi_sum // world).astype(mpi_sum.dtype)
 
 
 WIRE_UNIT_ROUNDOFF = {"fp16": 2.0**-11, "bf16": 2.0**-8}

@@ -74,9 +74,17 @@ Status RingAllreduce::run_small(const SegmentedBuffer& data, DType dtype, int di
 }
 
 Status RingAllreduce::run(const SegmentedBuffer& data, DType dtype, ReduceOp op, const EngineOptions& options) {
+  if (data.count() == 0 || ring_.torus.world_size() == 1) return Status::ok();
+  // Integer average and the half types' range (engine/exact_arithmetic.h): the
+  // same arithmetic on the ring and on the small-message path.
+  DDLFAST_RETURN_IF_ERROR(exact_.before(data, dtype, op, ring_.torus.world_size()));
+  DDLFAST_RETURN_IF_ERROR(reduce(exact_.buffer(), dtype, exact_.op(), options));
+  return exact_.after(transport_);
+}
+
+Status RingAllreduce::reduce(const SegmentedBuffer& data, DType dtype, ReduceOp op, const EngineOptions& options) {
   const int world = ring_.torus.world_size();
   const std::size_t count = data.count();
-  if (count == 0 || world == 1) return Status::ok();
   const std::size_t esize = dtype_size(dtype);
   int divisor = op == ReduceOp::kAverage ? world : 1;
   if (count * esize <= options.small_bytes) return run_small(data, dtype, divisor, options);

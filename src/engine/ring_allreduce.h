@@ -10,6 +10,7 @@
 
 #include "algo/ring_schedule.h"
 #include "common/dtype.h"
+#include "engine/exact_arithmetic.h"
 #include "engine/segmented_buffer.h"
 #include "transport/transport.h"
 
@@ -57,6 +58,8 @@ class RingAllreduce {
   Status run(const SegmentedBuffer& data, DType dtype, ReduceOp op, const EngineOptions& options);
 
  private:
+  // run() without the exact-arithmetic wrapping.
+  Status reduce(const SegmentedBuffer& data, DType dtype, ReduceOp op, const EngineOptions& options);
   Status run_small(const SegmentedBuffer& data, DType dtype, int divisor, const EngineOptions& options);
   Status reduce_scatter_phase(const SegmentedBuffer& data, const RingPhase& phase, int tag_base, DType dtype, int final_divisor,
                               const EngineOptions& options);
@@ -75,6 +78,7 @@ class RingAllreduce {
   std::vector<unsigned char> scratch_;  // persistent across calls
   std::vector<unsigned char> send_stage_;  // encoded chunks until their sends complete
   std::vector<unsigned char> recv_stage_;  // encoded allgather chunks, kept for forwarding
+  ExactArithmetic exact_;
 
  public:
   // Finite values this rank encoded to inf (wire overflow) since the last call.

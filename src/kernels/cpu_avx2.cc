@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "kernels/cpu_kernels.h"
+#include "kernels/exact_generic.h"
 #include "kernels/reduce_generic.h"
 
 namespace ddlfast {
@@ -139,6 +140,9 @@ const KernelTable* avx2_kernels() {
       {&encode_fp16, &encode_bf16},
       {&decode_wire<fp16x8_to_ps, half_to_float>, &decode_wire<bf16x8_to_ps, bfloat16_to_float>},
       {&accumulate_wire<fp16x8_to_ps, half_to_float>, &accumulate_wire<bf16x8_to_ps, bfloat16_to_float>},
+      {&exact::split_int<std::int32_t>, &exact::split_int<std::int64_t>},
+      {&exact::join_int<std::int32_t>, &exact::join_int<std::int64_t>},
+      {&exact::any_nonfinite<exact::kFp16Exponent>, &exact::any_nonfinite<exact::kBf16Exponent>},
   };
   return supported ? &table : nullptr;
 }

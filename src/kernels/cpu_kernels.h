@@ -24,12 +24,24 @@ using DecodeFn = void (*)(float* dst, const void* src_wire, std::size_t n);
 // dst[i] = (dst[i] + float(src_wire[i])) / divisor: accumulation stays in fp32.
 using AccumulateFn = void (*)(float* dst, const void* src_wire, std::size_t n, int divisor);
 
+// Exact integer average (engine/exact_arithmetic.h), int32 and int64 only.
+// split: values[i] = trunc(v / divisor), remainders[i] = v - values[i] * divisor
+// (C's / and %, so |values[i]| <= |v| / divisor and sums of them never wrap).
+using SplitFn = void (*)(void* values, void* remainders, std::size_t n, int divisor);
+// join: values[i] += floor(remainders[i] / divisor), wrapping like the sum.
+using JoinFn = void (*)(void* values, const void* remainders, std::size_t n, int divisor);
+// Half types (index: WireType): does any of the n values hold inf or nan?
+using AnyNonFiniteFn = bool (*)(const void* values, std::size_t n);
+
 struct KernelTable {
   const char* name;
   ReduceFn reduce[kNumDTypes];
   EncodeFn encode[kNumWireTypes];
   DecodeFn decode[kNumWireTypes];
   AccumulateFn accumulate[kNumWireTypes];
+  SplitFn split[2];  // int32, int64
+  JoinFn join[2];
+  AnyNonFiniteFn any_nonfinite[kNumWireTypes];
 };
 
 const KernelTable& scalar_kernels();

@@ -2,6 +2,7 @@
 #include <type_traits>
 
 #include "kernels/cpu_kernels.h"
+#include "kernels/exact_generic.h"
 #include "kernels/reduce_generic.h"
 
 namespace ddlfast {
@@ -20,6 +21,9 @@ const KernelTable& scalar_kernels() {
       {&generic::encode_scalar<float_to_half, 0>, &generic::encode_scalar<float_to_bfloat16, 1>},
       {&generic::decode_scalar<half_to_float>, &generic::decode_scalar<bfloat16_to_float>},
       {&generic::accumulate_scalar<half_to_float>, &generic::accumulate_scalar<bfloat16_to_float>},
+      {&exact::split_int<std::int32_t>, &exact::split_int<std::int64_t>},
+      {&exact::join_int<std::int32_t>, &exact::join_int<std::int64_t>},
+      {&exact::any_nonfinite<exact::kFp16Exponent>, &exact::any_nonfinite<exact::kBf16Exponent>},
   };
   return table;
 }

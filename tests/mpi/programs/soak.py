@@ -66,7 +66,7 @@ def expected_value(dtype: str, factor: int, world: int, op: str) -> float:
     total = factor * world * (world + 1) // 2
     if op == "sum":
         return total
-    return int(total / world) if dtype.startswith("int") else total / world  # ints truncate toward zero
+    return total // world if dtype.startswith("int") else total / world  # ints: floor of the exact sum
 
 
 def main() -> int:
