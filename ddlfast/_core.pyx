@@ -21,10 +21,11 @@ from ddlfast._core cimport (
 
 import operator
 
-from ddlfast.errors import DdlfastBrokenError, DdlfastError, DdlfastTimeoutError
+from ddlfast.errors import DdlfastBrokenError, DdlfastConsistentError, DdlfastError, DdlfastTimeoutError
 
 _STATUS_TIMEOUT = 3
 _STATUS_BROKEN = 5
+_STATUS_CONSISTENT = 6
 
 
 cdef int raise_on_error(const Status& status) except -1:
@@ -35,6 +36,8 @@ cdef int raise_on_error(const Status& status) except -1:
         raise DdlfastTimeoutError(message)
     if status.code_int() == _STATUS_BROKEN:
         raise DdlfastBrokenError(message)
+    if status.code_int() == _STATUS_CONSISTENT:
+        raise DdlfastConsistentError(message)
     raise DdlfastError(message)
 
 

@@ -45,6 +45,9 @@ CLOSE_TIMEOUT_S = 60.0
 # Arrays below this are packed into the fused buffer; larger ones are reduced in place. A function of the
 # size alone (agreed by every rank), so every rank lays a bucket out the same way.
 PACK_BELOW_BYTES = 256 << 10
+# dtypes whose arithmetic for an op only the host engine does exactly (integer average without wrapping, half
+# types pre-scaled or checked for overflow); GPU arrays of these go through pinned host copies.
+_HOST_ARITHMETIC = {"average": ("int32", "int64", "float16", "bfloat16"), "sum": ("float16", "bfloat16")}
 # Variables outside Settings that change what a context's creation does collectively (topology, probe).
 _CREATION_VARIABLES = ("DDLFAST_PROBE", "DDLFAST_HOSTS_PER_GROUP", "DDLFAST_CUDA_AWARE_MPI")
 
@@ -405,6 +408,8 @@ class Context:
         try:
             self._core.allreduce_array(array, array.size, code, op_code, ring_dims, settings.chunk_bytes,
                                        settings.receives_in_flight, settings.small_bytes, self._rank_order)
+        except DdlfastConsistentError:
+            raise
         except BaseException as error:
             self._after_failure(error)
             raise
@@ -544,7 +549,9 @@ class Context:
         submission = request.submission
         plain = isinstance(request.compression, tuple) and not wire_by_dim(
             request.compression, request.dims, self._hosts_tier(request.dims))
-        if plain and not request.error_feedback:
+        # Integer average and the half types' checked arithmetic (docs/numerics.md) live in the host engine.
+        exact = any(b.dtype_name in _HOST_ARITHMETIC.get(request.op, ()) for b in submission.buffers)
+        if plain and not request.error_feedback and not exact:
             path.run(submission, request.op, request.dims, request.settings, self._rank_order,
                      request.wait_on_host)
             if self._timeline is not None:

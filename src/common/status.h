@@ -16,6 +16,9 @@ enum class StatusCode : int {
   // The communicator is out of step (an earlier stall or failure left
   // messages in flight, or the context was closed mid-wait): abort the job.
   kBroken = 5,
+  // Refused on every rank alike at the same point, with nothing in flight (a
+  // check on data every rank holds identically): the context stays usable.
+  kConsistent = 6,
 };
 
 class Status {
@@ -27,6 +30,7 @@ class Status {
   static Status invalid(std::string message) {
     return Status(StatusCode::kInvalidArgument, std::move(message));
   }
+  static Status consistent(std::string message) { return Status(StatusCode::kConsistent, std::move(message)); }
 
   bool is_ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }

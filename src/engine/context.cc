@@ -19,7 +19,7 @@ Status Context::allreduce(const SegmentedBuffer& data, DType dtype, ReduceOp op,
     found = engines_.emplace(std::move(key), std::move(engine)).first;
   }
   const Status status = found->second->run(data, dtype, op, options);
-  if (!status.is_ok()) transport_->abandon(status);
+  if (!status.is_ok() && status.code() != StatusCode::kConsistent) transport_->abandon(status);
   return status;
 }
 

@@ -74,7 +74,7 @@ Status ExactArithmetic::before(const SegmentedBuffer& data, DType dtype, ReduceO
   mode_ = Mode::kNone;
   if (integer && op == ReduceOp::kAverage) {
     if (dtype == DType::kInt32 && world > kMaxInt32AverageWorld) {
-      return Status::invalid("int32 average is exact up to " + std::to_string(kMaxInt32AverageWorld) + " ranks, not " +
+      return Status::consistent("int32 average is exact up to " + std::to_string(kMaxInt32AverageWorld) + " ranks, not " +
                              std::to_string(world) + "; use int64");
     }
     mode_ = Mode::kIntegerAverage;
@@ -151,7 +151,7 @@ Status ExactArithmetic::finish_halves(MpiTransport* transport) {
     }
     return Status::ok();
   }
-  return Status::invalid(std::string(dtype_name(dtype_)) + " sum overflowed: " + std::to_string(overflowed.size()) +
+  return Status::consistent(std::string(dtype_name(dtype_)) + " sum overflowed: " + std::to_string(overflowed.size()) +
                          " of " + std::to_string(data_->count()) + " elements (first at " +
                          std::to_string(overflowed.front()) + ") went past +-" + largest_finite_text(dtype_) +
                          ", the largest " + dtype_name(dtype_) + ", in a partial sum of finite inputs, and the "

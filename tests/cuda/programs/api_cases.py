@@ -44,7 +44,7 @@ def expect(case: int, dtype: type, sizes: list[int], op: str, got: list[np.ndarr
         per_rank = [inputs(r, case, dtype, sizes)[i] for r in range(world)]
         if np.dtype(dtype).kind == "i":
             want = np.sum([a.astype(np.int64) for a in per_rank], axis=0)
-            want = np.trunc(want / world) if op == "average" else want
+            want = want // world if op == "average" else want  # floor of the exact sum (docs/numerics.md)
             ok = np.array_equal(value.astype(np.int64), want.astype(np.int64))
         else:
             want = np.sum([a.astype(np.float64) for a in per_rank], axis=0)

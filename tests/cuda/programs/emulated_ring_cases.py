@@ -61,7 +61,9 @@ for case in range(64):
     chunk_bytes = int(case_rng.choice([8, 24, 64, 1000, 4096, 65536, 1 << 20]))
     slots = int(case_rng.choice([2, 3, 4]))
     small_bytes = int(case_rng.choice([0, 0, 0, 64]))
-    op = int(case_rng.integers(0, 2))
+    # The GPU ring runs sum, and float32/float64 average; integer average and the half types' checked
+    # arithmetic run on the host engine (see Context._execute_gpu), so they are not compared here.
+    op = int(case_rng.integers(0, 2)) if dtype in ("float32", "float64") else 0
     order = tuple(case_rng.permutation(world).tolist()) if case_rng.random() < 0.3 else ()
     direct = bool(case_rng.random() < 0.5)
     seed = int(case_rng.integers(0, 1 << 30))
