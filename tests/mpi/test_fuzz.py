@@ -40,7 +40,8 @@ def test_fuzz_against_numpy_reference(ranks: int) -> None:
     seed = fuzz_seed()
     cases = max(1, round(CASES[ranks] * float(os.environ.get("DDLFAST_FUZZ_SCALE", "1"))))
     # A collective that stalls (a bug) raises on the waiting ranks instead of hanging the suite.
-    result = run_mpi(ranks, "fuzz_cases.py", "--seed", str(seed), "--cases", str(cases),
+    # One case in ten injects one fault on one rank: every rank must name it, and the next case must run.
+    result = run_mpi(ranks, "fuzz_cases.py", "--seed", str(seed), "--cases", str(cases), "--faults", "0.1",
                      env={"DDLFAST_TIMEOUT_S": "60"}, timeout=600, check=False)
     output = result.stdout + result.stderr
     summary = re.search(r"^(\d+) cases on (\d+) ranks in ([\d.]+) s \(seed (\d+)\), (\d+) failures$", result.stdout,

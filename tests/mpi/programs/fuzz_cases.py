@@ -30,6 +30,7 @@ the command that reproduces it. Prints "N cases on P ranks, F failures".
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import os
 import sys
@@ -86,12 +87,15 @@ class Case:
     env: tuple[tuple[str, str], ...]
     log_scale: float  # float inputs are standard normal times 10**log_scale
     spread: bool  # element magnitudes also spread over three decades
+    fault: tuple[str, int] | None = None  # (kind, rank): one rank's arguments differ (see FAULTS)
 
     def describe(self) -> str:
         arrays = ", ".join(f"{a.dtype}{list(a.shape)}@{a.byte_offset}" for a in self.arrays)
         env = " ".join(f"{k}={v}" for k, v in self.env) or "-"
+        fault = f" fault: {self.fault[0]} on rank {self.fault[1]}" if self.fault else ""
         return (f"case {self.index}: {self.api}([{arrays}], op={self.op!r}, dims={self.dims!r}, "
-                f"compression={self.compression!r}) env: {env} scale=1e{self.log_scale:.2f} spread={self.spread}")
+                f"compression={self.compression!r}) env: {env} scale=1e{self.log_scale:.2f} spread={self.spread}"
+                f"{fault}")
 
 
 # ------------------------------------------------------------------------------------------------ drawing cases
@@ -190,6 +194,18 @@ def draw_env(specs: list[ArraySpec], rng: np.random.Generator) -> dict[str, str]
     if rng.random() < 0.3:
         env["DDLFAST_RECEIVES_IN_FLIGHT"] = str(int(rng.integers(2, 9)))
     return env
+
+
+# One rank's arguments differ from the others' (drawn with --faults): every rank must raise a DdlfastError that
+# names that rank, without a stall, and the next case must run normally on the same context.
+FAULTS = ("dtype", "length", "op", "strided", "extra-array")
+
+
+def draw_fault(seed: int, world: int, index: int, chance: float) -> tuple[str, int] | None:
+    rng = np.random.default_rng([seed, world, index, 7])  # its own stream: the case itself is drawn as without
+    if world < 2 or rng.random() >= chance:
+        return None
+    return str(rng.choice(FAULTS)), int(rng.integers(0, world))
 
 
 def make_case(seed: int, world: int, index: int, large: int, misaligned: float = 0.1) -> Case:
@@ -306,6 +322,46 @@ def set_environment(case: Case, base: dict[str, str | None]) -> None:
     os.environ.update(dict(case.env))
 
 
+def faulty_arguments(case: Case, arrays: list[np.ndarray]) -> tuple[list[np.ndarray], str]:
+    """This rank's arguments under the case's fault."""
+    kind = case.fault[0]
+    first = arrays[0]
+    if kind == "dtype":
+        other = np.float64 if first.dtype != np.float64 else np.float32
+        return [np.zeros(first.shape, other), *arrays[1:]], case.op
+    if kind == "length":
+        return [np.zeros(first.size + 1, first.dtype), *arrays[1:]], case.op
+    if kind == "op":
+        return arrays, "average" if case.op == "sum" else "sum"
+    if kind == "strided":
+        return [np.zeros(2 * max(first.size, 2), first.dtype)[::2], *arrays[1:]], case.op
+    return [*arrays, np.zeros(3, first.dtype)], case.op  # extra-array
+
+
+def collective(case: Case, arrays: list[np.ndarray], op: str) -> list:
+    if case.api == "allreduce" and len(arrays) == 1:
+        return [ddlfast.allreduce(arrays[0], op=op, dims=case.dims, compression=case.compression)]
+    if case.api == "async":
+        return ddlfast.fused_allreduce_async(arrays, op=op, dims=case.dims, compression=case.compression).wait()
+    return ddlfast.fused_allreduce(arrays, op=op, dims=case.dims, compression=case.compression)
+
+
+def run_faulty_case(comm: MPI.Intracomm, case: Case, arrays: list[np.ndarray]) -> list[str]:
+    """Every rank must raise a DdlfastError naming the faulty rank; the context must stay usable."""
+    rank = comm.Get_rank()
+    kind, culprit = case.fault
+    mine, op = faulty_arguments(case, arrays) if rank == culprit else (arrays, case.op)
+    try:
+        collective(case, mine, op)
+    except ddlfast.DdlfastBrokenError as error:
+        return [f"fault {kind} on rank {culprit} broke the context: {error}"]
+    except ddlfast.DdlfastError as error:
+        if f"rank {culprit}" not in str(error) and f"ranks {culprit}" not in str(error):
+            return [f"fault {kind} on rank {culprit}: the error does not name it: {error}"]
+        return []
+    return [f"fault {kind} on rank {culprit} was not detected"]
+
+
 def run_case(comm: MPI.Intracomm, seed: int, case: Case) -> list[str]:
     rank, world = comm.Get_rank(), comm.Get_size()
     buffers, arrays = [], []
@@ -313,14 +369,10 @@ def run_case(comm: MPI.Intracomm, seed: int, case: Case) -> list[str]:
         buffer, view = placed(contribution(seed, case, i, rank), spec)
         buffers.append(buffer)
         arrays.append(view)
+    if case.fault is not None:
+        return run_faulty_case(comm, case, arrays)
     problems = []
-    if case.api == "allreduce":
-        returned = [ddlfast.allreduce(arrays[0], op=case.op, dims=case.dims, compression=case.compression)]
-    elif case.api == "fused":
-        returned = ddlfast.fused_allreduce(arrays, op=case.op, dims=case.dims, compression=case.compression)
-    else:
-        handle = ddlfast.fused_allreduce_async(arrays, op=case.op, dims=case.dims, compression=case.compression)
-        returned = handle.wait()
+    returned = collective(case, arrays, case.op)
     if len(returned) != len(arrays) or any(r is not a for r, a in zip(returned, arrays, strict=False)):
         problems.append("did not return the arrays it reduced in place")
     for i, (buffer, spec) in enumerate(zip(buffers, case.arrays, strict=True)):
@@ -351,6 +403,8 @@ def main() -> int:
     parser.add_argument("--large", type=int, default=200_003, help="upper end of the rare large counts")
     parser.add_argument("--misaligned", type=float, default=0.1,
                         help="chance that an array sits at a byte offset that is not a multiple of its itemsize")
+    parser.add_argument("--faults", type=float, default=0.0,
+                        help="chance that a case injects one fault on one rank (FAULTS)")
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
     rank, world = comm.Get_rank(), comm.Get_size()
@@ -361,12 +415,14 @@ def main() -> int:
               f"(core: {_core.__file__})", flush=True)
     start = time.perf_counter()
     failures: list[str] = []
-    ran = rejected = 0
+    ran = rejected = injected = 0
     for index in indices:
         case = make_case(args.seed, world, index, args.large, args.misaligned)
+        case = dataclasses.replace(case, fault=draw_fault(args.seed, world, index, args.faults))
+        injected += case.fault is not None
         set_environment(case, base)
         reproduce = (f"reproduce: mpiexec -n {world} python tests/mpi/programs/fuzz_cases.py --seed {args.seed} "
-                     f"--only {index} --large {args.large} --misaligned {args.misaligned}")
+                     f"--only {index} --large {args.large} --misaligned {args.misaligned} --faults {args.faults}")
         try:
             problems = run_case(comm, args.seed, case)
         except ddlfast.DdlfastError as error:
@@ -389,6 +445,8 @@ def main() -> int:
     if rank == 0:
         if rejected:
             print(f"{rejected} cases with misaligned arrays were refused with an alignment error")
+        if injected:
+            print(f"{injected} cases injected a fault on one rank (every rank had to name it)")
         print(f"{ran} cases on {world} ranks in {elapsed:.1f} s (seed {args.seed}), {len(all_failures)} failures")
         for line in all_failures[:30]:
             print(line)
