@@ -103,7 +103,8 @@ cdef extern from "transport/mpi_transport.h" namespace "ddlfast" nogil:
     cdef cppclass MpiTransport:
         void set_timeout(double seconds)
         Status wait_request(MPI_Request* request, const char* what, int peer) except +
-        Status agree(uint64_t sequence, uint64_t digest, bool* agreed) except +
+        Status agree(uint64_t digest, bool* agreed) except +
+        uint64_t sequence()
         void abandon_and_tell(const string& reason) except +
         bool broken()
         const string& broken_reason()

@@ -266,16 +266,21 @@ cdef class CoreContext:
     def set_timeout(self, double seconds):
         self.get().transport().set_timeout(seconds)
 
-    def agree(self, uint64_t sequence, uint64_t digest) -> bool:
-        """The per-call agreement (MpiTransport::agree): True when every rank passed the same
-        (sequence, digest). Stall-limited; raises when the context is broken."""
+    def agree(self, uint64_t digest) -> bool:
+        """The per-call agreement (MpiTransport::agree): True when every rank passed the same digest in the
+        same collective. Stall-limited; raises when the context is broken."""
         cdef bool agreed = False
         cdef Status status
         cdef Context* context = self.get()
         with nogil:
-            status = context.transport().agree(sequence, digest, &agreed)
+            status = context.transport().agree(digest, &agreed)
         raise_on_error(status)
         return agreed
+
+    @property
+    def sequence(self) -> int:
+        """The number of the collective in progress (of the latest agreement) on this context."""
+        return self.get().transport().sequence()
 
     def wait_requests(self, requests, what: str) -> None:
         """Complete mpi4py requests (any communicator) through the core's one stall-limited poll loop."""
@@ -357,24 +362,39 @@ cdef class CoreContext:
         return 0
 
     def allreduce_array(self, array, size_t count, int dtype, int op, dims, size_t chunk_bytes,
-                        int receives_in_flight, size_t small_bytes, order=(), wire=()):
-        """allreduce() for one array that exports a writable C-contiguous buffer.
+                        int receives_in_flight, size_t small_bytes, order, uint64_t digest):
+        """allreduce() for one array, with the per-call agreement on `digest` in the same call (one crossing
+        into the core): the latency path.
 
-        The latency path: taking the pointer through the buffer protocol costs a
-        fraction of a microsecond; raises BufferError when the array cannot.
+        Returns 1 when done; 0, having sent nothing, when the ranks disagree; -1, having done nothing (not
+        even the agreement), when the array does not export a writable C-contiguous buffer of whole aligned
+        elements: the caller then takes the general path, which says what is wrong on every rank.
         """
         cdef Py_buffer view
         cdef vector[char*] bases
         cdef vector[size_t] sizes
-        PyObject_GetBuffer(array, &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)
+        cdef bool agreed = False
+        cdef Status status
+        cdef Context* context = self.get()
         try:
-            if <size_t>view.len != count * <size_t>view.itemsize:
-                raise DdlfastError(f"buffer holds {view.len} bytes, expected {count} elements")
+            PyObject_GetBuffer(array, &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)
+        except (BufferError, ValueError):  # read-only or not C-contiguous
+            return -1
+        try:
+            if (<size_t>view.len != count * <size_t>view.itemsize
+                    or (<uintptr_t>view.buf) % <uintptr_t>view.itemsize != 0):
+                return -1
+            with nogil:
+                status = context.transport().agree(digest, &agreed)
+            raise_on_error(status)
+            if not agreed:
+                return 0
             bases.push_back(<char*>view.buf)
             sizes.push_back(count)
-            self._run(bases, sizes, dtype, op, dims, chunk_bytes, receives_in_flight, small_bytes, order, wire)
+            self._run(bases, sizes, dtype, op, dims, chunk_bytes, receives_in_flight, small_bytes, order, ())
         finally:
             PyBuffer_Release(&view)
+        return 1
 
     def take_overflows(self) -> int:
         """Finite values this rank's wire encoders turned into inf since the last call."""

@@ -52,10 +52,9 @@ class Agreement:
     """The per-call check of one context: `check(layout)` before every collective (see the module doc)."""
 
     def __init__(self, core: Any, control: Any) -> None:
-        self._core = core  # ddlfast._core.CoreContext: agree() is the 16-byte collective
+        self._core = core  # ddlfast._core.CoreContext: agree() is the 16-byte collective, and counts them
         self._control = control  # ddlfast.control.Control: descriptions on a mismatch
-        self._digests: dict[tuple, int] = {}
-        self.sequence = 0  # collectives this context has started; part of every fingerprint
+        self._digests: dict[tuple, int] = {}  # the core counts collectives: its sequence is in every fingerprint
 
     def digest(self, layout: tuple) -> int:
         try:
@@ -71,11 +70,13 @@ class Agreement:
     def check(self, layout: tuple, digest: int | None = None) -> None:
         """Collective: returns when every rank passed the same layout in the same collective; otherwise every
         rank raises the same DdlfastError naming who passed what."""
-        sequence = self.sequence
-        self.sequence += 1
-        if self._core.agree(sequence, self.digest(layout) if digest is None else digest):
-            return
-        descriptions = self._control.allgather_objects(describe(layout, sequence),
+        if not self._core.agree(self.digest(layout) if digest is None else digest):
+            self.disagreed(layout)
+
+    def disagreed(self, layout: tuple) -> None:
+        """After an agreement that failed on every rank (here, or inside a core call that runs it itself, as
+        the latency path does): exchange descriptions, raise the same error everywhere."""
+        descriptions = self._control.allgather_objects(describe(layout, self._core.sequence),
                                                        "the description of every rank's collective")
         raise DdlfastConsistentError(disagreement_message(descriptions))
 

@@ -389,31 +389,35 @@ class Context:
                 pass
             if plan is None or plan[0] is not settings:
                 plan = self._fast_plan(array, op, dims, compression, settings)
-        if plan is not None:
-            flags = array.flags
-            if not (flags.c_contiguous and flags.writeable and flags.aligned):
-                plan = None
         if plan is None:  # the general path: full validation and messages, compression, GPU arrays
             return self._fused_allreduce([array], op, dims, compression, False, stream)[0]
         if self._worker is None:  # _in_order's own first case, spelled out: this is the latency path
             with self._lock:
                 self._check_open()
-                return self._allreduce_now(array, plan, settings)
-        return self._in_order(lambda: self._allreduce_now(array, plan, settings), "allreduce")
+                done = self._allreduce_now(array, plan, settings)
+        else:
+            done = self._in_order(lambda: self._allreduce_now(array, plan, settings), "allreduce")
+        if not done:  # not a plain writable C-contiguous aligned buffer: nothing ran; the general path says why
+            return self._fused_allreduce([array], op, dims, compression, False, stream)[0]
+        return array
 
-    def _allreduce_now(self, array: np.ndarray, plan: tuple, settings: Settings) -> np.ndarray:
+    def _allreduce_now(self, array: np.ndarray, plan: tuple, settings: Settings) -> bool:
+        """False when the array's buffer cannot take the latency path (nothing ran, not even the agreement)."""
         _, code, op_code, ring_dims, layout, digest = plan
-        self._set_core_timeout(settings.timeout_s)
-        self._agreement.check(layout, digest)
-        try:
-            self._core.allreduce_array(array, array.size, code, op_code, ring_dims, settings.chunk_bytes,
-                                       settings.receives_in_flight, settings.small_bytes, self._rank_order)
+        if self._core_timeout_s != settings.timeout_s:
+            self._set_core_timeout(settings.timeout_s)
+        try:  # the agreement and the collective in one call into the core
+            outcome = self._core.allreduce_array(array, array.size, code, op_code, ring_dims, settings.chunk_bytes,
+                                                 settings.receives_in_flight, settings.small_bytes,
+                                                 self._rank_order, digest)
         except DdlfastConsistentError:
             raise
         except BaseException as error:
             self._after_failure(error)
             raise
-        return array
+        if outcome == 0:
+            self._agreement.disagreed(layout)
+        return outcome > 0
 
     def _fast_plan(self, array: np.ndarray, op: str, dims: object, compression: object,
                    settings: Settings) -> tuple | None:

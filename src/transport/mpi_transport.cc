@@ -429,10 +429,9 @@ void MpiTransport::abandon_and_tell(const std::string& reason) {
   census(kAskAfterFailure);  // ranks waiting for this one fail now instead of at their stall limit
 }
 
-Status MpiTransport::agree(std::uint64_t sequence, std::uint64_t digest, bool* agreed) {
+Status MpiTransport::agree(std::uint64_t digest, bool* agreed) {
   DDLFAST_RETURN_IF_ERROR(refuse_if_broken());
-  sequence_ = sequence;
-  const std::uint64_t fingerprint = mix(sequence, digest);
+  const std::uint64_t fingerprint = mix(++sequence_, digest);
   *agreed = true;
   if (size_ == 1) return Status::ok();
   std::uint64_t* both = scratch_->agree;

@@ -65,10 +65,13 @@ class MpiTransport final : public Transport {
   // since `since` for the stall limit.
   Status idle(std::chrono::steady_clock::time_point since, const char* what, int peer);
 
-  // The per-call agreement: true when every rank passed the same
-  // (sequence number, digest). One 16-byte MPI_Iallreduce(MAX) of (f, ~f):
+  // The per-call agreement: true when every rank passed the same digest in
+  // the same collective (this transport's sequence number, counted here and
+  // mixed into the fingerprint). One 16-byte MPI_Iallreduce(MAX) of (f, ~f):
   // max(f) == f and min(f) == f on every rank iff all fingerprints are equal.
-  Status agree(std::uint64_t sequence, std::uint64_t digest, bool* agreed);
+  Status agree(std::uint64_t digest, bool* agreed);
+  // The sequence number of the latest agreement (the collective in progress).
+  std::uint64_t sequence() const { return sequence_; }
 
   // MPI's own allreduce on the private communicator (the small-message path),
   // stall-limited, through an internal copy so that a collective abandoned
@@ -112,7 +115,7 @@ class MpiTransport final : public Transport {
   int rank_ = 0;
   int size_ = 1;
   double timeout_s_ = 0.0;  // 0: wait forever
-  std::uint64_t sequence_ = 0;  // the collective this rank is in (for census answers)
+  std::uint64_t sequence_ = 0;  // the collective this rank is in (agreements so far; in census answers too)
   std::vector<MPI_Request> requests_;
   std::vector<int> peers_;
   std::vector<char> is_receive_;
