@@ -12,7 +12,6 @@ import itertools
 import json
 import os
 import threading
-import time
 
 from ddlfast import config
 from ddlfast.errors import DdlfastError
@@ -52,9 +51,6 @@ class Timeline:
                 "ts": start_s * 1e6, "dur": max(0.0, end_s - start_s) * 1e6, "args": args,
             })
 
-    def span(self, name: str, thread: str = "comm", **args: object) -> _Span:
-        return _Span(self, name, thread, args)
-
     def flush(self) -> None:
         """Rewrite the file as one JSON array (cheap enough per step: events are bounded)."""
         with self._lock:
@@ -66,15 +62,3 @@ class Timeline:
                 file.write((prefix + ",".join(json.dumps(e) for e in self._events) + "]").encode())
             self._written += len(self._events)
             self._events.clear()
-
-
-class _Span:
-    def __init__(self, timeline: Timeline, name: str, thread: str, args: dict) -> None:
-        self.timeline, self.name, self.thread, self.args = timeline, name, thread, args
-
-    def __enter__(self) -> _Span:
-        self.start = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.timeline.add(self.name, self.start, time.perf_counter(), self.thread, **self.args)

@@ -1,5 +1,6 @@
 // The one context object: owns the private communicator (transport) and one
-// engine per ring shape. Nothing else in the C++ core holds mutable state.
+// engine per ring shape. The GPU side (src/kernels/cuda/cuda_context.h) is the
+// other context object; nothing else in the C++ core holds mutable state.
 #pragma once
 
 #include <map>

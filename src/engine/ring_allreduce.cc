@@ -36,10 +36,6 @@ Status RingAllreduce::create(MpiTransport* transport, const std::vector<int>& di
   return Status::ok();
 }
 
-Status RingAllreduce::run(void* data, std::size_t count, DType dtype, ReduceOp op, const EngineOptions& options) {
-  return run(SegmentedBuffer({static_cast<char*>(data)}, {count}, dtype_size(dtype)), dtype, op, options);
-}
-
 // Tiny buffers: MPI_Allreduce's log(p) steps beat the ring's 2(p-1).
 Status RingAllreduce::run_small(const SegmentedBuffer& data, DType dtype, int divisor, const EngineOptions& options) {
   const std::size_t count = data.count();

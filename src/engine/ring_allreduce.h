@@ -48,13 +48,10 @@ class RingAllreduce {
   static Status create(MpiTransport* transport, const std::vector<int>& dims, const std::vector<int>& order,
                        std::unique_ptr<RingAllreduce>* out);
 
-  const Torus& torus() const { return ring_.torus; }
-
-  // In-place allreduce of `count` elements; every rank passes the same
-  // count, dtype, op and options. Identical bits land on every rank because
-  // each element is reduced by exactly one rank and then copied.
-  Status run(void* data, std::size_t count, DType dtype, ReduceOp op, const EngineOptions& options);
-  // The same over several arrays treated as one buffer (no packing).
+  // In-place allreduce of several arrays treated as one buffer (no packing);
+  // every rank passes the same counts, dtype, op and options (the per-call
+  // agreement checked it). Identical bits land on every rank because each
+  // element is reduced by exactly one rank and then copied.
   Status run(const SegmentedBuffer& data, DType dtype, ReduceOp op, const EngineOptions& options);
 
  private:

@@ -20,7 +20,6 @@ class SegmentedBuffer {
   }
 
   std::size_t count() const { return starts_.back(); }
-  std::size_t segments() const { return bases_.size(); }
   std::size_t element_size() const { return element_size_; }
 
   // Address of logical element `element` (which must be < count()).
