@@ -3,8 +3,9 @@ time from the call to the error. A report, not a test (tests/mpi/test_bad_input.
 
     .venv/bin/mpiexec -n 4 .venv/bin/python bench/failures.py [--timeout 3]
 
-Cases that disagree across ranks are passed differently by rank 1 only; the stall case (rank 3 never calls)
-runs last, because afterwards the communicator is out of step.
+Cases that disagree across ranks are passed differently by rank 1 only (after every rank used both layouts, so
+nothing is "new"); the failure mid-collective runs on a context of its own (it leaves that context broken); the
+stall case (rank 3 never calls) runs last, because afterwards the communicator is out of step.
 """
 
 from __future__ import annotations
@@ -47,7 +48,43 @@ def typo_env() -> object:
         del os.environ["DDLFAST_BUKET_BYTES"]
 
 
+CACHED_F32, CACHED_I32 = np.ones(3000, np.float32), np.ones(3000, np.int32)
+
+
+class FailingCodec:
+    def compress(self, bucket: np.ndarray, state: dict) -> list:
+        if rank == 1:
+            raise RuntimeError("injected codec failure")
+        return [bucket.copy()]
+
+    def decompress(self, payloads: list, bucket: np.ndarray, state: dict) -> None:
+        bucket[...] = sum(p[0] for p in payloads)
+
+
+def codec_failure_on_own_context() -> object:
+    context = ddlfast.Context(comm)
+    return context.fused_allreduce([np.ones(10, np.float32)], compression=FailingCodec())
+
+
+def chunk_differs() -> object:
+    if rank == 1:
+        os.environ["DDLFAST_CHUNK_BYTES"] = "64KiB"
+    try:
+        return ddlfast.allreduce(np.ones(100_000, np.float32))
+    finally:
+        os.environ.pop("DDLFAST_CHUNK_BYTES", None)
+
+
 CASES: list[tuple[str, Callable[[], object]]] = [
+    ("dtype mismatch after both layouts were cached",
+     lambda: ddlfast.allreduce(CACHED_I32 if rank == 1 else CACHED_F32)),
+    ("small-path length mismatch", mismatched(lambda: [np.ones(9, np.float32)], lambda: [np.ones(8, np.float32)])),
+    ("strided array on rank 1 only", lambda: ddlfast.allreduce(np.ones(2000, np.float32)[::2] if rank == 1
+                                                               else np.ones(1000, np.float32))),
+    ("same array twice on rank 1", mismatched(lambda: [CACHED_F32, CACHED_F32],
+                                              lambda: [CACHED_F32, CACHED_F32.copy()])),
+    ("broadcast: every rank names itself root", lambda: ddlfast.broadcast(np.ones(10, np.float32), root=rank)),
+    ("DDLFAST_CHUNK_BYTES differs on rank 1", chunk_differs),
     ("shape mismatch", mismatched(lambda: [np.ones(1007, np.float32)], lambda: [np.ones(1000, np.float32)])),
     ("dtype mismatch", mismatched(lambda: [np.ones(1000, np.float64)], lambda: [np.ones(1000, np.float32)])),
     ("array count mismatch", mismatched(lambda: [np.ones(10, np.float32)] * 3, lambda: [np.ones(10, np.float32)] * 2)),
@@ -63,6 +100,7 @@ CASES: list[tuple[str, Callable[[], object]]] = [
     ("dims product != world", same_everywhere(lambda: ddlfast.allreduce(np.ones(4, np.float32), dims="3x5"))),
     ("malformed env value", same_everywhere(bad_env)),
     ("unknown env name", same_everywhere(typo_env)),
+    ("user codec fails mid-collective on rank 1 (own context)", codec_failure_on_own_context),
 ]
 
 
@@ -74,6 +112,8 @@ def report(name: str, call: Callable[[], object]) -> None:
         outcome = "no error"
     except ddlfast.DdlfastError as error:
         outcome = f"{type(error).__name__}: {error}"
+    except Exception as error:  # noqa: BLE001 - reported, it is what this bench shows
+        outcome = f"NOT A DdlfastError {type(error).__name__}: {error}"
     elapsed = time.perf_counter() - start
     lines = comm.gather((rank, elapsed, outcome), root=0)
     if rank == 0:
@@ -87,6 +127,8 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=3.0, help="DDLFAST_TIMEOUT_S for the stall case")
     args = parser.parse_args()
     ddlfast.allreduce(np.ones(4, np.float32))  # the default context exists on every rank
+    ddlfast.allreduce(CACHED_F32)  # both layouts are agreed before they are mixed
+    ddlfast.allreduce(CACHED_I32)
     for name, call in CASES:
         report(name, call)
     os.environ["DDLFAST_TIMEOUT_S"] = str(args.timeout)
