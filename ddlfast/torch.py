@@ -484,3 +484,12 @@ def broadcast_parameters(params: torch.nn.Module | dict | Iterable[torch.Tensor]
             n = t.numel() * t.element_size()
             t.copy_(flat[offset:offset + n].to(t.device).view(t.dtype).view_as(t))
             offset += n
+
+
+# DDP users keep DDP: communication hooks (ddlfast/torch_ddp.py; imported last, it uses this module's helpers).
+from ddlfast.torch_ddp import HookState, allreduce_hook, bf16_hook, fp16_hook, init_process_group  # noqa: E402
+
+__all__ = [
+    "DistributedOptimizer", "GradientReducer", "HookState", "allreduce_hook", "bf16_hook", "broadcast_parameters",
+    "distribute", "fp16_hook", "init_process_group",
+]
