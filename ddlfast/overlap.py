@@ -94,7 +94,8 @@ def training_steps(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.
     steps["blocking fused_allreduce"] = step_of(blocking, sgd(blocking), lambda: context.fused_allreduce(
         [p.grad.numpy() for p in blocking.parameters()], op="average"))
     for name, hook in (ddp_hooks or {}).items():
-        ddp = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(model))
+        ddp = torch.nn.parallel.DistributedDataParallel(  # DDP's buckets as large as ddlfast's
+            copy.deepcopy(model), bucket_cap_mb=(bucket_bytes or 25 * 2**20) / 2**20)
         if hook is not None:
             ddp.register_comm_hook(dt.HookState(context=context), hook)
         steps[name] = step_of(ddp, sgd(ddp))

@@ -396,7 +396,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
     instance of a subclass of both this class and SGD, sharing the optimizer's state and param_groups, so LR
     schedulers, GradScaler and state_dict() take it as the optimizer it is (Horovod's construction).
 
-    step() synchronizes first (no-op if synchronize() already ran); with a closure, after each closure call.
+    step() synchronizes first (no-op if synchronize() already ran); with a closure (LBFGS), after each closure
+    call, and the closure's loss is averaged over ranks so every rank takes the same decisions.
     skip_synchronize(): Horovod's pattern for clipping and AMP:
         optimizer.synchronize(); clip_grad_norm_(...)   # or scaler.unscale_(optimizer)
         with optimizer.skip_synchronize(): optimizer.step()
@@ -444,9 +445,19 @@ class DistributedOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
             self.reducer.synchronize()
-            return loss
+            return self._average_loss(loss)
 
         return super().step(synchronized_closure)
+
+    def _average_loss(self, loss: Any) -> Any:
+        """The closure's loss averaged over ranks: optimizers such as LBFGS decide on it (stop, line search), so
+        every rank must see the same value or they would call the closure, and reduce, different numbers of
+        times."""
+        if loss is None:
+            return None
+        value = np.array([float(loss.detach() if isinstance(loss, torch.Tensor) else loss)], np.float64)
+        self.reducer.context.allreduce(value, op="average")
+        return torch.tensor(value[0], dtype=loss.dtype) if isinstance(loss, torch.Tensor) else float(value[0])
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.reducer.discard()

@@ -50,8 +50,13 @@ def init_process_group(backend: str = "gloo", **kwargs: Any) -> None:
     else:
         host = port = None
     host, port = comm.bcast((host, port), root=0)
-    same_host = all(comm.allgather(MPI.Get_processor_name() == host))
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1" if same_host else host)
+    if "MASTER_ADDR" not in os.environ:
+        same_host = all(comm.allgather(MPI.Get_processor_name() == host))
+        os.environ["MASTER_ADDR"] = "127.0.0.1" if same_host else comm.bcast(
+            _address_of(host) if rank == 0 else None, root=0)
+        if os.environ["MASTER_ADDR"] == "":
+            raise DdlfastError(f"rank 0's host name {host!r} does not resolve: set MASTER_ADDR to an address of "
+                               "rank 0 that every rank can reach")
     os.environ["MASTER_PORT"] = port
     os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(world)
     kwargs.setdefault("rank", rank)
@@ -59,6 +64,13 @@ def init_process_group(backend: str = "gloo", **kwargs: Any) -> None:
     dist.init_process_group(backend=backend, **kwargs)
     if dist.get_rank() != rank or dist.get_world_size() != world:
         raise DdlfastError(f"torch rank {dist.get_rank()} of {dist.get_world_size()} is MPI rank {rank} of {world}")
+
+
+def _address_of(host: str) -> str:
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        return ""
 
 
 def _free_port() -> int:

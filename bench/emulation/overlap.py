@@ -34,7 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     program = [sys.executable, str(OVERLAP), "--batch", str(args.batch), "--steps", str(args.steps),
                "--bucket-mib", str(args.bucket_mib)]
     with EmulatedCluster(args.hosts, args.rate) as cluster:
-        result = cluster.run([1] * args.hosts, program, timeout=args.timeout)
+        # gloo (DDP's set-up) needs rank 0's address in its namespace: host names there do not resolve.
+        result = cluster.run([1] * args.hosts, program, timeout=args.timeout,
+                             env={"MASTER_ADDR": cluster.host_address(0)})
     print(f"{args.hosts} hosts x 1 rank, links {args.rate}:")
     print(result.stdout, end="")
     if result.returncode != 0:

@@ -9,27 +9,15 @@ from tests.mpi.launcher import run_mpi
 pytest.importorskip("torch")
 
 
+# torch_cases.py: hooks average gradients, unused parameters, broadcast_parameters, training in sync.
+# torch_recipes.py: accumulation, clipping/AMP, sparse gradients, LR schedulers, buffers, unused parameters.
+# ddp_hooks.py: DDP on gloo with ddlfast's hooks gives DDP's own parameters (bit-identical at 2 ranks) with
+#   no_sync, find_unused_parameters and static_graph; fp16 no worse than torch's fp16_compress_hook; errors.
 @pytest.mark.mpi
 @pytest.mark.parametrize("ranks", [2, 3])
-def test_torch_hooks_average_gradients(ranks: int) -> None:
-    result = run_mpi(ranks, "torch_cases.py", timeout=300)
-    assert "0 failures" in result.stdout, result.stdout
-
-
-@pytest.mark.mpi
-@pytest.mark.parametrize("ranks", [2, 3])
-def test_torch_recipes(ranks: int) -> None:
-    """Accumulation, clipping/AMP, sparse gradients, LR schedulers, buffers, unused parameters."""
-    result = run_mpi(ranks, "torch_recipes.py", timeout=300)
-    assert "0 failures" in result.stdout, result.stdout
-
-
-@pytest.mark.mpi
-@pytest.mark.parametrize("ranks", [2, 3])
-def test_ddp_hooks_match_ddp_allreduce(ranks: int) -> None:
-    """DDP on gloo with ddlfast's hooks: the same parameters as DDP's own allreduce (bit-identical at 2 ranks),
-    with no_sync, find_unused_parameters and static_graph; fp16 no worse than torch's fp16_compress_hook."""
-    result = run_mpi(ranks, "ddp_hooks.py", timeout=300, env={"DDLFAST_TIMEOUT_S": "60"})
+@pytest.mark.parametrize("program", ["torch_cases.py", "torch_recipes.py", "ddp_hooks.py"])
+def test_torch_program(program: str, ranks: int) -> None:
+    result = run_mpi(ranks, program, timeout=300, env={"DDLFAST_TIMEOUT_S": "60"})
     assert "0 failures" in result.stdout, result.stdout
 
 

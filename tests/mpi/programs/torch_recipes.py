@@ -308,6 +308,40 @@ def optimizer_is_an_optimizer() -> None:
     other_reducer.remove()
 
 
+@case
+def closure_optimizer() -> None:
+    """LBFGS calls the closure several times and decides on its loss: against one process minimising the mean of
+    every rank's loss."""
+    model = net()
+    reference = copy.deepcopy(model)
+    reducer = dt.distribute(model)
+    optimizer = dt.DistributedOptimizer(torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=5), reducer)
+    reference_opt = torch.optim.LBFGS(reference.parameters(), lr=0.5, max_iter=5)
+    x, y = batch(5)
+    shards = comm.allgather((x, y))
+
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        return loss
+
+    def reference_closure() -> torch.Tensor:
+        reference_opt.zero_grad()
+        loss = sum(torch.nn.functional.cross_entropy(reference(a), b) for a, b in shards) / world
+        loss.backward()
+        return loss
+
+    for _ in range(2):
+        optimizer.step(closure)
+        reference_opt.step(reference_closure)
+    for p, want in zip(model.parameters(), reference.parameters(), strict=True):
+        if not torch.allclose(p, want, rtol=1e-4, atol=1e-5):
+            fail("closure_optimizer", f"LBFGS differs from the reference by {(p - want).abs().max():.3g}")
+    check_equal_across_ranks("closure_optimizer", list(model.parameters()), "parameters")
+    reducer.remove()
+
+
 # ---- buffers -------------------------------------------------------------------------------------------------
 
 @case
