@@ -161,7 +161,7 @@ def train_torch(data: Dataset, epochs: int, batch: int, lr: float, comm: MPI.Int
         torch.nn.Linear(width, width), torch.nn.ReLU(),
         torch.nn.Linear(width, 10),
     )
-    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1)  # broadcasts rank 0's weights
+    ddp = torch.nn.parallel.DistributedDataParallel(model)  # defaults, as users run it; broadcasts rank 0's weights
     ddp.register_comm_hook(dt.HookState(), dt.allreduce_hook)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=lr, momentum=0.9)
     train_x, train_y = torch.from_numpy(data.train_x), torch.from_numpy(data.train_y)
@@ -186,7 +186,7 @@ def train_torch(data: Dataset, epochs: int, batch: int, lr: float, comm: MPI.Int
 
     torch.manual_seed(4)
     probe = measure_overlap(model, train_x[:batch // world], train_y[:batch // world], steps=5, warmup=2,
-                            bucket_bytes=1 << 20, comm=comm)
+                            comm=comm)
     return TrainResult(accuracy, loss_value, samples / total, probe.communication_s, total,
                        probe.hidden_fraction, probe)
 
