@@ -24,21 +24,29 @@ def model_25m(width: int = 2048, depth: int = 6) -> torch.nn.Module:
     return torch.nn.Sequential(*layers)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--batch", type=int, default=64)
+def set_up(parser: argparse.ArgumentParser
+           ) -> tuple[argparse.Namespace, torch.nn.Module, torch.Tensor, torch.Tensor]:
+    """What both PyTorch benches share: their options, torch's threads, torch.distributed (for the DDP routes;
+    MASTER_ADDR from the environment when set), the model (rank 0's on every rank) and one batch."""
+    parser.add_argument("--batch", type=int, default=64, help="per rank")
     parser.add_argument("--steps", type=int, default=7)
-    parser.add_argument("--bucket-mib", type=float, default=8)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--width", type=int, default=2048)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    comm = MPI.COMM_WORLD
-    dt.init_process_group("gloo")  # for the DDP route (MASTER_ADDR from the environment when set)
+    dt.init_process_group("gloo")
     torch.manual_seed(0)
-    model = model_25m()
+    model = model_25m(width=args.width)
+    dt.broadcast_parameters(model)
+    return args, model, torch.randn(args.batch, 512), torch.randint(0, 10, (args.batch,))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bucket-mib", type=float, default=8)
+    args, model, inputs, targets = set_up(parser)
+    comm = MPI.COMM_WORLD
     parameters = sum(p.numel() for p in model.parameters())
-    inputs = torch.randn(args.batch, 512)
-    targets = torch.randint(0, 10, (args.batch,))
     result = measure_overlap(model, inputs, targets, steps=args.steps, warmup=2,
                              bucket_bytes=int(args.bucket_mib * 2**20), comm=comm)
     if comm.Get_rank() == 0:

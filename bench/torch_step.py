@@ -15,7 +15,7 @@ from mpi4py import MPI
 
 import ddlfast
 import ddlfast.torch as dt
-from bench.overlap_torch import model_25m
+from bench.overlap_torch import set_up
 from ddlfast.overlap import median_times, timed, training_steps
 
 BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb, for the ddlfast.torch route too
@@ -34,19 +34,9 @@ def bucket_overhead(nbytes: int, iters: int, comm: MPI.Intracomm) -> tuple[float
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=64, help="per rank")
-    parser.add_argument("--steps", type=int, default=7)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--width", type=int, default=2048)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    args, model, inputs, targets = set_up(parser)
     comm = MPI.COMM_WORLD
-    dt.init_process_group("gloo")
-    torch.manual_seed(0)
-    model = model_25m(width=args.width)
-    dt.broadcast_parameters(model)
-    inputs, targets = torch.randn(args.batch, 512), torch.randint(0, 10, (args.batch,))
     steps = training_steps(model, inputs, targets, bucket_bytes=BUCKET_BYTES, ddp_hooks=DDP_ROUTES)
     times = median_times(steps, args.steps, args.warmup, comm)
     overhead = {size: bucket_overhead(size, 30, comm) for size in (4096, 2**20)}
