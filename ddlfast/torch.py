@@ -202,13 +202,13 @@ class GradientReducer:
             broadcast_parameters(self._buffers, root=0, context=self.context)
 
     def _after_forward(self, module: torch.nn.Module, inputs: Any, output: Any) -> None:
-        if not torch.is_grad_enabled():
+        if not torch.is_grad_enabled() or not (self._phase == _SUBMITTED or self.find_unused_parameters):
             return
         outputs = _output_tensors(output)
         if self._phase == _SUBMITTED:
             for t in outputs:  # fail before backward accumulates into buckets that are on the wire
                 t.register_hook(self._second_backward)
-        elif self.find_unused_parameters:
+        else:
             reached = _reachable_parameters(outputs)
             unreached = {pid for pid in self._slot if pid not in reached}
             self._unreached = unreached if self._unreached is None else self._unreached & unreached
@@ -328,9 +328,9 @@ class GradientReducer:
             self._reset()
 
     def discard(self) -> None:
-        """Drop this step's reduction (zero_grad() calls it): wait for buckets on the wire, forget the rest."""
-        if self._in_pass:
-            raise DdlfastError("zero_grad() was called during backward")
+        """Drop this step's reduction (zero_grad() calls it): wait for buckets on the wire, forget the rest.
+        Also the way back after a backward that raised (its end-of-pass callback never ran)."""
+        self._in_pass = False
         for bucket in self.buckets:
             if bucket.handle is not None:
                 bucket.handle.wait()
