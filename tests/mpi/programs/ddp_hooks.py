@@ -112,6 +112,16 @@ if not 0 < errors["ddlfast bf16_hook"] < 1e-2:
 if rank == 0:
     print("relative gradient error vs fp32: " + ", ".join(f"{k} {v:.3g}" for k, v in errors.items()))
 
+# Error feedback: residuals kept per DDP bucket (bucket.index()), training stays near fp32 and equal on all ranks.
+state = dt.HookState(compression="fp16", error_feedback=True)
+got, want = train(dt.allreduce_hook, state), train(None)
+if len(state._residuals) < 2 or sorted(state._residuals) != list(range(len(state._residuals))):
+    fail("error_feedback", f"residuals keyed {sorted(state._residuals)}, expected one per DDP bucket index")
+if not np.allclose(got, want, rtol=1e-2, atol=1e-3):
+    fail("error_feedback", f"parameters {np.abs(got - want).max():.3g} from fp32 DDP")
+if not all(np.array_equal(got, other) for other in comm.allgather(got)):
+    fail("error_feedback", "parameters differ across ranks")
+
 # A collective that fails (ranks disagree on compression) fails backward() on every rank, through DDP. (A layout
 # no earlier case used: ranks agree on arguments once per new layout.)
 ddp = DDP(torch.nn.Linear(16, 7))
