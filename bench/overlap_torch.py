@@ -1,5 +1,6 @@
-"""Overlap of ddlfast.torch's gradient hooks with backward, on a ~25M-parameter
-model: step time with the hooks vs compute only vs compute + one blocking
+"""Overlap of ddlfast's gradient hooks with backward, on a ~25M-parameter
+model: step time of DDP + ddlfast.torch.allreduce_hook and of
+ddlfast.torch.distribute vs compute only vs compute + one blocking
 fused_allreduce after backward (medians, same run).
 Run: mpiexec -n 2 python bench/overlap_torch.py"""
 
@@ -11,6 +12,7 @@ import sys
 import torch
 from mpi4py import MPI
 
+import ddlfast.torch as dt
 from ddlfast.overlap import measure_overlap
 
 
@@ -22,31 +24,40 @@ def model_25m(width: int = 2048, depth: int = 6) -> torch.nn.Module:
     return torch.nn.Sequential(*layers)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--batch", type=int, default=64)
+def set_up(parser: argparse.ArgumentParser
+           ) -> tuple[argparse.Namespace, torch.nn.Module, torch.Tensor, torch.Tensor]:
+    """What both PyTorch benches share: their options, torch's threads, torch.distributed (for the DDP routes;
+    MASTER_ADDR from the environment when set), the model (rank 0's on every rank) and one batch."""
+    parser.add_argument("--batch", type=int, default=64, help="per rank")
     parser.add_argument("--steps", type=int, default=7)
-    parser.add_argument("--bucket-mib", type=float, default=8)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--width", type=int, default=2048)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    comm = MPI.COMM_WORLD
+    dt.init_process_group("gloo")
     torch.manual_seed(0)
-    model = model_25m()
+    model = model_25m(width=args.width)
+    dt.broadcast_parameters(model)
+    return args, model, torch.randn(args.batch, 512), torch.randint(0, 10, (args.batch,))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bucket-mib", type=float, default=8)
+    args, model, inputs, targets = set_up(parser)
+    comm = MPI.COMM_WORLD
     parameters = sum(p.numel() for p in model.parameters())
-    inputs = torch.randn(args.batch, 512)
-    targets = torch.randint(0, 10, (args.batch,))
     result = measure_overlap(model, inputs, targets, steps=args.steps, warmup=2,
                              bucket_bytes=int(args.bucket_mib * 2**20), comm=comm)
     if comm.Get_rank() == 0:
         print(f"model: {parameters / 1e6:.1f}M parameters ({parameters * 4 / 2**20:.0f} MiB of gradients), "
               f"{comm.Get_size()} ranks, batch {args.batch}/rank, {args.threads} torch thread(s), "
               f"buckets {args.bucket_mib} MiB, median of {args.steps} steps")
-        print(f"  compute only                   {result.compute_s * 1e3:8.1f} ms")
-        print(f"  compute + blocking allreduce   {result.blocking_s * 1e3:8.1f} ms "
-              f"(communication {result.communication_s * 1e3:.1f} ms)")
-        print(f"  ddlfast hooks (overlapped)     {result.hooks_s * 1e3:8.1f} ms")
-        print(f"  communication hidden: {result.hidden_fraction * 100:.0f}% (target >= 60%)")
+        for name, seconds in result.routes_s.items():
+            print(f"  {name:30s} {seconds * 1e3:8.1f} ms")
+        for route in ("DDP + allreduce_hook", "ddlfast.torch.distribute"):
+            print(f"  {result.describe(route)}")
+    torch.distributed.destroy_process_group()
     return 0
 
 

@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from bench.emulation.netns import EmulatedCluster, available
+from bench.emulation.netns import INTERFACE, EmulatedCluster, available
 
 OVERLAP = Path(__file__).resolve().parents[1] / "overlap_torch.py"
 
@@ -34,7 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     program = [sys.executable, str(OVERLAP), "--batch", str(args.batch), "--steps", str(args.steps),
                "--bucket-mib", str(args.bucket_mib)]
     with EmulatedCluster(args.hosts, args.rate) as cluster:
-        result = cluster.run([1] * args.hosts, program, timeout=args.timeout)
+        # gloo (DDP's set-up) needs rank 0's address and its interface: host names there do not resolve.
+        result = cluster.run([1] * args.hosts, program, timeout=args.timeout,
+                             env={"MASTER_ADDR": cluster.host_address(0), "GLOO_SOCKET_IFNAME": INTERFACE})
     print(f"{args.hosts} hosts x 1 rank, links {args.rate}:")
     print(result.stdout, end="")
     if result.returncode != 0:

@@ -57,7 +57,7 @@ for step in range(5):
     for i, (p, want) in enumerate(zip(model.parameters(), expected, strict=True)):
         if not np.allclose(p.grad.numpy(), want, rtol=1e-5, atol=1e-6):
             failures.append(f"rank {rank} step {step}: gradient {i} differs from the averaged reference")
-    optimizer.optimizer.step()  # (synchronize already ran)
+    optimizer.step()  # synchronize() already ran: step() applies the averaged gradients once
     params = comm.allgather(np.concatenate([p.detach().numpy().ravel() for p in model.parameters()]))
     if not all(np.array_equal(params[0], other) for other in params):
         failures.append(f"rank {rank} step {step}: parameters diverged across ranks")
