@@ -6,17 +6,16 @@
     ddp.register_comm_hook(dt.HookState(), dt.allreduce_hook)   # or dt.fp16_hook / dt.bf16_hook
 
 Each DDP bucket goes to ddlfast asynchronously (averaged, float32 accumulation on the wire) and the returned
-torch.futures.Future is completed when ddlfast's handle completes, by one completer thread per HookState
-(handles complete in submission order, so waiting on them in that order never waits behind a later one). gloo
+torch.futures.Future is completed by a done-callback on ddlfast's communication thread as soon as the handle
+completes (no thread hand-off per bucket). gloo
 still carries DDP's own start-up broadcast and its unused-parameter bitmap; the gradients go through ddlfast.
 
 No `from __future__ import annotations` here: DDP checks a hook's annotations by identity.
 """
 
 import os
-import queue
 import socket
-import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -26,6 +25,7 @@ from mpi4py import MPI
 from ddlfast.api import default_context
 from ddlfast.context import Context
 from ddlfast.errors import DdlfastError
+from ddlfast.worker import Handle
 
 _LAUNCH = "launch with mpiexec, e.g. `mpiexec -n 4 python train.py` (torchrun does not start MPI)"
 _WIRE = {None: None, "none": None, "fp16": "fp16", "bf16": "bf16"}
@@ -79,28 +79,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-class _Completer:
-    """A thread that waits on ddlfast handles in submission order and completes their torch futures."""
+def _complete(future: torch.futures.Future, result: torch.Tensor) -> Callable[[Handle], None]:
+    """A done-callback (run on ddlfast's communication thread) that completes the torch future."""
 
-    def __init__(self) -> None:
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
+    def done(handle: Handle) -> None:
+        try:
+            handle.wait()
+        except BaseException as error:  # noqa: BLE001 - delivered through the future
+            future.set_exception(error)
+        else:
+            future.set_result(result)
 
-    def watch(self, handle: Any, future: torch.futures.Future, result: torch.Tensor) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="ddlfast-ddp-hook", daemon=True)
-            self._thread.start()
-        self._queue.put((handle, future, result))
-
-    def _run(self) -> None:
-        while True:
-            handle, future, result = self._queue.get()
-            try:
-                handle.wait()
-            except BaseException as error:  # noqa: BLE001 - delivered through the future
-                future.set_exception(error)
-            else:
-                future.set_result(result)
+    return done
 
 
 def _raise_if_failed(future: torch.futures.Future) -> torch.Tensor:
@@ -118,7 +108,6 @@ class HookState:
         self.compression, self.dims, self.error_feedback = compression, dims, error_feedback
         self.context = context
         self._residuals: dict = {}
-        self._completer = _Completer()
         self._checked = False
 
     def _check_group(self, bucket: dist.GradBucket) -> None:
@@ -150,7 +139,7 @@ class HookState:
         handle = self.context.fused_allreduce_async([_collective_view(tensor)], op="average", dims=self.dims,
                                                     compression=compression, stream=_stream_of(tensor))
         future: torch.futures.Future = torch.futures.Future()
-        self._completer.watch(handle, future, tensor)
+        handle.add_done_callback(_complete(future, tensor))
         return future.then(_raise_if_failed)
 
     def _add_residual(self, index: int, tensor: torch.Tensor, compression: object) -> None:

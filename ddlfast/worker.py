@@ -33,10 +33,21 @@ class Handle:
         self._finished = threading.Event()
         self._result: Any = None
         self._error: BaseException | None = None
+        self._callbacks: list[Callable[[Handle], None]] = []
+        self._callbacks_lock = threading.Lock()
         self.duration_s = 0.0  # time the communication thread spent executing it
 
     def done(self) -> bool:
         return self._finished.is_set()
+
+    def add_done_callback(self, callback: Callable[[Handle], None]) -> None:
+        """Call `callback(handle)` once the handle completes (at once if it has): on the communication thread,
+        so it must be short and must not wait for another collective. What it raises is ignored."""
+        with self._callbacks_lock:
+            if not self._finished.is_set():
+                self._callbacks.append(callback)
+                return
+        _call_quietly(callback, self)
 
     def wait(self, timeout: float | None = None) -> Any:
         if not self._finished.wait(timeout):
@@ -49,7 +60,18 @@ class Handle:
 
     def _finish(self, result: Any = None, error: BaseException | None = None) -> None:
         self._result, self._error = result, error
-        self._finished.set()
+        with self._callbacks_lock:
+            self._finished.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            _call_quietly(callback, self)
+
+
+def _call_quietly(callback: Callable[[Handle], None], handle: Handle) -> None:
+    try:
+        callback(handle)
+    except Exception:  # noqa: BLE001 - a callback's failure must not stop the communication thread
+        pass
 
 
 class CommThread:
