@@ -27,10 +27,11 @@ def test_fault_reaches_every_rank(case: str, ranks: int) -> None:
 
 
 @pytest.mark.mpi
-def test_a_missing_rank_then_every_later_call_refuses() -> None:
+@pytest.mark.parametrize("case", ["stall-then-calls", "close-with-work-in-flight"])
+def test_a_missing_rank(case: str) -> None:
     env = {"DDLFAST_TIMEOUT_S": "3", "DDLFAST_ABORT_ON_STALL": "0"}
-    result = run_mpi(3, "faults.py", "stall-then-calls", env=env, timeout=120)
-    outcomes(result.stdout, "stall-then-calls", 3)
+    result = run_mpi(3, "faults.py", case, env=env, timeout=120)
+    outcomes(result.stdout, case, 3)
 
 
 @pytest.mark.mpi

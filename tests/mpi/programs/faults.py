@@ -240,6 +240,20 @@ def stall_then_calls() -> None:
     ddlfast.api.default_context().close()
 
 
+def close_with_work_in_flight() -> None:
+    """Queued work waits for a rank that never calls; close() still returns (the work is stall-limited), the
+    handle says who was missing, and the interpreter exits without MPI being touched from two threads."""
+    x = np.ones(300_000, np.float32)
+    ddlfast.allreduce(x)
+    comm.Barrier()
+    if rank == world - 1:
+        return  # never joins; exits once the others are done (its context closes at exit too)
+    handle = ddlfast.allreduce_async(x)
+    ddlfast.api.default_context().close()
+    expect(handle.done(), "close() returned before the queued collective ended")
+    raises(handle.wait, ddlfast.DdlfastTimeoutError, f"rank {world - 1} did not join")
+
+
 def thread_level() -> None:
     """MPI below THREAD_MULTIPLE: async calls say how to fix it; blocking calls still work."""
     expect(MPI.Query_thread() < MPI.THREAD_MULTIPLE, f"thread level {MPI.Query_thread()}")
@@ -270,6 +284,7 @@ CASES = {
     "aliasing": aliasing, "bad-input-one-rank": bad_input_one_rank, "broadcast-roots": broadcast_roots,
     "env-differs-at-creation": env_differs_at_creation, "env-differs-later": env_differs_later,
     "error-then-calls": error_then_calls, "stall-then-calls": stall_then_calls, "thread-level": thread_level,
+    "close-with-work-in-flight": close_with_work_in_flight,
     "bad-environment": bad_environment,
 }
 
