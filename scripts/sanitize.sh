@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# ASan + UBSan build of the compiled core, then the unit tests and a small
-# multi-rank fuzz against it. Exits non-zero on any sanitizer report.
+# ASan + UBSan build of the compiled core, then the unit tests, a small
+# multi-rank fuzz (with faults) and the failure paths against it. Exits
+# non-zero on any sanitizer report.
 #
 #   bash scripts/sanitize.sh                  # build + tests/unit + 3-rank fuzz
 #   bash scripts/sanitize.sh -k kernels       # extra arguments go to pytest
@@ -36,6 +37,7 @@ mkdir -p "$STAGE/ddlfast"
 (cd ddlfast && find . -maxdepth 1 -type f \( -name '*.py' -o -name '*.pxd' -o -name '*.pyx' \) \
   -exec cp {} "$STAGE/ddlfast/" \;)
 cp -r tests "$STAGE/tests"
+cp -r docs "$STAGE/docs"  # tests check the documented tables
 cp pyproject.toml "$STAGE/"
 find "$STAGE" -name __pycache__ -prune -exec rm -rf {} +
 cmake -S "$ROOT" -B "$OUT/cmake" -G Ninja --log-level=WARNING \
@@ -48,7 +50,9 @@ cmake -S "$ROOT" -B "$OUT/cmake" -G Ninja --log-level=WARNING \
 cmake --build "$OUT/cmake" --parallel "${SANITIZE_JOBS:-2}" >"$OUT/build.log" 2>&1 \
   || { tail -50 "$OUT/build.log"; echo "sanitize: build failed (log: $OUT/build.log)" >&2; exit 1; }
 so=$(ls "$STAGE"/ddlfast/_core*.so)
-if ! nm -D "$so" | grep -q __asan_init || ! nm -D "$so" | grep -q __ubsan_handle; then
+# Not `nm | grep -q` under pipefail: grep exits at its first match and nm, still writing, dies of SIGPIPE.
+symbols=$(nm -D "$so")
+if ! grep -q __asan_init <<<"$symbols" || ! grep -q __ubsan_handle <<<"$symbols"; then
   echo "sanitize: $so is not instrumented with ASan and UBSan" >&2
   exit 1
 fi
@@ -88,11 +92,17 @@ if [ "$status" = 0 ] && [ "${SANITIZE_MPI:-1}" != 0 ]; then
   # SANITIZE_FUZZ_ARGS adds fuzz_cases.py options, e.g. "--misaligned 0".
   # shellcheck disable=SC2086
   DDLFAST_TIMEOUT_S=120 step mpiexec -n 3 "$PYTHON" tests/mpi/programs/fuzz_cases.py \
-    --seed "${SANITIZE_FUZZ_SEED:-1}" --cases "${SANITIZE_FUZZ_CASES:-150}" --large 30000 ${SANITIZE_FUZZ_ARGS:-}
+    --seed "${SANITIZE_FUZZ_SEED:-1}" --cases "${SANITIZE_FUZZ_CASES:-150}" --large 30000 --faults 0.1 \
+    ${SANITIZE_FUZZ_ARGS:-}
   if [ "$status" = 0 ] && ! grep -q "(core: $STAGE/" "$LOG"; then
     echo "sanitize: the ranks did not load the sanitized core" >&2
     status=1
   fi
+  # The failure paths: a collective abandoned mid-way (receives cancelled, the others told), a stall census.
+  for case in error-then-calls stall-then-calls; do
+    [ "$status" = 0 ] && DDLFAST_TIMEOUT_S=3 DDLFAST_ABORT_ON_STALL=0 step mpiexec -n 3 "$PYTHON" \
+      tests/mpi/programs/faults.py "$case"
+  done
 fi
 if grep -E -q "ERROR: (Address|Leak)Sanitizer|runtime error:|SUMMARY: [A-Za-z]*Sanitizer" "$LOG"; then
   echo "sanitize: FAILED, sanitizer reports:" >&2
@@ -104,4 +114,4 @@ if [ "$status" != 0 ]; then
   echo "sanitize: FAILED (exit status $status; output: $LOG)" >&2
   exit "$status"
 fi
-echo "sanitize: clean (ASan + UBSan): tests/unit and the 3-rank fuzz in $(($(date +%s) - start)) s"
+echo "sanitize: clean (ASan + UBSan): tests/unit, the 3-rank fuzz and the failure paths in $(($(date +%s) - start)) s"

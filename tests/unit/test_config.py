@@ -394,7 +394,7 @@ def test_cache_dir_and_timeline_path(tmp_path) -> None:
 def test_the_documented_table_lists_every_runtime_variable() -> None:
     import pathlib
 
-    table = (pathlib.Path(config.__file__).parent.parent / "docs" / "configuration.md").read_text()
+    table = (pathlib.Path(__file__).parents[2] / "docs" / "configuration.md").read_text()
     for name in config.KNOWN_VARIABLES:
         assert f"`{name}`" in table, f"{name} is missing from docs/configuration.md"
     for expected in ("4 KiB to 1 GiB", "integer 2 to 1024", "0.1 to 604800 seconds", "0 to 1 GiB",
