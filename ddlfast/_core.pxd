@@ -107,7 +107,7 @@ cdef extern from "transport/mpi_transport.h" namespace "ddlfast" nogil:
         uint64_t sequence()
         void abandon_and_tell(const string& reason) except +
         bool broken()
-        const string& broken_reason()
+        string broken_reason()
         void request_stop()
 
 

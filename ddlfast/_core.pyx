@@ -304,6 +304,11 @@ cdef class CoreContext:
             context.transport().abandon_and_tell(text)
 
     @property
+    def broken(self) -> bool:
+        """Whether the context refuses work (thread-safe, cheap: the latency path asks on every call)."""
+        return self.get().transport().broken()
+
+    @property
     def broken_reason(self) -> str:
         """Why the context refuses work ('' while it is healthy)."""
         return self.get().transport().broken_reason().decode("utf-8", "replace")

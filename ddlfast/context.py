@@ -170,7 +170,7 @@ class Context:
         if self._timeline is not None:
             self._timeline.flush()
         if drained and not MPI.Is_finalized():
-            healthy = not self._core.broken_reason
+            healthy = not self._core.broken
             if self._cuda_path is not None:
                 self._cuda_path.close()
             self._core.close()
@@ -183,10 +183,9 @@ class Context:
     def _check_open(self) -> None:
         if self._closed:
             raise DdlfastError("this ddlfast context is closed")
-        reason = self._core.broken_reason
-        if reason:
+        if self._core.broken:
             raise DdlfastBrokenError(f"rank {self.rank}: this ddlfast context is unusable after an earlier failure "
-                                     f"({reason}); abort the job, or create a new Context")
+                                     f"({self._core.broken_reason}); abort the job, or create a new Context")
 
     def _resolve_dims(self, dims: object, settings: Settings) -> tuple[int, ...]:
         try:
@@ -349,7 +348,7 @@ class Context:
             raise
 
     def _after_failure(self, error: BaseException) -> None:
-        if not self._core.broken_reason:
+        if not self._core.broken:
             self._core.abandon(f"rank {self.rank}: {type(error).__name__}: {error}")
 
     def _refused(self, error: DdlfastError) -> DdlfastError:

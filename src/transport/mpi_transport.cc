@@ -165,13 +165,15 @@ Status MpiTransport::check(int code, const char* what, int peer) const {
 }
 
 Status MpiTransport::refuse_if_broken() const {
-  if (broken_.empty()) return Status::ok();
+  if (!broken()) return Status::ok();
   return Status(StatusCode::kBroken, "this ddlfast context is unusable after an earlier failure (" + broken_ +
                                          "); abort the job, or create a new Context");
 }
 
 void MpiTransport::mark_broken(const std::string& reason) {
-  if (broken_.empty()) broken_ = reason.empty() ? std::string("an abandoned collective") : reason;
+  if (broken()) return;
+  broken_ = reason.empty() ? std::string("an abandoned collective") : reason;
+  broken_flag_.store(true, std::memory_order_release);
 }
 
 RequestId MpiTransport::track(MPI_Request raw, int peer, bool is_receive) {

@@ -87,8 +87,9 @@ class MpiTransport final : public Transport {
   // The same for a failure outside the transport (the Python side's).
   void abandon_and_tell(const std::string& reason);
   void mark_broken(const std::string& reason);
-  bool broken() const { return !broken_.empty(); }
-  const std::string& broken_reason() const { return broken_; }
+  // Thread-safe: the reason is written once, before the flag is published.
+  bool broken() const { return broken_flag_.load(std::memory_order_acquire); }
+  std::string broken_reason() const { return broken() ? broken_ : std::string(); }
   std::size_t in_flight() const;
 
   // Thread-safe: a wait in progress (on another thread) returns kAborted
@@ -132,7 +133,8 @@ class MpiTransport final : public Transport {
   };
   std::unique_ptr<Scratch> scratch_ = std::make_unique<Scratch>();
   MPI_Request census_ask_request_ = MPI_REQUEST_NULL;
-  std::string broken_;
+  std::string broken_;  // written once, by the thread running collectives, then never again
+  std::atomic<bool> broken_flag_{false};
   std::atomic<bool> stop_requested_{false};
 };
 
