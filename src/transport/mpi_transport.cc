@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "kernels/cpu_kernels.h"
+#include "transport/poll_backoff.h"
 
 namespace ddlfast {
 namespace {
@@ -27,9 +28,6 @@ bool mpi_is_finalized() {
   return finalized != 0;
 }
 
-// Spinning in MPI_Wait starves the peer when ranks outnumber cores; polling
-// with a yield keeps progress fair and costs nothing when cores are free.
-constexpr int kSpinsBeforeYield = 64;
 // How long a stalled rank waits for census answers, and an answering rank for the verdict.
 constexpr double kCensusSeconds = 2.0;
 constexpr int kAskTag = 1;
@@ -71,15 +69,14 @@ Status dup_with_limit(MPI_Comm comm, double timeout_s, MPI_Comm* out) {
   MPI_Request request;
   int code = MPI_Comm_idup(comm, pending.get(), &request);
   if (code != MPI_SUCCESS) return Status(StatusCode::kMpiError, "MPI_Comm_idup failed: " + mpi_error_string(code));
-  const auto start = std::chrono::steady_clock::now();
-  for (int spins = 0;; ++spins) {
+  PollBackoff backoff;  // spin, then yield, then sleep (poll_backoff.h)
+  for (;;) {
     int done = 0;
     code = MPI_Test(&request, &done, MPI_STATUS_IGNORE);
     if (code != MPI_SUCCESS) return Status(StatusCode::kMpiError, "MPI_Comm_idup failed: " + mpi_error_string(code));
     if (done) break;
-    if (spins % kSpinsBeforeYield == 0) {
-      sched_yield();
-      const double waited = seconds_since(start);
+    if (backoff.idle()) {
+      const double waited = backoff.waited_s();
       if (timeout_s > 0 && waited > timeout_s) {
         pending.release();  // see above: MPI may still complete the dup into it
         int rank = 0;
@@ -113,6 +110,9 @@ std::string mpi_library_version() {
   std::string version(text, length);
   const auto newline = version.find('\n');
   if (newline != std::string::npos) version.resize(newline);
+  // Open MPI counts the terminating NUL in `length`; strip it and trailing blanks.
+  const auto end = version.find_last_not_of(std::string(" \t\r\n\0", 5));
+  version.resize(end == std::string::npos ? 0 : end + 1);
   return version;
 }
 
@@ -234,21 +234,13 @@ Status MpiTransport::wait_all() {
 
 // The one poll loop (see the file comment of the header).
 Status MpiTransport::wait_request(MPI_Request* request, const char* what, int peer) {
-  std::chrono::steady_clock::time_point start;
-  bool started = false;
-  int spins = 0;
+  PollBackoff backoff;  // spin, then yield, then sleep (poll_backoff.h)
   while (*request != MPI_REQUEST_NULL) {
     int done = 0;
     DDLFAST_RETURN_IF_ERROR(check(MPI_Test(request, &done, MPI_STATUS_IGNORE), "MPI_Test", peer));
     if (done) break;
-    if (++spins < kSpinsBeforeYield) continue;
-    spins = 0;
-    sched_yield();
-    if (!started) {
-      start = std::chrono::steady_clock::now();
-      started = true;
-    }
-    DDLFAST_RETURN_IF_ERROR(idle(start, what, peer));
+    if (!backoff.idle()) continue;
+    DDLFAST_RETURN_IF_ERROR(idle(backoff.started(), what, peer));
   }
   return Status::ok();
 }
