@@ -5,8 +5,14 @@ Environment:
   DDLFAST_MPICC  the MPI compiler wrapper to build against (default: the one
                  next to this Python, i.e. the pip `mpich` wheel's, else PATH)
   DDLFAST_SANITIZE=1  ASan/UBSan build of the core
+
+Each MPI (and compiler settings) gets its own CMake folder, build/cmake-<cuda>-<key>, so a switch of MPI never
+reuses a cache configured for another one. The MPI compiled against is recorded in ddlfast/_mpi_build.py, which
+`import ddlfast` compares with the MPI mpi4py runs on (ddlfast/mpi_check.py).
 """
 
+import hashlib
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -22,7 +28,8 @@ ROOT = Path(__file__).resolve().parent
 def find_mpicc() -> str:
     explicit = os.environ.get("DDLFAST_MPICC")
     if explicit:
-        return explicit
+        found = shutil.which(explicit) or explicit
+        return os.path.abspath(found) if os.sep in found else found
     beside_python = Path(sys.executable).parent / "mpicc"
     if beside_python.exists():
         return str(beside_python)
@@ -30,6 +37,22 @@ def find_mpicc() -> str:
     if not found:
         sys.exit("ddlfast: no mpicc found; `pip install mpich` or set DDLFAST_MPICC")
     return found
+
+
+def load_mpi_check():
+    """ddlfast/mpi_check.py, loaded by path: the package itself cannot be imported before it is built."""
+    spec = importlib.util.spec_from_file_location("ddlfast_mpi_check", ROOT / "ddlfast" / "mpi_check.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks itself up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def build_key(mpicc: str, identity: object, cuda: str, sanitize: bool) -> str:
+    """What a CMake cache depends on beyond the -D options passed on every configure."""
+    parts = [os.path.realpath(mpicc), str(identity), cuda, str(sanitize), sys.executable,
+             *(f"{name}={os.environ.get(name, '')}" for name in ("CC", "CXX", "CFLAGS", "CXXFLAGS", "LDFLAGS"))]
+    return hashlib.sha1("\n".join(parts).encode()).hexdigest()[:10]
 
 
 class CMakeExtension(Extension):
@@ -45,19 +68,36 @@ class CMakeBuild(build_ext):
         if cuda not in ("auto", "on", "off"):
             sys.exit(f"ddlfast: DDLFAST_CUDA must be auto, on or off, not {cuda!r}")
         out_dir = Path(self.get_ext_fullpath(ext.name)).resolve().parent
-        # A stable folder, so rebuilds are incremental.
-        build_dir = ROOT / "build" / f"cmake-{cuda}"
+        mpicc = find_mpicc()
+        mpi_check = load_mpi_check()
+        identity = mpi_check.header_identity(mpicc)
+        sanitize = os.environ.get("DDLFAST_SANITIZE") == "1"
+        # A stable folder per MPI and compiler settings, so rebuilds are incremental and never stale.
+        build_dir = ROOT / "build" / f"cmake-{cuda}-{build_key(mpicc, identity, cuda, sanitize)}"
         build_dir.mkdir(parents=True, exist_ok=True)
+        print(f"ddlfast: building against {identity} ({mpicc}) in {build_dir}")
+        # The modules are written into out_dir by whichever build folder ran last; Ninja would take a module
+        # linked by another folder (another MPI) for up to date, so a change of key removes them first.
+        record = out_dir / "_mpi_build.py"
+        if f"BUILD_KEY = {build_dir.name!r}" not in (record.read_text() if record.exists() else ""):
+            for stale in [record, *out_dir.glob("_core.*.so"), *out_dir.glob("_cuda.*.so")]:
+                stale.unlink(missing_ok=True)
         configure = [
             "cmake", "-S", str(ROOT), "-B", str(build_dir), "-G", "Ninja",
             f"-DPython_EXECUTABLE={sys.executable}",
-            f"-DMPI_C_COMPILER={find_mpicc()}",
+            f"-DMPI_C_COMPILER={mpicc}",
             f"-DDDLFAST_CUDA={cuda}",
-            f"-DDDLFAST_SANITIZE={'ON' if os.environ.get('DDLFAST_SANITIZE') == '1' else 'OFF'}",
+            f"-DDDLFAST_SANITIZE={'ON' if sanitize else 'OFF'}",
             f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={out_dir}",
         ]
         subprocess.run(configure, check=True)
         subprocess.run(["cmake", "--build", str(build_dir), "--parallel", "2"], check=True)
+        text = ("# Written by setup.py: the MPI this build of ddlfast was compiled against (ddlfast/mpi_check.py).\n"
+                f"MPICC = {mpicc!r}\nVENDOR = {identity.vendor!r}\nFAMILY = {identity.family!r}\n"
+                f"VERSION = {identity.version!r}\nBUILD_KEY = {build_dir.name!r}\n")
+        record.write_text(text)
+        if self.inplace or getattr(self, "editable_mode", False):  # `pip install -e`: the modules are copied there
+            (ROOT / "ddlfast" / "_mpi_build.py").write_text(text)
 
 
 setup(ext_modules=[CMakeExtension("ddlfast._core"), CMakeExtension("ddlfast._cuda", optional=True)], cmdclass={"build_ext": CMakeBuild})
