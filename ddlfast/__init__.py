@@ -4,7 +4,12 @@
     ddlfast.fused_allreduce([grad_a, grad_b], op="average")
 """
 
+# ruff: noqa: E402  (the MPI check runs before the modules that load the core)
 from __future__ import annotations
+
+from ddlfast import mpi_check as _mpi_check
+
+_mpi_check.verify()  # before the core is loaded: ddlfast and mpi4py must use one MPI library
 
 from ddlfast import abort as _abort
 from ddlfast.api import (
