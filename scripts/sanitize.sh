@@ -26,7 +26,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-PYTHON=$ROOT/.venv/bin/python
+# shellcheck source=scripts/mpi_choice.sh
+. scripts/mpi_choice.sh  # the venv (DDLFAST_VENV) and its MPI
+VENV=$(cd "$VENV" && pwd)
+PYTHON=$VENV/bin/python
 OUT=${DDLFAST_SANITIZE_DIR:-$ROOT/build/sanitize}
 STAGE=$OUT/stage
 start=$(date +%s)
@@ -42,7 +45,7 @@ cp pyproject.toml "$STAGE/"
 find "$STAGE" -name __pycache__ -prune -exec rm -rf {} +
 cmake -S "$ROOT" -B "$OUT/cmake" -G Ninja --log-level=WARNING \
   -DPython_EXECUTABLE="$PYTHON" \
-  -DMPI_C_COMPILER="$ROOT/.venv/bin/mpicc" \
+  -DMPI_C_COMPILER="$VENV/bin/mpicc" \
   -DDDLFAST_SANITIZE=ON -DDDLFAST_CUDA=off \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_LIBRARY_OUTPUT_DIRECTORY="$STAGE/ddlfast" >"$OUT/configure.log" 2>&1 \
@@ -67,7 +70,7 @@ detect_stack_use_after_return=1"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
 export PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PYTHONPATH=$STAGE
 export DDLFAST_CUDA=off  # what this build is (tests/unit/test_build_info.py reads it)
-export PATH="$ROOT/.venv/bin:$PATH"
+export PATH="$VENV/bin:$PATH"
 LOG=$OUT/run.log
 : >"$LOG"
 
@@ -91,7 +94,8 @@ if [ "$status" = 0 ] && [ "${SANITIZE_MPI:-1}" != 0 ]; then
   # Every shape, dtype, compression and settings path on real ranks, kept short (ASan is ~3x slower).
   # SANITIZE_FUZZ_ARGS adds fuzz_cases.py options, e.g. "--misaligned 0".
   # shellcheck disable=SC2086
-  DDLFAST_TIMEOUT_S=120 step mpiexec -n 3 "$PYTHON" tests/mpi/programs/fuzz_cases.py \
+  read -r -a launcher_flags <<<"$("$PYTHON" tests/mpi/launcher.py)"  # e.g. Open MPI's --oversubscribe
+  DDLFAST_TIMEOUT_S=120 step mpiexec "${launcher_flags[@]}" -n 3 "$PYTHON" tests/mpi/programs/fuzz_cases.py \
     --seed "${SANITIZE_FUZZ_SEED:-1}" --cases "${SANITIZE_FUZZ_CASES:-150}" --large 30000 --faults 0.1 \
     ${SANITIZE_FUZZ_ARGS:-}
   if [ "$status" = 0 ] && ! grep -q "(core: $STAGE/" "$LOG"; then

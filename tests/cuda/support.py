@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ddlfast import cuda
-from tests.mpi.launcher import mpiexec
+from tests.mpi.launcher import mpi_command
 
 PROGRAMS = Path(__file__).parent / "programs"
 
@@ -40,7 +40,7 @@ def run_program(ranks: int, program: str, *args: str, timeout: float = 300,
                                                            full_env.get("PYTHONPATH")]))
     if env:
         full_env.update(env)
-    command = [mpiexec(), "-n", str(ranks), sys.executable, str(PROGRAMS / program), *args]
+    command = [*mpi_command(ranks), sys.executable, str(PROGRAMS / program), *args]
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=full_env)
     if result.returncode != 0:
         raise AssertionError(

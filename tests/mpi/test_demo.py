@@ -8,14 +8,14 @@ import sys
 
 import pytest
 
-from tests.mpi.launcher import mpiexec
+from tests.mpi.launcher import mpi_command
 
 
 @pytest.mark.mpi
 def test_demo_matches_single_process_accuracy() -> None:
     import subprocess
 
-    command = [mpiexec(), "-n", "4", sys.executable, "-m", "ddlfast.demo", "--epochs", "4", "--skip-bench"]
+    command = [*mpi_command(4), sys.executable, "-m", "ddlfast.demo", "--epochs", "4", "--skip-bench"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]

@@ -32,7 +32,7 @@ import time
 
 import pytest
 
-from tests.mpi.launcher import PROGRAMS, mpiexec
+from tests.mpi.launcher import PROGRAMS, launcher_kind, mpi_command, no_cleanup_flags
 
 DEADLINE_S = 30.0  # the issue's limit from a rank's death to the job's end
 STALL_LIMIT_S = 3  # DDLFAST_TIMEOUT_S where only ddlfast can notice the death
@@ -44,7 +44,7 @@ def run_until_death(ranks: int, *args: str, mpiexec_flags: tuple[str, ...] = (),
     """Runs rank_death.py; returns (mpiexec's exit code, or None if it was still running DEADLINE_S after the
     death; seconds from the death to the end of mpiexec; the output)."""
     full_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
-    command = [mpiexec(), *mpiexec_flags, "-n", str(ranks), sys.executable, *python_flags,
+    command = [*mpi_command(ranks, *mpiexec_flags), sys.executable, *python_flags,
                str(PROGRAMS / "rank_death.py"), *args]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env,
                                start_new_session=True)
@@ -125,13 +125,21 @@ def assert_stalls_name_missing_ranks(records: dict[int, dict[str, str]], victim:
         assert named & gone, f"rank {rank}'s stall names {sorted(named)}, not one of {sorted(gone)}: {message}"
 
 
+def _no_cleanup_flags() -> tuple[str, ...]:
+    """The launcher's flags that leave the survivors running (tests/mpi/launcher.py), or skip."""
+    flags = no_cleanup_flags()
+    if flags is None:
+        pytest.skip(f"the {launcher_kind()} launcher has no way to keep the survivors of a dead rank running")
+    return tuple(flags)
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("when", ["mid", "before"])
 def test_without_launcher_cleanup_the_stall_limit_ends_the_job(when: str, tmp_path) -> None:
     """-disable-auto-cleanup: nothing kills the survivors but ddlfast's stall limit. `python -m mpi4py` turns
     the uncaught DdlfastTimeoutError into MPI_Abort, which ends the job."""
     code, after_death, output = run_until_death(
-        4, "--when", when, "--how", "exit", "--record", str(tmp_path), mpiexec_flags=("-disable-auto-cleanup",),
+        4, "--when", when, "--how", "exit", "--record", str(tmp_path), mpiexec_flags=_no_cleanup_flags(),
         python_flags=("-m", "mpi4py"), env={"DDLFAST_TIMEOUT_S": str(STALL_LIMIT_S)})
     assert_ended_in_time(code, after_death, output, f"{when}/exit, no launcher cleanup, python -m mpi4py")
     assert_stalls_name_missing_ranks(recorded(tmp_path), 3, output)
@@ -144,7 +152,7 @@ def test_without_launcher_cleanup_plain_python_ends_the_job(tmp_path) -> None:
     the abort; the survivor's record shows the error that reached the hook (its "calling MPI_Abort" line may
     be lost with the job, see the module docstring)."""
     code, after_death, output = run_until_death(
-        4, "--when", "mid", "--how", "exit", "--record", str(tmp_path), mpiexec_flags=("-disable-auto-cleanup",),
+        4, "--when", "mid", "--how", "exit", "--record", str(tmp_path), mpiexec_flags=_no_cleanup_flags(),
         env={"DDLFAST_TIMEOUT_S": str(STALL_LIMIT_S)})
     assert_ended_in_time(code, after_death, output, "mid/exit, no launcher cleanup, plain python")
     records = recorded(tmp_path)

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.mpi.launcher import mpiexec, run_mpi
+from tests.mpi.launcher import mpi_command, run_mpi
 
 
 @pytest.mark.mpi
@@ -38,7 +38,7 @@ def test_bad_topology_environment_is_a_clear_error() -> None:
 
 @pytest.mark.mpi
 def test_planner_measures_then_uses_its_cache(tmp_path) -> None:
-    command = [mpiexec(), "-n", "2", sys.executable, "-m", "ddlfast.plan", "--bytes", "1MiB", "--json"]
+    command = [*mpi_command(2), sys.executable, "-m", "ddlfast.plan", "--bytes", "1MiB", "--json"]
     env = {"DDLFAST_CACHE_DIR": str(tmp_path)}
     sources = []
     for _ in range(2):
