@@ -14,7 +14,9 @@ if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
 fi
 with_mpi_choice bash scripts/setup.sh
 "$VENV/bin/ruff" check ddlfast tests bench
-PATH="$(cd "$VENV" && pwd)/bin:$PATH" "$VENV/bin/python" -m pytest tests -q -ra "$@"
+# TESTS: what pytest runs (default all of tests/); .ci/run gives a subset for its second MPI.
+# shellcheck disable=SC2086
+PATH="$(cd "$VENV" && pwd)/bin:$PATH" "$VENV/bin/python" -m pytest ${TESTS:-tests} -q -ra "$@"
 # The core again under ASan + UBSan: the unit tests and a 3-rank fuzz (scripts/sanitize.sh says how).
 if [ "$MPI_KIND" = wheel ] || [ "${SANITIZE_SYSTEM_MPI:-0}" = 1 ]; then
   with_mpi_choice bash scripts/sanitize.sh
