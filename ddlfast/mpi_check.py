@@ -15,8 +15,14 @@ This module imports nothing from ddlfast at the top: setup.py loads it by path b
 from __future__ import annotations
 
 import re
+import runpy
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
+
+# Beside the compiled modules (read by path: a staged copy of the package must not find the source tree's record
+# through an editable install's finder).
+RECORD = Path(__file__).with_name("_mpi_build.py")
 
 # (vendor, ABI family, pattern of Get_library_version's first lines giving the version)
 _LIBRARY_PATTERNS = [
@@ -96,11 +102,10 @@ def compatible(built: MpiIdentity, running: MpiIdentity) -> bool:
 
 def built_with() -> tuple[MpiIdentity, str] | None:
     """(the MPI this build was compiled against, its mpicc), or None for a build that did not record it."""
-    try:
-        from ddlfast import _mpi_build
-    except ImportError:
+    if not RECORD.exists():
         return None
-    return MpiIdentity(_mpi_build.VENDOR, _mpi_build.FAMILY, _mpi_build.VERSION), _mpi_build.MPICC
+    values = runpy.run_path(str(RECORD))
+    return MpiIdentity(values["VENDOR"], values["FAMILY"], values["VERSION"]), values["MPICC"]
 
 
 def running_on() -> MpiIdentity:
