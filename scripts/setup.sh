@@ -40,7 +40,7 @@ fi
 if [ "$MPI_KIND" = wheel ]; then
   want="wheel $(pin mpich) $(pin mpi4py)"
 else
-  want="system $MPI_CC $(pin mpi4py) | $(mpi_identity "$MPI_CC")"
+  want="system $MPI_CC $MPI_EXEC $(pin mpi4py) | $(mpi_identity "$MPI_CC")"
 fi
 mpi_stamp=$VENV/.ddlfast-mpi
 if [ "$(head -1 "$mpi_stamp" 2>/dev/null)" != "$want" ]; then
