@@ -116,6 +116,7 @@ class MpiTransport final : public Transport {
   int rank_ = 0;
   int size_ = 1;
   double timeout_s_ = 0.0;  // 0: wait forever
+  double spin_us_ = 0.0;  // how long a wait spins before it yields (0 when this host's ranks outnumber its cores)
   std::uint64_t sequence_ = 0;  // the collective this rank is in (agreements so far; in census answers too)
   std::vector<MPI_Request> requests_;
   std::vector<int> peers_;
