@@ -335,21 +335,25 @@ class Context:
             return action()
         except DdlfastConsistentError:
             raise
-        except DdlfastError as error:
-            self._after_failure(error)
-            raise
-        except Exception as error:  # e.g. a user codec's: the collective is abandoned all the same
-            self._after_failure(error)
-            raise DdlfastBrokenError(f"rank {self.rank}: the collective failed here ({type(error).__name__}: "
-                                     f"{error}); the other ranks were told, and this context refuses further "
-                                     "work") from error
-        except BaseException as error:  # KeyboardInterrupt and the like stay what they are
-            self._after_failure(error)
-            raise
+        except BaseException as error:
+            failure = self._after_failure(error)
+            if failure is error:
+                raise
+            raise failure from error
 
-    def _after_failure(self, error: BaseException) -> None:
+    def _after_failure(self, error: BaseException) -> BaseException:
+        """A collective failed here after its agreement: the context is broken (the other ranks are told).
+        Returns what to raise: a DdlfastBrokenError (so the abort hook ends the job if it goes uncaught), or
+        KeyboardInterrupt and the like as they are."""
         if not self._core.broken:
             self._core.abandon(f"rank {self.rank}: {type(error).__name__}: {error}")
+        if isinstance(error, DdlfastBrokenError) or not isinstance(error, Exception):
+            return error
+        if isinstance(error, DdlfastError):
+            return DdlfastBrokenError(f"{error}; this context now refuses further work (the other ranks were told)")
+        # e.g. a user codec's exception: the collective is abandoned all the same
+        return DdlfastBrokenError(f"rank {self.rank}: the collective failed here ({type(error).__name__}: {error}); "
+                                  "the other ranks were told, and this context refuses further work")
 
     def _refused(self, error: DdlfastError) -> DdlfastError:
         """Bad input on this rank: join the agreement with the error (so the others raise too), return what
@@ -412,8 +416,10 @@ class Context:
         except DdlfastConsistentError:
             raise
         except BaseException as error:
-            self._after_failure(error)
-            raise
+            failure = self._after_failure(error)
+            if failure is error:
+                raise
+            raise failure from error
         if outcome == 0:
             self._agreement.disagreed(layout)
         return outcome > 0
