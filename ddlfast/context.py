@@ -19,7 +19,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 import numpy as np
 from mpi4py import MPI
@@ -336,24 +336,22 @@ class Context:
         except DdlfastConsistentError:
             raise
         except BaseException as error:
-            failure = self._after_failure(error)
-            if failure is error:
-                raise
-            raise failure from error
+            self._raise_after_failure(error)
 
-    def _after_failure(self, error: BaseException) -> BaseException:
-        """A collective failed here after its agreement: the context is broken (the other ranks are told).
-        Returns what to raise: a DdlfastBrokenError (so the abort hook ends the job if it goes uncaught), or
-        KeyboardInterrupt and the like as they are."""
+    def _raise_after_failure(self, error: BaseException) -> NoReturn:
+        """Called in an `except` block: a collective failed here after its agreement, so the context is broken
+        (the other ranks are told). Raises a DdlfastBrokenError (so the abort hook ends the job if it goes
+        uncaught), or re-raises KeyboardInterrupt and the like as they are."""
         if not self._core.broken:
             self._core.abandon(f"rank {self.rank}: {type(error).__name__}: {error}")
         if isinstance(error, DdlfastBrokenError) or not isinstance(error, Exception):
-            return error
+            raise  # the exception the caller is handling, as it is
         if isinstance(error, DdlfastError):
-            return DdlfastBrokenError(f"{error}; this context now refuses further work (the other ranks were told)")
+            raise DdlfastBrokenError(
+                f"{error}; this context now refuses further work (the other ranks were told)") from error
         # e.g. a user codec's exception: the collective is abandoned all the same
-        return DdlfastBrokenError(f"rank {self.rank}: the collective failed here ({type(error).__name__}: {error}); "
-                                  "the other ranks were told, and this context refuses further work")
+        raise DdlfastBrokenError(f"rank {self.rank}: the collective failed here ({type(error).__name__}: {error}); "
+                                 "the other ranks were told, and this context refuses further work") from error
 
     def _refused(self, error: DdlfastError) -> DdlfastError:
         """Bad input on this rank: join the agreement with the error (so the others raise too), return what
@@ -416,10 +414,7 @@ class Context:
         except DdlfastConsistentError:
             raise
         except BaseException as error:
-            failure = self._after_failure(error)
-            if failure is error:
-                raise
-            raise failure from error
+            self._raise_after_failure(error)
         if outcome == 0:
             self._agreement.disagreed(layout)
         return outcome > 0
