@@ -15,7 +15,6 @@ DdlfastBrokenError instead of running out of step.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -24,7 +23,7 @@ from typing import Any, NamedTuple, NoReturn
 import numpy as np
 from mpi4py import MPI
 
-from ddlfast import _core, cuda
+from ddlfast import _core, config, cuda
 from ddlfast.agreement import Agreement, allreduce_layout, arrays_of
 from ddlfast.bucketing import assign_buckets
 from ddlfast.buffers import HostBuffer, check_no_overlap, host_buffer
@@ -48,8 +47,6 @@ PACK_BELOW_BYTES = 256 << 10
 # dtypes whose arithmetic for an op only the host engine does exactly (integer average without wrapping, half
 # types pre-scaled or checked for overflow); GPU arrays of these go through pinned host copies.
 _HOST_ARITHMETIC = {"average": ("int32", "int64", "float16", "bfloat16"), "sum": ("float16", "bfloat16")}
-# Variables outside Settings that change what a context's creation does collectively (topology, probe).
-_CREATION_VARIABLES = ("DDLFAST_PROBE", "DDLFAST_HOSTS_PER_GROUP", "DDLFAST_CUDA_AWARE_MPI")
 
 
 def _codec_key(compression: object) -> object:
@@ -101,7 +98,8 @@ def _creation_layout(settings: Settings) -> tuple:
         "DDLFAST_CHUNK_BYTES": settings.chunk_bytes, "DDLFAST_SMALL_BYTES": settings.small_bytes,
         "DDLFAST_RING_DIMS": settings.ring_dims, "DDLFAST_COMPRESSION": settings.compression,
     }
-    named.update({name: os.environ.get(name, "").strip() for name in _CREATION_VARIABLES})
+    named.update({"DDLFAST_PROBE": config.probe_mode(), "DDLFAST_HOSTS_PER_GROUP": config.hosts_per_group(),
+                  "DDLFAST_CUDA_AWARE_MPI": config.cuda_aware_mpi()})
     return ("context", tuple(named.items()))
 
 
