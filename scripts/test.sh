@@ -3,8 +3,18 @@
 # (unit tests, multi-rank tests under mpiexec, lint, CUDA compile check, sanitizers).
 # DDLFAST_MPI=system (or a path to an mpicc) runs it on a system MPI (scripts/setup.sh, docs/mpi.md);
 # the sanitizer step then runs only with SANITIZE_SYSTEM_MPI=1 (it is checked on the wheel).
+# Then, in CI (CI=true) or with DDLFAST_SECOND_MPI=1, the unit tests and a multi-rank subset again on a second
+# MPI, Open MPI, in a copy of the tree (scripts/test_second_mpi.sh); DDLFAST_SECOND_MPI=0 turns that off.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+start=$(date +%s)
+second_mpi=${DDLFAST_SECOND_MPI:-}
+unset DDLFAST_SECOND_MPI  # ddlfast refuses DDLFAST_* variables it does not know
+case "$second_mpi" in
+  "") if [ "${CI:-}" = true ]; then second_mpi=1; else second_mpi=0; fi ;;
+  0|1) ;;
+  *) echo "ddlfast: DDLFAST_SECOND_MPI must be 0 or 1, not '$second_mpi'" >&2; exit 1 ;;
+esac
 # shellcheck source=scripts/mpi_choice.sh
 . scripts/mpi_choice.sh
 # Where nvcc exists the CUDA sources must compile: build with DDLFAST_CUDA=on so a
@@ -14,10 +24,13 @@ if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
 fi
 with_mpi_choice bash scripts/setup.sh
 "$VENV/bin/ruff" check ddlfast tests bench
-# TESTS: what pytest runs (default all of tests/); .ci/run gives a subset for its second MPI.
-# shellcheck disable=SC2086
-PATH="$(cd "$VENV" && pwd)/bin:$PATH" "$VENV/bin/python" -m pytest ${TESTS:-tests} -q -ra "$@"
+PATH="$(cd "$VENV" && pwd)/bin:$PATH" "$VENV/bin/python" -m pytest tests -q -ra "$@"
 # The core again under ASan + UBSan: the unit tests and a 3-rank fuzz (scripts/sanitize.sh says how).
 if [ "$MPI_KIND" = wheel ] || [ "${SANITIZE_SYSTEM_MPI:-0}" = 1 ]; then
   with_mpi_choice bash scripts/sanitize.sh
+fi
+echo "ddlfast: main run ($MPI_CHOICE) took $(($(date +%s) - start)) s"
+if [ "$second_mpi" = 1 ]; then
+  bash scripts/test_second_mpi.sh
+  echo "ddlfast: whole test run took $(($(date +%s) - start)) s"
 fi

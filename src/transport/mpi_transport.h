@@ -48,6 +48,11 @@ class MpiTransport final : public Transport {
   MPI_Comm comm() const { return comm_; }
   void set_timeout(double seconds) { timeout_s_ = seconds; }
   double timeout() const { return timeout_s_; }
+  // How long each later wait spins before it yields (DDLFAST_SPIN_US), in
+  // place of the automatic choice made at creation. Rank-local. Set it before
+  // any collective: the waits read it unsynchronized.
+  void set_spin_us(double microseconds) { spin_us_ = microseconds; }
+  double spin_us() const { return spin_us_; }
 
   Status isend(const void* data, std::size_t bytes, int peer, int tag, RequestId* request) override;
   Status irecv(void* data, std::size_t bytes, int peer, int tag, RequestId* request) override;

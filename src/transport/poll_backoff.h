@@ -7,12 +7,13 @@
 // (milliseconds), so on a busy machine every ring step paid a slice: 2 ranks
 // at 1-4 MiB were 5-10x slower than MPI_Allreduce on Open MPI (issue 13).
 // A ring step's message usually lands within tens of microseconds when the
-// peer is running, so we spin through that (kDefaultSpinUs), and give the
-// core away only when the wait is clearly long: the peer is descheduled or
-// late, and spinning would only steal its core. Waits of a whole timeslice
-// and more then sleep briefly between polls instead of yielding, which keeps
-// a rank that waits on a slow peer (or a dead one, until the stall limit)
-// from burning a core.
+// peer is running, so we spin through that (kDefaultSpinUs, or what the
+// transport chose: none when ranks outnumber cores, DDLFAST_SPIN_US when set;
+// MpiTransport::set_spin_us), and give the core away only when the wait is
+// clearly long: the peer is descheduled or late, and spinning would only
+// steal its core. Waits of a whole timeslice and more then sleep briefly
+// between polls instead of yielding, which keeps a rank that waits on a slow
+// peer (or a dead one, until the stall limit) from burning a core.
 #pragma once
 
 #include <sched.h>

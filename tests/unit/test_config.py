@@ -384,6 +384,33 @@ def test_variables_read_outside_the_engine_settings(function, name: str, default
         assert name in str(error.value) and repr(raw) in str(error.value) and "accepted" in str(error.value)
 
 
+def test_spin_us_unset_means_the_automatic_rule() -> None:
+    assert config.spin_us({}) is None
+    assert config.spin_us({"DDLFAST_SPIN_US": " "}) is None
+
+
+@pytest.mark.parametrize(("raw", "expected"), [("0", 0), ("1000", 1000), (" 200 ", 200), ("100000", 100_000)])
+def test_spin_us_accepts(raw: str, expected: int) -> None:
+    assert config.spin_us({"DDLFAST_SPIN_US": raw}) == expected
+
+
+@pytest.mark.parametrize("raw", ["-1", "100001", "1.5", "1e3", "200us", "fast", "\u0664", str(2**64), "9" * 5000])
+def test_spin_us_rejects_naming_the_variable_and_value(raw: str) -> None:
+    with pytest.raises(DdlfastError) as error:
+        config.spin_us({"DDLFAST_SPIN_US": raw})
+    message = str(error.value)
+    assert "DDLFAST_SPIN_US" in message and repr(raw) in message and "integers 0 to 100000" in message, message
+
+
+def test_spin_us_reads_the_process_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DDLFAST_SPIN_US", "750")
+    assert config.spin_us() == 750
+    config.check_variable_names()  # a known name
+    monkeypatch.setenv("DDLFAST_SPIN_USEC", "750")
+    with pytest.raises(DdlfastError, match="did you mean DDLFAST_SPIN_US"):
+        config.check_variable_names()
+
+
 def test_cache_dir_and_timeline_path(tmp_path) -> None:
     assert config.cache_dir({}).parts[-2:] == (".cache", "ddlfast")
     assert config.cache_dir({"DDLFAST_CACHE_DIR": f" {tmp_path} "}) == tmp_path
@@ -398,5 +425,6 @@ def test_the_documented_table_lists_every_runtime_variable() -> None:
     for name in config.KNOWN_VARIABLES:
         assert f"`{name}`" in table, f"{name} is missing from docs/configuration.md"
     for expected in ("4 KiB to 1 GiB", "integer 2 to 1024", "0.1 to 604800 seconds", "0 to 1 GiB",
-                     "1 byte to 16 GiB", "integer 1 to 10000000", "0.1 to 3600 seconds", "integer 1 to 1048576"):
+                     "1 byte to 16 GiB", "integer 1 to 10000000", "0.1 to 3600 seconds", "integer 1 to 1048576",
+                     "integer 0 to 100000"):
         assert expected in table, f"docs/configuration.md should say {expected!r}"
