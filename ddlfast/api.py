@@ -92,7 +92,8 @@ def fused_allreduce(
     (an int handle or an object with .ptr / .cuda_stream); default: the stream
     each array exports, else the host waits for the result.
 
-    op: "sum" or "average". dims: "flat", "4x2" or a tuple (default
+    op: "sum", "average", "min", "max" or "product" (docs/numerics.md: nan, signed zeros, overflow; product
+    cannot run on a compressed wire). dims: "flat", "4x2" or a tuple (default
     DDLFAST_RING_DIMS). compression: None (DDLFAST_COMPRESSION), "fp16",
     "bf16", "none,fp16" (per ring dimension) or a ddlfast.compression.Codec /
     hook; error_feedback keeps the wire rounding's residual per bucket. Every

@@ -33,10 +33,10 @@ from ddlfast.control import Control
 from ddlfast.dtypes import DTYPE_CODES
 from ddlfast.errors import DdlfastBrokenError, DdlfastConsistentError, DdlfastError
 from ddlfast.fusion import FusedBuffers, pack, unpack
+from ddlfast.ops import OPS, SUMMING_OPS, WIRE_OPS, check_op
 from ddlfast.timeline import Timeline
 from ddlfast.worker import CommThread, Handle
 
-OPS = {"sum": 0, "average": 1}
 # dtypes whose NumPy arrays export a typed buffer (the fast single-array path).
 _FAST_DTYPES = {np.dtype(name): code for name, code in DTYPE_CODES.items() if name != "bfloat16"}
 # How long close() lets queued work finish when there is no stall limit (DDLFAST_TIMEOUT_S=0).
@@ -45,8 +45,11 @@ CLOSE_TIMEOUT_S = 60.0
 # size alone (agreed by every rank), so every rank lays a bucket out the same way.
 PACK_BELOW_BYTES = 256 << 10
 # dtypes whose arithmetic for an op only the host engine does exactly (integer average without wrapping, half
-# types pre-scaled or checked for overflow); GPU arrays of these go through pinned host copies.
-_HOST_ARITHMETIC = {"average": ("int32", "int64", "float16", "bfloat16"), "sum": ("float16", "bfloat16")}
+# types pre-scaled or checked for overflow; min, max and product with their nan and signed-zero rules are not in
+# the CUDA kernels at all); GPU arrays of these go through pinned host copies.
+_ALL_DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64")
+_HOST_ARITHMETIC = {"average": ("int32", "int64", "float16", "bfloat16"), "sum": ("float16", "bfloat16"),
+                    "min": _ALL_DTYPES, "max": _ALL_DTYPES, "product": _ALL_DTYPES}
 
 
 def _codec_key(compression: object) -> object:
@@ -238,8 +241,7 @@ class Context:
                  compression: object = None, error_feedback: bool = False, stream: object = None,
                  asynchronous: bool = False) -> _Request | _GpuRequest:
         """Validate on the caller's thread, so bad input raises where it was passed."""
-        if op not in OPS:
-            raise DdlfastError(f"op={op!r} on rank {self.rank} is not one of {', '.join(OPS)}")
+        check_op(op, self.rank)
         if isinstance(arrays, np.ndarray) or not isinstance(arrays, Sequence):
             raise DdlfastError("fused_allreduce takes a list of arrays; use ddlfast.allreduce for one array")
         if len(arrays) == 0:
@@ -250,8 +252,7 @@ class Context:
             gpu_buffers = cuda.device_buffers(arrays, self.rank, stream)
             check_no_overlap([(b.pointer, b.nbytes) for b in gpu_buffers], self.rank)
             codec = self._resolve_compression(compression, settings, [b.dtype_name for b in gpu_buffers])
-            if isinstance(codec, tuple):
-                wire_by_dim(codec, ring_dims, self._hosts_tier(ring_dims))
+            self._check_op_on_wire(op, codec, ring_dims, error_feedback)
             # The fences go on the caller's streams now, on the caller's thread: later work there is not waited for.
             return _GpuRequest(cuda.submit(gpu_buffers), op, ring_dims, settings,
                                list(arrays) if result is None else result, codec, bool(error_feedback),
@@ -263,10 +264,26 @@ class Context:
         if len(buffers) > 1:
             check_no_overlap([(b.pointer, b.nbytes) for b in buffers], self.rank)
         codec = self._resolve_compression(compression, settings, [b.array.dtype.name for b in buffers])
-        if isinstance(codec, tuple):
-            wire_by_dim(codec, ring_dims, self._hosts_tier(ring_dims))  # raises when codecs do not fit the dims
+        self._check_op_on_wire(op, codec, ring_dims, error_feedback)
         return _Request(buffers, op, ring_dims, settings, list(arrays) if result is None else result, codec,
                         bool(error_feedback))
+
+    def _check_op_on_wire(self, op: str, codec: tuple[str, ...] | Any, ring_dims: tuple[int, ...],
+                          error_feedback: object) -> None:
+        """The ops a compressed wire, error feedback and user codecs can carry (ddlfast/ops.py)."""
+        if not isinstance(codec, tuple):
+            if op not in SUMMING_OPS:
+                raise DdlfastError(f"op={op!r} on rank {self.rank} cannot run through a user codec "
+                                   f"({type(codec).__name__}): codecs reduce by summing; use op='sum' or 'average', "
+                                   "or compression='none'")
+            return
+        wire = wire_by_dim(codec, ring_dims, self._hosts_tier(ring_dims))  # raises when codecs do not fit the dims
+        if wire and op not in WIRE_OPS:
+            raise DdlfastError(f"op={op!r} on rank {self.rank} cannot run on the compressed wire "
+                               f"(compression={','.join(codec)}): every hop would round a partial product; use "
+                               f"compression='none' (ops on a compressed wire: {', '.join(WIRE_OPS)})")
+        if wire and error_feedback and op not in SUMMING_OPS:
+            raise DdlfastError(f"error_feedback on rank {self.rank} applies to op='sum' or 'average', not {op!r}")
 
     def _resolve_compression(self, compression: object, settings: Settings,
                              dtype_names: list[str]) -> tuple[str, ...] | Any:
@@ -424,7 +441,7 @@ class Context:
         # compression="none" (explicit), or nothing that compresses here: uncompressed.
         codec = (("none",) if isinstance(compression, str) and compression == "none"
                  else None if compression is not None else settings.compression)
-        if (code is None or op not in OPS or codec not in (("none",), ("auto",))
+        if (code is None or not isinstance(op, str) or op not in OPS or codec not in (("none",), ("auto",))
                 or (codec == ("auto",) and self._topology.placement.hosts > 1)):
             return None
         self._check_open()
@@ -647,9 +664,10 @@ class Context:
                                                          "the count of wire overflows")[0])
             if overflowed:
                 raise DdlfastConsistentError(
-                    f"wire overflow on rank {self.rank}: {overflowed} partial sums exceeded the range of "
+                    f"wire overflow on rank {self.rank}: {overflowed} "
+                    f"{'partial sums' if request.op in SUMMING_OPS else 'values'} exceeded the range of "
                     f"{'/'.join(n for n in request.compression if n != 'none')} and the result holds inf; use "
-                    "compression='bf16' or op='average' (which pre-scales)")
+                    "compression='bf16'" + (" or op='average' (which pre-scales)" if request.op == "sum" else ""))
 
     def _record_engine_events(self) -> None:
         if self._timeline is not None:
