@@ -156,12 +156,12 @@ def run_op(name: str, op: str, count: int, api: str, case: int, comm: MPI.Intrac
         cut = [0, min(3, count), count // 2 if count > 6 else count, count]
         parts = [array[cut[i]:cut[i + 1]].copy() for i in range(3)]
         parts = [p for p in parts if p.size] or [array]
-        ddlfast.fused_allreduce(parts, op=op)
+        ddlfast.fused_allreduce(parts, op=op, comm=comm)
         array = np.concatenate(parts)
     elif api == "dims":
-        ddlfast.allreduce(array, op=op, dims="2x2")
+        ddlfast.allreduce(array, op=op, dims="2x2", comm=comm)
     else:
-        ddlfast.allreduce(array, op=op)
+        ddlfast.allreduce(array, op=op, comm=comm)
     if not same_on_every_rank(comm, array):
         return "results differ in bits across ranks"
     if world == 1:
@@ -265,7 +265,7 @@ def overflow_cases(comm: MPI.Intracomm) -> list[tuple[str, str | None]]:
 
 def main() -> int:
     comm = MPI.COMM_WORLD
-    rank, world = comm.Get_rank(), comm.Get_size()
+    world = comm.Get_size()
     apis = ["allreduce", "fused"] + (["dims"] if world == 4 else [])
     results: list[tuple[str, str | None]] = []
     case = 0
@@ -286,11 +286,16 @@ def main() -> int:
     results += overflow_cases(comm)
     os.environ["DDLFAST_SMALL_BYTES"] = "0"
     results += bad_input_cases(comm)
+    return report(comm, results)
+
+
+def report(comm: MPI.Intracomm, results: list[tuple[str, str | None]]) -> int:
+    """Print each rank's failures and the summary line the tests look for; the exit status."""
     failures = [(label, failure) for label, failure in results if failure]
-    if rank == 0:
-        for label, failure in failures[:40]:
-            print(f"FAIL {label}: {failure}")
-    print(f"rank {rank}: {len(results)} cases on {world} ranks, {len(failures)} failures", flush=True)
+    for label, failure in failures[:40]:
+        print(f"rank {comm.Get_rank()} FAIL {label}: {failure}")
+    print(f"rank {comm.Get_rank()}: {len(results)} cases on {comm.Get_size()} ranks, {len(failures)} failures",
+          flush=True)
     return 1 if failures else 0
 
 
