@@ -13,9 +13,13 @@ _mpi_check.verify()  # before the core is loaded: ddlfast and mpi4py must use on
 
 from ddlfast import abort as _abort
 from ddlfast.api import (
+    allgather_object,
     allreduce,
     allreduce_async,
+    barrier,
     broadcast,
+    broadcast_async,
+    broadcast_object,
     build_info,
     default_context,
     fused_allreduce,
@@ -41,9 +45,13 @@ __all__ = [
     "FusedBuffer",
     "Handle",
     "TopologyWarning",
+    "allgather_object",
     "allreduce",
     "allreduce_async",
+    "barrier",
     "broadcast",
+    "broadcast_async",
+    "broadcast_object",
     "build_info",
     "default_context",
     "fused_allreduce",

@@ -30,6 +30,9 @@ cdef extern from "kernels/cpu_kernels.h" namespace "ddlfast" nogil:
     ctypedef void (*SplitFn)(void* values, void* remainders, size_t n, int divisor)
     ctypedef void (*JoinFn)(void* values, const void* remainders, size_t n, int divisor)
     ctypedef bool (*AnyNonFiniteFn)(const void* values, size_t n)
+    ctypedef void (*CombineFn)(void* dst, const void* src, size_t n)
+    cdef struct CombineTable:
+        CombineFn fn[3][6]
     cdef struct KernelTable:
         const char* name
         ReduceFn reduce[6]
@@ -39,6 +42,7 @@ cdef extern from "kernels/cpu_kernels.h" namespace "ddlfast" nogil:
         SplitFn split[2]
         JoinFn join[2]
         AnyNonFiniteFn any_nonfinite[2]
+        CombineTable combine
     const KernelTable& scalar_kernels()
     const KernelTable* avx2_kernels()
     const KernelTable& best_kernels()

@@ -93,6 +93,17 @@ def reduce_into(uintptr_t dst, uintptr_t src, size_t count, int dtype, int divis
         table.reduce[dtype](<void*>dst, <const void*>src, count, divisor)
 
 
+def combine_into(uintptr_t dst, uintptr_t src, size_t count, int dtype, int op, path=None):
+    """dst = op(dst, src) for op min (2), max (3) or product (4) over raw buffers (the kernels' test entry)."""
+    cdef const KernelTable* table = _table(path)
+    if dtype < 0 or dtype >= 6:
+        raise DdlfastError(f"unknown dtype code {dtype}")
+    if op < 2 or op > 4:
+        raise DdlfastError(f"combine_into takes op code 2 (min), 3 (max) or 4 (product), got {op}")
+    with nogil:
+        table.combine.fn[op - 2][dtype](<void*>dst, <const void*>src, count)
+
+
 def encode_wire(uintptr_t dst, uintptr_t src, size_t count, int wire, path=None):
     """dst (fp16/bf16 bits) = wire(src float32): the compression kernels' test entry.
 
@@ -356,6 +367,8 @@ cdef class CoreContext:
                   size_t chunk_bytes, int receives_in_flight, size_t small_bytes, order, wire) except -1:
         if dtype < 0 or dtype >= 6:
             raise DdlfastError(f"unknown dtype code {dtype}")
+        if op < 0 or op >= 5:
+            raise DdlfastError(f"unknown op code {op} (ddlfast/ops.py)")
         cdef size_t element_size = (4, 8, 2, 2, 4, 8)[dtype]
         cdef unique_ptr[SegmentedBuffer] data
         data.reset(new SegmentedBuffer(bases, sizes, element_size))

@@ -92,7 +92,8 @@ def fused_allreduce(
     (an int handle or an object with .ptr / .cuda_stream); default: the stream
     each array exports, else the host waits for the result.
 
-    op: "sum" or "average". dims: "flat", "4x2" or a tuple (default
+    op: "sum", "average", "min", "max" or "product" (docs/numerics.md: nan, signed zeros, overflow; product
+    cannot run on a compressed wire). dims: "flat", "4x2" or a tuple (default
     DDLFAST_RING_DIMS). compression: None (DDLFAST_COMPRESSION), "fp16",
     "bf16", "none,fp16" (per ring dimension) or a ddlfast.compression.Codec /
     hook; error_feedback keeps the wire rounding's residual per bucket. Every
@@ -130,8 +131,32 @@ def allreduce_async(array: np.ndarray, *, op: str = "sum", dims: object = None,
 
 
 def broadcast(array: np.ndarray, root: int = 0, comm: MPI.Comm | None = None) -> np.ndarray:
-    """Overwrite every rank's array with root's, in place (same shape and dtype on all ranks)."""
+    """Overwrite every rank's array with root's, in place (same shape and dtype on all ranks).
+
+    Host arrays: any fixed-size dtype (bool, uint8, complex64, structured, ...: the copy is of bytes). GPU arrays
+    (through a pinned host copy): the dtypes ddlfast reduces. Arrays of Python objects: use broadcast_object.
+    """
     return _context_for(comm).broadcast(array, root=root)
+
+
+def broadcast_async(array: np.ndarray, root: int = 0, comm: MPI.Comm | None = None) -> Handle:
+    """Like broadcast, on the context's communication thread; handle.wait() returns the array."""
+    return _context_for(comm).broadcast_async(array, root=root)
+
+
+def barrier(comm: MPI.Comm | None = None) -> None:
+    """Return once every rank of the communicator has called barrier() (stall-limited, like every call)."""
+    _context_for(comm).barrier()
+
+
+def broadcast_object(obj: object, root: int = 0, comm: MPI.Comm | None = None) -> object:
+    """Root's picklable object on every rank (e.g. a config, optimizer state); other ranks' `obj` is ignored."""
+    return _context_for(comm).broadcast_object(obj, root=root)
+
+
+def allgather_object(obj: object, comm: MPI.Comm | None = None) -> list:
+    """Every rank's picklable object (sizes may differ), as a list in rank order (e.g. metrics)."""
+    return _context_for(comm).allgather_object(obj)
 
 
 def rank(comm: MPI.Comm | None = None) -> int:

@@ -15,6 +15,7 @@ DdlfastBrokenError instead of running out of step.
 
 from __future__ import annotations
 
+import pickle
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -33,10 +34,10 @@ from ddlfast.control import Control
 from ddlfast.dtypes import DTYPE_CODES
 from ddlfast.errors import DdlfastBrokenError, DdlfastConsistentError, DdlfastError
 from ddlfast.fusion import FusedBuffers, pack, unpack
+from ddlfast.ops import OPS, SUMMING_OPS, WIRE_OPS, check_op
 from ddlfast.timeline import Timeline
 from ddlfast.worker import CommThread, Handle
 
-OPS = {"sum": 0, "average": 1}
 # dtypes whose NumPy arrays export a typed buffer (the fast single-array path).
 _FAST_DTYPES = {np.dtype(name): code for name, code in DTYPE_CODES.items() if name != "bfloat16"}
 # How long close() lets queued work finish when there is no stall limit (DDLFAST_TIMEOUT_S=0).
@@ -45,8 +46,11 @@ CLOSE_TIMEOUT_S = 60.0
 # size alone (agreed by every rank), so every rank lays a bucket out the same way.
 PACK_BELOW_BYTES = 256 << 10
 # dtypes whose arithmetic for an op only the host engine does exactly (integer average without wrapping, half
-# types pre-scaled or checked for overflow); GPU arrays of these go through pinned host copies.
-_HOST_ARITHMETIC = {"average": ("int32", "int64", "float16", "bfloat16"), "sum": ("float16", "bfloat16")}
+# types pre-scaled or checked for overflow; min, max and product with their nan and signed-zero rules are not in
+# the CUDA kernels at all); GPU arrays of these go through pinned host copies.
+_ALL_DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64")
+_HOST_ARITHMETIC = {"average": ("int32", "int64", "float16", "bfloat16"), "sum": ("float16", "bfloat16"),
+                    "min": _ALL_DTYPES, "max": _ALL_DTYPES, "product": _ALL_DTYPES}
 
 
 def _codec_key(compression: object) -> object:
@@ -85,6 +89,30 @@ class _GpuRequest(NamedTuple):
     def layout(self) -> tuple:
         return allreduce_layout(self.op, self.dims, _gpu_arrays(self.submission.buffers),
                                 _codec_key(self.compression), self.error_feedback, self.settings)
+
+
+def _broadcast_target(array: object, where: str) -> np.ndarray:
+    """A host array broadcast() can overwrite: any fixed-size dtype (the copy is of bytes), C-contiguous,
+    writable."""
+    if not isinstance(array, np.ndarray) or isinstance(array, np.ma.MaskedArray):
+        kind = type(array).__module__ + "." + type(array).__qualname__
+        raise DdlfastError(f"{where}: the array is a {kind}, not a NumPy array (or a GPU array in a CUDA build)")
+    if array.dtype.hasobject:
+        raise DdlfastError(f"{where}: dtype {array.dtype} holds Python objects, which cannot be broadcast as bytes; "
+                           "use ddlfast.broadcast_object")
+    if not array.flags.c_contiguous:
+        raise DdlfastError(f"{where}: the array is not C-contiguous (strides {array.strides}); pass "
+                           "np.ascontiguousarray(...)")
+    if not array.flags.writeable:
+        raise DdlfastError(f"{where}: the array is read-only; broadcast overwrites it in place")
+    return array
+
+
+def _pickled(obj: object, where: str) -> bytes:
+    try:
+        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as error:  # noqa: BLE001 (pickling calls arbitrary __reduce__ code)
+        raise DdlfastError(f"{where}: the object cannot be pickled ({type(error).__name__}: {error})") from None
 
 
 def _gpu_arrays(buffers: Sequence[Any]) -> tuple:
@@ -238,8 +266,7 @@ class Context:
                  compression: object = None, error_feedback: bool = False, stream: object = None,
                  asynchronous: bool = False) -> _Request | _GpuRequest:
         """Validate on the caller's thread, so bad input raises where it was passed."""
-        if op not in OPS:
-            raise DdlfastError(f"op={op!r} on rank {self.rank} is not one of {', '.join(OPS)}")
+        check_op(op, self.rank)
         if isinstance(arrays, np.ndarray) or not isinstance(arrays, Sequence):
             raise DdlfastError("fused_allreduce takes a list of arrays; use ddlfast.allreduce for one array")
         if len(arrays) == 0:
@@ -250,8 +277,7 @@ class Context:
             gpu_buffers = cuda.device_buffers(arrays, self.rank, stream)
             check_no_overlap([(b.pointer, b.nbytes) for b in gpu_buffers], self.rank)
             codec = self._resolve_compression(compression, settings, [b.dtype_name for b in gpu_buffers])
-            if isinstance(codec, tuple):
-                wire_by_dim(codec, ring_dims, self._hosts_tier(ring_dims))
+            self._check_op_on_wire(op, codec, ring_dims, error_feedback)
             # The fences go on the caller's streams now, on the caller's thread: later work there is not waited for.
             return _GpuRequest(cuda.submit(gpu_buffers), op, ring_dims, settings,
                                list(arrays) if result is None else result, codec, bool(error_feedback),
@@ -263,10 +289,26 @@ class Context:
         if len(buffers) > 1:
             check_no_overlap([(b.pointer, b.nbytes) for b in buffers], self.rank)
         codec = self._resolve_compression(compression, settings, [b.array.dtype.name for b in buffers])
-        if isinstance(codec, tuple):
-            wire_by_dim(codec, ring_dims, self._hosts_tier(ring_dims))  # raises when codecs do not fit the dims
+        self._check_op_on_wire(op, codec, ring_dims, error_feedback)
         return _Request(buffers, op, ring_dims, settings, list(arrays) if result is None else result, codec,
                         bool(error_feedback))
+
+    def _check_op_on_wire(self, op: str, codec: tuple[str, ...] | Any, ring_dims: tuple[int, ...],
+                          error_feedback: object) -> None:
+        """The ops a compressed wire, error feedback and user codecs can carry (ddlfast/ops.py)."""
+        if not isinstance(codec, tuple):
+            if op not in SUMMING_OPS:
+                raise DdlfastError(f"op={op!r} on rank {self.rank} cannot run through a user codec "
+                                   f"({type(codec).__name__}): codecs reduce by summing; use op='sum' or 'average', "
+                                   "or compression='none'")
+            return
+        wire = wire_by_dim(codec, ring_dims, self._hosts_tier(ring_dims))  # raises when codecs do not fit the dims
+        if wire and op not in WIRE_OPS:
+            raise DdlfastError(f"op={op!r} on rank {self.rank} cannot run on the compressed wire "
+                               f"(compression={','.join(codec)}): every hop would round a partial product; use "
+                               f"compression='none' (ops on a compressed wire: {', '.join(WIRE_OPS)})")
+        if wire and error_feedback and op not in SUMMING_OPS:
+            raise DdlfastError(f"error_feedback on rank {self.rank} applies to op='sum' or 'average', not {op!r}")
 
     def _resolve_compression(self, compression: object, settings: Settings,
                              dtype_names: list[str]) -> tuple[str, ...] | Any:
@@ -424,7 +466,7 @@ class Context:
         # compression="none" (explicit), or nothing that compresses here: uncompressed.
         codec = (("none",) if isinstance(compression, str) and compression == "none"
                  else None if compression is not None else settings.compression)
-        if (code is None or op not in OPS or codec not in (("none",), ("auto",))
+        if (code is None or not isinstance(op, str) or op not in OPS or codec not in (("none",), ("auto",))
                 or (codec == ("auto",) and self._topology.placement.hosts > 1)):
             return None
         self._check_open()
@@ -479,17 +521,35 @@ class Context:
                                           stream=stream)
 
     def broadcast(self, array: np.ndarray, root: int = 0) -> np.ndarray:
-        """Copy `root`'s array into every rank's array, in place (MPI_Bcast)."""
+        """Copy `root`'s array into every rank's array, in place: any fixed-size dtype (a byte copy), host or
+        GPU (through a pinned host copy)."""
         self._check_open()
         try:
-            self._check_root(root)
-            request = self._prepare([array], "sum", None, array, compression="none")
+            work = self._broadcast_work(array, root)
         except DdlfastError as error:
             raise self._refused(error) from None
-        if isinstance(request, _GpuRequest):
-            return self._broadcast_gpu(request, root)
-        target = request.buffers[0].array
-        return self._broadcast(target, root, ((target.dtype, target.shape),), array)
+        return self._in_order(work, "broadcast")
+
+    def broadcast_async(self, array: np.ndarray, root: int = 0) -> Handle:
+        """broadcast() on the communication thread; wait() returns the array. Do not touch it until then."""
+        worker = self._ensure_worker()
+        try:
+            work = self._broadcast_work(array, root, asynchronous=True)
+        except DdlfastError as error:
+            self._refuse_async(error)
+            raise
+        return worker.submit(work, "broadcast")
+
+    def _broadcast_work(self, array: object, root: object, asynchronous: bool = False) -> Callable[[], Any]:
+        """Validate on the caller's thread; return the collective (agreement, then the copy), which returns
+        the array."""
+        self._check_root(root)
+        if cuda.any_device_array([array]):
+            request = self._prepare([array], "sum", None, array, compression="none", asynchronous=asynchronous)
+            return lambda: self._broadcast_gpu(request, int(root))
+        target = _broadcast_target(array, f"broadcast on rank {self.rank}")
+        arrays = ((target.dtype, target.shape),)
+        return lambda: self._broadcast(target, int(root), arrays, array)
 
     def broadcast_bytes(self, array: np.ndarray, root: int = 0) -> np.ndarray:
         """broadcast() for any contiguous writable byte view (e.g. a tensor of any dtype)."""
@@ -501,29 +561,87 @@ class Context:
                 raise DdlfastError(f"broadcast_bytes on rank {self.rank} needs a C-contiguous writable NumPy array")
         except DdlfastError as error:
             raise self._refused(error) from None
-        return self._broadcast(array, root, (("bytes", (array.nbytes,)),), array)
+        arrays = (("bytes", (array.nbytes,)),)
+        return self._in_order(lambda: self._broadcast(array, int(root), arrays, array), "broadcast")
 
     def _check_root(self, root: object) -> None:
         if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not 0 <= root < self.size:
             raise DdlfastError(f"broadcast root {root!r} on rank {self.rank} is outside 0..{self.size - 1}")
 
     def _broadcast(self, target: np.ndarray, root: int, arrays: tuple, result: Any) -> Any:
-        """Host and GPU broadcasts share one layout form, so a rank passing the other kind is named."""
-        layout = ("broadcast", int(root), arrays)
-        run = lambda: self._control.bcast_into(target, int(root), "a broadcast")  # noqa: E731
-        return self._in_order(lambda: (self._agreed(layout, run), result)[1], "broadcast")
+        """The collective (on whichever thread runs it). Host and GPU broadcasts share one layout form, so a
+        rank passing the other kind is named."""
+        self._agreed(("broadcast", root, arrays), lambda: self._control.bcast_into(target, root, "a broadcast"))
+        return result
 
     def _broadcast_gpu(self, request: _GpuRequest, root: int) -> Any:
         """Through a pinned host copy: broadcasts are one-offs (start-up), not worth a device path."""
-        layout = ("broadcast", int(root), _gpu_arrays(request.submission.buffers))
+        layout = ("broadcast", root, _gpu_arrays(request.submission.buffers))
 
         def run() -> None:
             path = self._gpu_path()
             copies = path.to_host(request.submission)
-            self._control.bcast_into(copies[0], int(root), "a broadcast")
+            self._control.bcast_into(copies[0], root, "a broadcast")
             path.from_host(request.submission, copies, wait_on_host=True)
 
-        return self._in_order(lambda: (self._agreed(layout, run), request.result)[1], "broadcast")
+        self._agreed(layout, run)
+        return request.result
+
+    # -- small collectives: barrier, Python objects ----------------------------------------------------------
+
+    def barrier(self) -> None:
+        """Return once every rank of the communicator has called barrier(). The agreement is itself the
+        barrier: its allreduce completes on a rank only after every rank joined it."""
+        self._check_open()
+        self._in_order(lambda: self._agreed(("barrier",), lambda: None), "barrier")
+
+    def broadcast_object(self, obj: object, root: int = 0) -> object:
+        """Root's picklable object on every rank (root gets `obj` itself back)."""
+        self._check_open()
+        try:
+            self._check_root(root)
+            payload = _pickled(obj, f"broadcast_object on rank {self.rank}") if self.rank == root else b""
+        except DdlfastError as error:
+            raise self._refused(error) from None
+        # The size is root's alone, so it is not in the layout: root broadcasts it first.
+        layout = ("broadcast", int(root), ((np.dtype(object), ()),))
+        return self._in_order(lambda: self._agreed(layout, lambda: self._broadcast_object(obj, payload, int(root))),
+                              "broadcast_object")
+
+    def _broadcast_object(self, obj: object, payload: bytes, root: int) -> object:
+        size = np.array([len(payload)], dtype=np.int64)
+        self._control.bcast_into(size, root, "the size of broadcast_object's pickle")
+        data = np.frombuffer(payload, dtype=np.uint8).copy() if self.rank == root else np.empty(int(size[0]), np.uint8)
+        self._control.bcast_into(data, root, "broadcast_object's pickle")
+        if self.rank == root:
+            return self._unpickled_everywhere(lambda: obj, "broadcast_object")
+        return self._unpickled_everywhere(lambda: pickle.loads(data.tobytes()), "broadcast_object")
+
+    def allgather_object(self, obj: object) -> list:
+        """Every rank's picklable object, in rank order."""
+        self._check_open()
+        try:
+            payload = _pickled(obj, f"allgather_object on rank {self.rank}")
+        except DdlfastError as error:
+            raise self._refused(error) from None
+
+        def run() -> list:
+            payloads = self._control.allgather_bytes(payload, "allgather_object's pickles")  # sizes, then bytes
+            return self._unpickled_everywhere(lambda: [pickle.loads(p) for p in payloads], "allgather_object")
+
+        return self._in_order(lambda: self._agreed(("allgather_object",), run), "allgather_object")
+
+    def _unpickled_everywhere(self, load: Callable[[], Any], what: str) -> Any:
+        """`load()` here; if it fails on any rank (a class one rank cannot import, ...), every rank raises the
+        same error naming the ranks (the data has arrived everywhere: nothing is in flight)."""
+        try:
+            value, failure = load(), None
+        except Exception as error:  # noqa: BLE001 (unpickling runs arbitrary code: any exception is possible)
+            value, failure = None, f"rank {self.rank}: {type(error).__name__}: {error}"
+        failures = [f for f in self._control.allgather_objects(failure, f"the outcome of {what}") if f]
+        if failures:
+            raise DdlfastConsistentError(f"{what} could not unpickle the object: " + "; ".join(failures))
+        return value
 
     def _gpu_path(self) -> cuda.CudaPath:
         """The GPU side, created at the first GPU collective: every rank gets here in the same order, after
@@ -647,9 +765,10 @@ class Context:
                                                          "the count of wire overflows")[0])
             if overflowed:
                 raise DdlfastConsistentError(
-                    f"wire overflow on rank {self.rank}: {overflowed} partial sums exceeded the range of "
+                    f"wire overflow on rank {self.rank}: {overflowed} "
+                    f"{'partial sums' if request.op in SUMMING_OPS else 'values'} exceeded the range of "
                     f"{'/'.join(n for n in request.compression if n != 'none')} and the result holds inf; use "
-                    "compression='bf16' or op='average' (which pre-scales)")
+                    "compression='bf16'" + (" or op='average' (which pre-scales)" if request.op == "sum" else ""))
 
     def _record_engine_events(self) -> None:
         if self._timeline is not None:

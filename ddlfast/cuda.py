@@ -32,6 +32,7 @@ from ddlfast import _core, config
 from ddlfast.bucketing import assign_buckets
 from ddlfast.dtypes import DTYPE_CODES
 from ddlfast.errors import DdlfastError
+from ddlfast.ops import OPS
 
 try:
     from ddlfast import _cuda
@@ -40,7 +41,6 @@ except ImportError:  # built without CUDA
 if _cuda is not None and not _core.build_facts()["cuda"]:
     _cuda = None  # a stale module left by an earlier CUDA build: this build has no CUDA
 
-OPS = {"sum": 0, "average": 1}
 ELEMENT_SIZES = {name: size for name, size in zip(DTYPE_CODES, (4, 8, 2, 2, 4, 8), strict=True)}
 # Arrays below this are packed into the fused bucket; larger ones are reduced in place (as on the host).
 PACK_BELOW_BYTES = 256 << 10

@@ -17,10 +17,28 @@ enum class DType : int {
 };
 constexpr int kNumDTypes = 6;
 
+// Values are part of the Python binding (ddlfast/ops.py mirrors them).
 enum class ReduceOp : int {
   kSum = 0,
   kAverage = 1,
+  kMin = 2,
+  kMax = 3,
+  kProduct = 4,
 };
+constexpr int kNumReduceOps = 5;
+
+inline bool reduce_op_valid(int value) { return value >= 0 && value < kNumReduceOps; }
+
+inline const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kAverage: return "average";
+    case ReduceOp::kMin: return "min";
+    case ReduceOp::kMax: return "max";
+    case ReduceOp::kProduct: return "product";
+  }
+  return "unknown";
+}
 
 inline bool dtype_valid(int value) { return value >= 0 && value < kNumDTypes; }
 

@@ -27,7 +27,7 @@ std::size_t total_count(const std::vector<ChunkItem>& items) {
 // send_stage_ (kept until the send completes) and receives are accumulated
 // into float32 from the wire type.
 Status RingAllreduce::compressed_reduce_scatter_phase(const SegmentedBuffer& data, const RingPhase& phase,
-                                                      int tag_base, int wire, int final_divisor,
+                                                      int tag_base, int wire, ReduceOp op, int final_divisor,
                                                       const EngineOptions& options) {
   const KernelTable& kernels = best_kernels();
   const std::size_t wsize = wire_size(static_cast<WireType>(wire));
@@ -66,8 +66,14 @@ Status RingAllreduce::compressed_reduce_scatter_phase(const SegmentedBuffer& dat
     const ChunkItem& item = items[i];
     DDLFAST_RETURN_IF_ERROR(transport_->wait(receives[i]));
     const unsigned char* slot = scratch_.data() + (i % slots) * slot_bytes;
-    kernels.accumulate[wire](reinterpret_cast<float*>(data.address(item.offset)), slot, item.count,
-                             item.step == last_step ? final_divisor : 1);
+    float* target = reinterpret_cast<float*>(data.address(item.offset));
+    if (op == ReduceOp::kMin || op == ReduceOp::kMax) {
+      if (decoded_.size() < item.count) decoded_.resize(item.count);
+      kernels.decode[wire](decoded_.data(), slot, item.count);
+      reduce_into(DType::kFloat32, op, target, decoded_.data(), item.count, 1);
+    } else {
+      kernels.accumulate[wire](target, slot, item.count, item.step == last_step ? final_divisor : 1);
+    }
     if (i + slots < items.size()) DDLFAST_RETURN_IF_ERROR(post_receive(i + slots));
     if (item.step < last_step) DDLFAST_RETURN_IF_ERROR(encode_and_send(item, item.step + 1));
   }

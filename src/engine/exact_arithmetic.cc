@@ -92,8 +92,8 @@ Status ExactArithmetic::before(const SegmentedBuffer& data, DType dtype, ReduceO
     counts.push_back(data.count());
     widened_.emplace(std::move(bases), counts, esize);
     reduce_op_ = ReduceOp::kSum;
-  } else if (half) {
-    mode_ = op == ReduceOp::kAverage ? Mode::kHalfAverage : Mode::kHalfSum;
+  } else if (half && op != ReduceOp::kMin && op != ReduceOp::kMax) {  // min/max of halves are exact
+    mode_ = op == ReduceOp::kAverage ? Mode::kHalfAverage : Mode::kHalfChecked;
     const AnyNonFiniteFn any_nonfinite = best_kernels().any_nonfinite[half_index(dtype)];
     bool any = false;
     for_each_run(data, [&](char* base, std::size_t, std::size_t n) { any = any || any_nonfinite(base, n); });
@@ -125,7 +125,7 @@ Status ExactArithmetic::after(MpiTransport* transport) {
       });
       return Status::ok();
     }
-    case Mode::kHalfSum:
+    case Mode::kHalfChecked:
     case Mode::kHalfAverage:
       return finish_halves(transport);
   }
@@ -151,12 +151,14 @@ Status ExactArithmetic::finish_halves(MpiTransport* transport) {
     }
     return Status::ok();
   }
-  return Status::consistent(std::string(dtype_name(dtype_)) + " sum overflowed: " + std::to_string(overflowed.size()) +
-                         " of " + std::to_string(data_->count()) + " elements (first at " +
-                         std::to_string(overflowed.front()) + ") went past +-" + largest_finite_text(dtype_) +
-                         ", the largest " + dtype_name(dtype_) + ", in a partial sum of finite inputs, and the "
-                         "result holds inf or nan there; use op='average' (which pre-scales by 1/world size) or "
-                         "reduce in float32");
+  const bool product = reduce_op_ == ReduceOp::kProduct;
+  return Status::consistent(std::string(dtype_name(dtype_)) + (product ? " product" : " sum") + " overflowed: " +
+                         std::to_string(overflowed.size()) + " of " + std::to_string(data_->count()) +
+                         " elements (first at " + std::to_string(overflowed.front()) + ") went past +-" +
+                         largest_finite_text(dtype_) + ", the largest " + dtype_name(dtype_) + ", in a partial " +
+                         (product ? "product" : "sum") + " of finite inputs, and the result holds inf or nan "
+                         "there; " + (product ? "reduce in float32" : "use op='average' (which pre-scales by "
+                         "1/world size) or reduce in float32"));
 }
 
 Status ExactArithmetic::overflowed_positions(MpiTransport* transport, std::vector<std::size_t>* out) {

@@ -16,13 +16,16 @@
 // values that overflows only by that rounding (every input finite) saturates
 // to the type's largest finite value.
 //
-// float16/bfloat16 sum that overflows (every input at that element finite,
+// float16/bfloat16 sum or product that overflows (every input at that element finite,
 // the result inf or nan) is an error on every rank; inputs that hold inf or
 // nan give inf or nan as IEEE says. Cheap in the common case: one scan of the
 // inputs and one of the result, no message. Only when the result holds a
 // non-finite value (every rank holds the same bits, so all see it together)
 // do the ranks exchange how many of their inputs were non-finite, and, if
 // some were, which ones, to tell overflow from propagated inf/nan.
+//
+// min and max need nothing here: they are exact in every type (the kernels
+// pick one of the inputs' bits, kernels/combine_generic.h).
 #pragma once
 
 #include <cstddef>
@@ -51,7 +54,7 @@ class ExactArithmetic {
   Status after(MpiTransport* transport);
 
  private:
-  enum class Mode { kNone, kIntegerAverage, kHalfSum, kHalfAverage };
+  enum class Mode { kNone, kIntegerAverage, kHalfChecked, kHalfAverage };
 
   Status finish_halves(MpiTransport* transport);
   // Logical positions where the result is non-finite but no rank's input was.

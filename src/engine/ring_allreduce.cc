@@ -36,8 +36,11 @@ Status RingAllreduce::create(MpiTransport* transport, const std::vector<int>& di
   return Status::ok();
 }
 
-// Tiny buffers: MPI_Allreduce's log(p) steps beat the ring's 2(p-1).
-Status RingAllreduce::run_small(const SegmentedBuffer& data, DType dtype, int divisor, const EngineOptions& options) {
+// Tiny buffers: MPI_Allreduce's log(p) steps beat the ring's 2(p-1). min, max
+// and product run ddlfast's own kernels as MPI user ops (the transport's), so
+// nan and signed zeros follow the same rules as on the ring.
+Status RingAllreduce::run_small(const SegmentedBuffer& data, DType dtype, ReduceOp op, int divisor,
+                                const EngineOptions& options) {
   const std::size_t count = data.count();
   const std::size_t esize = dtype_size(dtype);
   const double start = monotonic_seconds();
@@ -52,7 +55,8 @@ Status RingAllreduce::run_small(const SegmentedBuffer& data, DType dtype, int di
     }
     contiguous = packed.data();
   }
-  DDLFAST_RETURN_IF_ERROR(transport_->native_allreduce(contiguous, count, dtype));
+  DDLFAST_RETURN_IF_ERROR(
+      transport_->native_allreduce(contiguous, count, dtype, op == ReduceOp::kAverage ? ReduceOp::kSum : op));
   if (divisor != 1) {
     // One extra pass over a tiny buffer is cheaper than a custom MPI op per divisor.
     std::vector<char> zeros(count * esize, 0);
@@ -83,11 +87,15 @@ Status RingAllreduce::reduce(const SegmentedBuffer& data, DType dtype, ReduceOp 
   const std::size_t count = data.count();
   const std::size_t esize = dtype_size(dtype);
   int divisor = op == ReduceOp::kAverage ? world : 1;
-  if (count * esize <= options.small_bytes) return run_small(data, dtype, divisor, options);
+  if (count * esize <= options.small_bytes) return run_small(data, dtype, op, divisor, options);
   const bool compressed = std::any_of(options.wire_by_dim.begin(), options.wire_by_dim.end(),
                                       [](int wire) { return wire >= 0; });
   if (compressed) {
     if (dtype != DType::kFloat32) return Status::invalid("wire compression needs float32 data");
+    if (op == ReduceOp::kProduct) {
+      return Status::invalid("op='product' cannot run on a compressed wire (each hop would round a product); use "
+                             "compression='none'");
+    }
     if (options.wire_by_dim.size() != static_cast<std::size_t>(ring_.torus.num_dims())) {
       return Status::invalid("compression is given for " + std::to_string(options.wire_by_dim.size()) +
                              " dimensions but the ring has " + std::to_string(ring_.torus.num_dims()));
@@ -109,8 +117,8 @@ Status RingAllreduce::reduce(const SegmentedBuffer& data, DType dtype, ReduceOp 
     if (phase.kind == PhaseKind::kReduceScatter) {
       const int final_divisor = i == last_reduce_scatter ? divisor : 1;
       DDLFAST_RETURN_IF_ERROR(
-          wire >= 0 ? compressed_reduce_scatter_phase(data, phase, tag_base, wire, final_divisor, options)
-                    : reduce_scatter_phase(data, phase, tag_base, dtype, final_divisor, options));
+          wire >= 0 ? compressed_reduce_scatter_phase(data, phase, tag_base, wire, op, final_divisor, options)
+                    : reduce_scatter_phase(data, phase, tag_base, dtype, op, final_divisor, options));
     } else {
       DDLFAST_RETURN_IF_ERROR(wire >= 0 ? compressed_allgather_phase(data, phase, tag_base, wire, options)
                                         : allgather_phase(data, phase, tag_base, dtype, options));
@@ -128,7 +136,7 @@ Status RingAllreduce::reduce(const SegmentedBuffer& data, DType dtype, ReduceOp 
 // j+W as soon as chunk j has been added into the data, and the reduced
 // chunk goes straight on to the successor as part of the next step.
 Status RingAllreduce::reduce_scatter_phase(const SegmentedBuffer& data, const RingPhase& phase, int tag_base, DType dtype,
-                                           int final_divisor, const EngineOptions& options) {
+                                           ReduceOp op, int final_divisor, const EngineOptions& options) {
   const std::size_t esize = dtype_size(dtype);
   const std::size_t chunk_elems = std::max<std::size_t>(1, options.chunk_bytes / esize);
   const std::vector<ChunkItem> items = chunk_items(data, phase, chunk_elems);
@@ -154,7 +162,7 @@ Status RingAllreduce::reduce_scatter_phase(const SegmentedBuffer& data, const Ri
     DDLFAST_RETURN_IF_ERROR(transport_->wait(receives[i]));
     unsigned char* slot = scratch_.data() + (i % slots) * slot_bytes;
     char* target = data.address(item.offset);
-    reduce_into(dtype, target, slot, item.count, item.step == last_step ? final_divisor : 1);
+    reduce_into(dtype, op, target, slot, item.count, item.step == last_step ? final_divisor : 1);
     if (i + slots < items.size()) DDLFAST_RETURN_IF_ERROR(post_receive(i + slots));
     if (item.step < last_step) {
       RequestId ignored;

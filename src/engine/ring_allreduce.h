@@ -57,12 +57,15 @@ class RingAllreduce {
  private:
   // run() without the exact-arithmetic wrapping.
   Status reduce(const SegmentedBuffer& data, DType dtype, ReduceOp op, const EngineOptions& options);
-  Status run_small(const SegmentedBuffer& data, DType dtype, int divisor, const EngineOptions& options);
-  Status reduce_scatter_phase(const SegmentedBuffer& data, const RingPhase& phase, int tag_base, DType dtype, int final_divisor,
-                              const EngineOptions& options);
+  Status run_small(const SegmentedBuffer& data, DType dtype, ReduceOp op, int divisor, const EngineOptions& options);
+  // `op` reaches the reduce kernel as it is (final_divisor: average's, on the last step).
+  Status reduce_scatter_phase(const SegmentedBuffer& data, const RingPhase& phase, int tag_base, DType dtype, ReduceOp op,
+                              int final_divisor, const EngineOptions& options);
   // Compressed variants: the wire carries fp16/bf16, accumulation stays fp32.
+  // min/max decode each received chunk and combine in float32: rounding is
+  // monotonic, so the result is the wire rounding of the exact min/max.
   Status compressed_reduce_scatter_phase(const SegmentedBuffer& data, const RingPhase& phase, int tag_base,
-                                         int wire, int final_divisor, const EngineOptions& options);
+                                         int wire, ReduceOp op, int final_divisor, const EngineOptions& options);
   Status compressed_allgather_phase(const SegmentedBuffer& data, const RingPhase& phase, int tag_base, int wire,
                                     const EngineOptions& options);
   Status allgather_phase(const SegmentedBuffer& data, const RingPhase& phase, int tag_base, DType dtype,
@@ -75,6 +78,7 @@ class RingAllreduce {
   std::vector<unsigned char> scratch_;  // persistent across calls
   std::vector<unsigned char> send_stage_;  // encoded chunks until their sends complete
   std::vector<unsigned char> recv_stage_;  // encoded allgather chunks, kept for forwarding
+  std::vector<float> decoded_;  // a received chunk decoded for compressed min/max
   ExactArithmetic exact_;
 
  public:

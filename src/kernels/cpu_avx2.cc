@@ -4,6 +4,7 @@
 
 #include <type_traits>
 
+#include "kernels/combine_generic.h"
 #include "kernels/cpu_kernels.h"
 #include "kernels/exact_generic.h"
 #include "kernels/reduce_generic.h"
@@ -62,6 +63,39 @@ void reduce_bf16(void* dst_v, const void* src_v, std::size_t n, int divisor) {
   }
   for (; i < n; ++i) dst[i] = float_to_bfloat16((bfloat16_to_float(dst[i]) + bfloat16_to_float(src[i])) * scale_value);
 }
+
+// A nan lane becomes float32's canonical nan, which both conversions below
+// turn into their type's canonical nan (combine_generic.h).
+inline __m256 canonical_nan_lanes(__m256 x) {
+  const __m256 is_nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+  return _mm256_blendv_ps(x, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)), is_nan);
+}
+
+inline void store_fp16x8(std::uint16_t* p, __m256 v) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+}
+
+inline void store_bf16x8(std::uint16_t* p, __m256 v) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), ps_to_bf16x8(v));
+}
+
+inline __m256 load_fp16x8(const std::uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// Halves' product: exact in fp32, rounded once to the type (as NumPy does).
+template <__m256 (*Load)(const std::uint16_t*), void (*Store)(std::uint16_t*, __m256), float (*ToFloat)(std::uint16_t),
+          std::uint16_t (*FromFloat)(float)>
+void product_half(void* dst_v, const void* src_v, std::size_t n) {
+  auto* dst = static_cast<std::uint16_t*>(dst_v);
+  const auto* src = static_cast<const std::uint16_t*>(src_v);
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) Store(dst + i, canonical_nan_lanes(_mm256_mul_ps(Load(dst + i), Load(src + i))));
+  combine::product_half_scalar<ToFloat, FromFloat>(dst + i, src + i, n - i);
+}
+
+constexpr auto product_fp16 = &product_half<load_fp16x8, store_fp16x8, half_to_float, float_to_half>;
+constexpr auto product_bf16 = &product_half<bf16x8_to_ps, store_bf16x8, bfloat16_to_float, float_to_bfloat16>;
 
 // Lanes whose finite input rounds to inf (|x| in [overflow_from, FLT_MAX]).
 inline int overflowing_lanes(__m256 x, __m256 overflow_from) {
@@ -143,6 +177,7 @@ const KernelTable* avx2_kernels() {
       {&exact::split_int<std::int32_t>, &exact::split_int<std::int64_t>},
       {&exact::join_int<std::int32_t>, &exact::join_int<std::int64_t>},
       {&exact::any_nonfinite<exact::kFp16Exponent>, &exact::any_nonfinite<exact::kBf16Exponent>},
+      combine::table<product_fp16, product_bf16>(),
   };
   return supported ? &table : nullptr;
 }

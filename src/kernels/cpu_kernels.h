@@ -13,6 +13,15 @@ namespace ddlfast {
 // fp16/bf16 add in fp32 and round once.
 using ReduceFn = void (*)(void* dst, const void* src, std::size_t n, int divisor);
 
+// dst[i] = op(dst[i], src[i]) for min, max and product (kernels/combine_generic.h
+// gives their exact rules: nan, signed zeros, wrapping).
+using CombineFn = void (*)(void* dst, const void* src, std::size_t n);
+constexpr int kNumCombineOps = 3;  // index: op - ReduceOp::kMin
+inline int combine_index(ReduceOp op) { return static_cast<int>(op) - static_cast<int>(ReduceOp::kMin); }
+struct CombineTable {
+  CombineFn fn[kNumCombineOps][kNumDTypes];  // [min, max, product][dtype]
+};
+
 // Wire codecs for compressed transfers of float32 data (index: WireType).
 enum class WireType : int { kFloat16 = 0, kBFloat16 = 1 };
 constexpr int kNumWireTypes = 2;
@@ -42,6 +51,7 @@ struct KernelTable {
   SplitFn split[2];  // int32, int64
   JoinFn join[2];
   AnyNonFiniteFn any_nonfinite[kNumWireTypes];
+  CombineTable combine;
 };
 
 const KernelTable& scalar_kernels();
@@ -51,6 +61,16 @@ const KernelTable& best_kernels();
 
 inline void reduce_into(DType dtype, void* dst, const void* src, std::size_t n, int divisor) {
   best_kernels().reduce[static_cast<int>(dtype)](dst, src, n, divisor);
+}
+
+// The one entry the engine reduces through: sum and average take `divisor`
+// (1 for sum), min, max and product ignore it.
+inline void reduce_into(DType dtype, ReduceOp op, void* dst, const void* src, std::size_t n, int divisor) {
+  if (op == ReduceOp::kSum || op == ReduceOp::kAverage) {
+    best_kernels().reduce[static_cast<int>(dtype)](dst, src, n, divisor);
+  } else {
+    best_kernels().combine.fn[combine_index(op)][static_cast<int>(dtype)](dst, src, n);
+  }
 }
 
 inline std::size_t wire_size(WireType) { return 2; }

@@ -1,6 +1,7 @@
 // Portable kernels: plain C++ the compiler may vectorise with the baseline ISA.
 #include <type_traits>
 
+#include "kernels/combine_generic.h"
 #include "kernels/cpu_kernels.h"
 #include "kernels/exact_generic.h"
 #include "kernels/reduce_generic.h"
@@ -24,6 +25,8 @@ const KernelTable& scalar_kernels() {
       {&exact::split_int<std::int32_t>, &exact::split_int<std::int64_t>},
       {&exact::join_int<std::int32_t>, &exact::join_int<std::int64_t>},
       {&exact::any_nonfinite<exact::kFp16Exponent>, &exact::any_nonfinite<exact::kBf16Exponent>},
+      combine::table<&combine::product_half_scalar<half_to_float, float_to_half>,
+                      &combine::product_half_scalar<bfloat16_to_float, float_to_bfloat16>>(),
   };
   return table;
 }

@@ -7,6 +7,7 @@
 #include <climits>
 #include <cstring>
 #include <memory>
+#include <utility>
 
 #include "kernels/cpu_kernels.h"
 #include "transport/poll_backoff.h"
@@ -20,6 +21,34 @@ void fp16_sum_op(void* in, void* inout, int* len, MPI_Datatype*) {
 
 void bf16_sum_op(void* in, void* inout, int* len, MPI_Datatype*) {
   reduce_into(DType::kBFloat16, inout, in, static_cast<std::size_t>(*len), 1);
+}
+
+// min, max and product over ddlfast's kernels: one MPI callback per (op, dtype), since MPI hands the callback
+// no state of ours. The elements are opaque to MPI (bytes of the dtype's width).
+template <int Combine, int Dtype>
+void combine_op(void* in, void* inout, int* len, MPI_Datatype*) {
+  best_kernels().combine.fn[Combine][Dtype](inout, in, static_cast<std::size_t>(*len));
+}
+
+template <int Combine, std::size_t... Dtypes>
+void create_combine_row(std::vector<MPI_Op>* ops, std::index_sequence<Dtypes...>) {
+  for (MPI_User_function* function : {&combine_op<Combine, static_cast<int>(Dtypes)>...}) {
+    ops->push_back(MPI_OP_NULL);
+    MPI_Op_create(function, 1, &ops->back());  // commutative: the kernels' results do not depend on order
+  }
+}
+
+// What MPI sees of each dtype's elements: its own type where it has one (only MPI_SUM reads it), else 16 bits.
+MPI_Datatype mpi_type(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return MPI_FLOAT;
+    case DType::kFloat64: return MPI_DOUBLE;
+    case DType::kInt32: return MPI_INT32_T;
+    case DType::kInt64: return MPI_INT64_T;
+    case DType::kFloat16:
+    case DType::kBFloat16: return MPI_UINT16_T;
+  }
+  return MPI_BYTE;
 }
 
 bool mpi_is_finalized() {
@@ -140,6 +169,9 @@ Status MpiTransport::create(MPI_Comm comm, double timeout_s, std::unique_ptr<Mpi
   transport->spin_us_ = spin_us_for(transport->comm_);
   MPI_Op_create(&fp16_sum_op, 1, &transport->fp16_sum_);
   MPI_Op_create(&bf16_sum_op, 1, &transport->bf16_sum_);
+  create_combine_row<0>(&transport->combine_ops_, std::make_index_sequence<kNumDTypes>());
+  create_combine_row<1>(&transport->combine_ops_, std::make_index_sequence<kNumDTypes>());
+  create_combine_row<2>(&transport->combine_ops_, std::make_index_sequence<kNumDTypes>());
   transport->timeout_s_ = timeout_s;
   transport->post_census_ask();
   *out = std::move(transport);
@@ -169,6 +201,9 @@ MpiTransport::~MpiTransport() {
   }
   if (fp16_sum_ != MPI_OP_NULL) MPI_Op_free(&fp16_sum_);
   if (bf16_sum_ != MPI_OP_NULL) MPI_Op_free(&bf16_sum_);
+  for (MPI_Op& op : combine_ops_) {
+    if (op != MPI_OP_NULL) MPI_Op_free(&op);
+  }
   if (census_comm_ != MPI_COMM_NULL) MPI_Comm_free(&census_comm_);
   if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
@@ -455,18 +490,18 @@ Status MpiTransport::agree(std::uint64_t digest, bool* agreed) {
   return Status::ok();
 }
 
-Status MpiTransport::native_allreduce(void* data, std::size_t count, DType dtype) {
+Status MpiTransport::native_allreduce(void* data, std::size_t count, DType dtype, ReduceOp op) {
   DDLFAST_RETURN_IF_ERROR(refuse_if_broken());
   if (count > static_cast<std::size_t>(INT_MAX)) return Status::invalid("count too large for MPI_Allreduce");
-  MPI_Datatype type = MPI_FLOAT;
-  MPI_Op op = MPI_SUM;
-  switch (dtype) {
-    case DType::kFloat32: type = MPI_FLOAT; break;
-    case DType::kFloat64: type = MPI_DOUBLE; break;
-    case DType::kInt32: type = MPI_INT32_T; break;
-    case DType::kInt64: type = MPI_INT64_T; break;
-    case DType::kFloat16: type = MPI_UINT16_T; op = fp16_sum_; break;
-    case DType::kBFloat16: type = MPI_UINT16_T; op = bf16_sum_; break;
+  if (op == ReduceOp::kAverage) return Status::invalid("native_allreduce sums; the caller divides for an average");
+  const MPI_Datatype type = mpi_type(dtype);
+  MPI_Op mpi_op = MPI_SUM;
+  if (op != ReduceOp::kSum) {
+    mpi_op = combine_ops_[combine_index(op) * kNumDTypes + static_cast<int>(dtype)];
+  } else if (dtype == DType::kFloat16) {
+    mpi_op = fp16_sum_;
+  } else if (dtype == DType::kBFloat16) {
+    mpi_op = bf16_sum_;
   }
   const std::size_t bytes = count * dtype_size(dtype);
   std::vector<char>& copy = scratch_->small;
@@ -474,7 +509,7 @@ Status MpiTransport::native_allreduce(void* data, std::size_t count, DType dtype
   std::memcpy(copy.data(), data, bytes);
   MPI_Request request;
   DDLFAST_RETURN_IF_ERROR(check(
-      MPI_Iallreduce(MPI_IN_PLACE, copy.data(), static_cast<int>(count), type, op, comm_, &request),
+      MPI_Iallreduce(MPI_IN_PLACE, copy.data(), static_cast<int>(count), type, mpi_op, comm_, &request),
       "MPI_Iallreduce", -1));
   DDLFAST_RETURN_IF_ERROR(wait_request(&request, "MPI_Allreduce (buffers <= DDLFAST_SMALL_BYTES)"));
   std::memcpy(data, copy.data(), bytes);

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "kernels/cpu_kernels.h"
 #include "transport/transport.h"
 
 namespace ddlfast {
@@ -81,8 +82,10 @@ class MpiTransport final : public Transport {
   // MPI's own allreduce on the private communicator (the small-message path),
   // stall-limited, through an internal copy so that a collective abandoned
   // after a stall can never write into the caller's memory.
-  // fp16/bf16 use ddlfast's kernels as user-defined MPI ops.
-  Status native_allreduce(void* data, std::size_t count, DType dtype);
+  // fp16/bf16 sums and every min, max and product use ddlfast's kernels as
+  // user-defined MPI ops (created with the transport, freed with it), so the
+  // nan and signed-zero rules are the ring's. `op` is not kAverage.
+  Status native_allreduce(void* data, std::size_t count, DType dtype, ReduceOp op = ReduceOp::kSum);
 
   // After a failed collective: cancel receives, release sends, refuse all
   // later work with the failure's message, and tell the other ranks (a
@@ -118,6 +121,8 @@ class MpiTransport final : public Transport {
   MPI_Comm census_comm_ = MPI_COMM_NULL;
   MPI_Op fp16_sum_ = MPI_OP_NULL;
   MPI_Op bf16_sum_ = MPI_OP_NULL;
+  // min, max and product as MPI ops over ddlfast's kernels, index combine * kNumDTypes + dtype.
+  std::vector<MPI_Op> combine_ops_;
   int rank_ = 0;
   int size_ = 1;
   double timeout_s_ = 0.0;  // 0: wait forever

@@ -162,6 +162,12 @@ Status DeviceRingAllreduce::run(const SegmentedBuffer& data, DType dtype, Reduce
   const int world = ring_.torus.world_size();
   const std::size_t count = data.count();
   if (count == 0 || world == 1) return Status::ok();
+  // min, max and product run in the host engine on pinned copies (ddlfast/context.py, _HOST_ARITHMETIC): its
+  // kernels alone carry their nan and signed-zero rules.
+  if (op != ReduceOp::kSum && op != ReduceOp::kAverage) {
+    return Status::invalid(std::string("op='") + reduce_op_name(op) + "' is not implemented in the GPU ring; stage "
+                           "through host memory");
+  }
   if (std::any_of(options.wire_by_dim.begin(), options.wire_by_dim.end(), [](int wire) { return wire >= 0; })) {
     return Status::invalid("wire compression is not implemented in the GPU ring; stage through host memory");
   }
