@@ -78,6 +78,14 @@ class MpiTransport final : public Transport {
   // after a stall can never write into the caller's memory.
   // fp16/bf16 use ddlfast's kernels as user-defined MPI ops.
   Status native_allreduce(void* data, std::size_t count, DType dtype);
+  // MPI's reduce-scatter (sum; the small-message path of reduce_scatter):
+  // `send` holds counts[q] elements for each rank q in rank order, `recv`
+  // gets this rank's counts[rank] summed elements. Stall-limited, through
+  // internal copies like native_allreduce.
+  Status native_reduce_scatter(const void* send, void* recv, const std::vector<std::size_t>& counts, DType dtype);
+  // MPI's allgather of bytes: `send` is this rank's bytes[rank] bytes, `recv`
+  // gets every rank's bytes in rank order (MPI_Allgatherv when they differ).
+  Status native_allgather(const void* send, void* recv, const std::vector<std::size_t>& bytes);
 
   // After a failed collective: cancel receives, release sends, refuse all
   // later work with the failure's message, and tell the other ranks (a
@@ -100,6 +108,8 @@ class MpiTransport final : public Transport {
  private:
   MpiTransport() = default;
   Status check(int code, const char* what, int peer) const;
+  // MPI's type and sum op for `dtype` (fp16/bf16: ddlfast's kernels as user-defined ops).
+  void sum_type(DType dtype, MPI_Datatype* type, MPI_Op* op) const;
   RequestId track(MPI_Request raw, int peer, bool is_receive);
   Status refuse_if_broken() const;
   Status stalled(const char* what, int peer, double waited);
