@@ -32,3 +32,10 @@ def test_bench_checks_each_collective_against_mpi(collective: str) -> None:
     mpi_name = {"reduce_scatter": "MPI_Reduce_scatter_block", "allgather": "MPI_Allgather", "broadcast": "MPI_Bcast"}
     assert f"# check: ddlfast matches {mpi_name[collective]} on every rank in all 2 rows (exactly)" in result.stdout
     assert result.stdout.count(" ok") == 2, result.stdout
+
+
+@pytest.mark.mpi
+def test_torch_cpu_tensors() -> None:
+    pytest.importorskip("torch")
+    result = run_mpi(3, "shard_torch_cases.py", timeout=300)
+    assert "0 failures" in result.stdout, result.stdout
