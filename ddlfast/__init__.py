@@ -13,6 +13,8 @@ _mpi_check.verify()  # before the core is loaded: ddlfast and mpi4py must use on
 
 from ddlfast import abort as _abort
 from ddlfast.api import (
+    allgather,
+    allgather_async,
     allgather_object,
     allreduce,
     allreduce_async,
@@ -22,10 +24,16 @@ from ddlfast.api import (
     broadcast_object,
     build_info,
     default_context,
+    fused_allgather,
+    fused_allgather_async,
     fused_allreduce,
     fused_allreduce_async,
+    fused_reduce_scatter,
+    fused_reduce_scatter_async,
     has_cuda,
     rank,
+    reduce_scatter,
+    reduce_scatter_async,
     size,
 )
 from ddlfast.context import Context
@@ -45,6 +53,8 @@ __all__ = [
     "FusedBuffer",
     "Handle",
     "TopologyWarning",
+    "allgather",
+    "allgather_async",
     "allgather_object",
     "allreduce",
     "allreduce_async",
@@ -56,8 +66,14 @@ __all__ = [
     "default_context",
     "fused_allreduce",
     "fused_allreduce_async",
+    "fused_allgather",
+    "fused_allgather_async",
+    "fused_reduce_scatter",
+    "fused_reduce_scatter_async",
     "has_cuda",
     "rank",
+    "reduce_scatter",
+    "reduce_scatter_async",
     "size",
     "topology",
 ]

@@ -53,6 +53,7 @@ cdef extern from "algo/torus.h" namespace "ddlfast" nogil:
         Torus()
         @staticmethod
         Status make(const vector[int]& dims, int world_size, Torus* out) except +
+        int world_size()
 
 
 cdef extern from "algo/ring_schedule.h" namespace "ddlfast" nogil:
@@ -74,6 +75,8 @@ cdef extern from "algo/ring_schedule.h" namespace "ddlfast" nogil:
         vector[RingPhase] phases
         ElementRange owned
     RingSchedule build_ring_schedule(const Torus& torus, int rank, size_t count) except +
+    RingSchedule build_ring_schedule(const Torus& torus, int rank, const vector[size_t]& block_counts) except +
+    vector[int] positions_in_block_order(const Torus& torus) except +
 
 
 cdef extern from "engine/ring_allreduce.h" namespace "ddlfast" nogil:
@@ -127,6 +130,12 @@ cdef extern from "engine/context.h" namespace "ddlfast" nogil:
         size_t take_overflows()
         Status allreduce(const SegmentedBuffer& data, DType dtype, ReduceOp op, const vector[int]& dims,
                          const vector[int]& order, const EngineOptions& options) except +
+        Status reduce_scatter(const SegmentedBuffer& input, const SegmentedBuffer& output,
+                              const vector[size_t]& counts, DType dtype, ReduceOp op, const vector[int]& dims,
+                              const vector[int]& order, const EngineOptions& options) except +
+        Status allgather(const SegmentedBuffer& input, const SegmentedBuffer& output, const vector[size_t]& counts,
+                         bool float32, const vector[int]& dims, const vector[int]& order,
+                         const EngineOptions& options) except +
 
 
 cdef extern from "common/cuda_info.h" namespace "ddlfast" nogil:

@@ -16,7 +16,7 @@ from mpi4py.libmpi cimport MPI_COMM_NULL, MPI_Comm
 from ddlfast._core cimport (
     Context, DType, ElementRange, EngineOptions, KernelTable, PhaseEvent, PhaseKind, ReduceOp, RingPhase,
     RingSchedule, RingStep, SegmentedBuffer, Status, Torus, avx2_kernels, best_kernels, build_ring_schedule,
-    cuda_compiled, cuda_version_string, mpi_library_version, pack, scalar_kernels, unpack,
+    cuda_compiled, cuda_version_string, mpi_library_version, pack, positions_in_block_order, scalar_kernels, unpack,
 )
 
 import operator
@@ -178,13 +178,7 @@ def any_nonfinite(uintptr_t values, size_t count, int dtype, path=None) -> bool:
     return found
 
 
-def ring_schedule(dims, int rank, size_t count):
-    """The schedule of one rank as plain Python data (for tests and tools).
-
-    Returns (phases, owned) with phases a list of dicts: kind ("reduce_scatter"
-    or "allgather"), dim, successor, predecessor, steps [((send_off, send_n),
-    (recv_off, recv_n)), ...]; owned is (offset, count).
-    """
+cdef Torus _torus(dims, int rank) except *:
     cdef Torus torus
     cdef vector[int] dims_vector = to_dims(dims)
     world = 1
@@ -195,7 +189,32 @@ def ring_schedule(dims, int rank, size_t count):
     raise_on_error(Torus.make(dims_vector, world, &torus))
     if rank < 0 or rank >= world:
         raise DdlfastError(f"rank {rank} is outside a world of {world}")
-    cdef RingSchedule schedule = build_ring_schedule(torus, rank, count)
+    return torus
+
+
+def ring_schedule(dims, int rank, size_t count, block_counts=None):
+    """The schedule of one rank as plain Python data (for tests and tools).
+
+    Returns (phases, owned) with phases a list of dicts: kind ("reduce_scatter"
+    or "allgather"), dim, successor, predecessor, steps [((send_off, send_n),
+    (recv_off, recv_n)), ...]; owned is (offset, count). block_counts: the
+    size of each torus position's owned block (summing to count); default
+    the near-equal split.
+    """
+    cdef Torus torus = _torus(dims, rank)
+    cdef vector[size_t] sizes
+    cdef RingSchedule schedule
+    if block_counts is None:
+        schedule = build_ring_schedule(torus, rank, count)
+    else:
+        for n in block_counts:
+            if n < 0:
+                raise DdlfastError(f"block_counts {list(block_counts)!r} holds a negative count")
+            sizes.push_back(n)
+        if <int>sizes.size() != torus.world_size() or sum(block_counts) != count:
+            raise DdlfastError(f"block_counts {list(block_counts)!r} must give one count per position, summing "
+                               f"to {count}")
+        schedule = build_ring_schedule(torus, rank, sizes)
     phases = []
     for phase in schedule.phases:
         phases.append({
@@ -206,6 +225,11 @@ def ring_schedule(dims, int rank, size_t count):
             "steps": [((s.send.offset, s.send.count), (s.recv.offset, s.recv.count)) for s in phase.steps],
         })
     return phases, (schedule.owned.offset, schedule.owned.count)
+
+
+def block_order(dims):
+    """The torus positions in the order their owned blocks lie in the buffer."""
+    return list(positions_in_block_order(_torus(dims, 0)))
 
 
 def pack_arrays(uintptr_t bucket, list pointers, list nbytes):
@@ -232,6 +256,27 @@ def unpack_arrays(uintptr_t bucket, list pointers, list nbytes):
         sizes.push_back(<size_t>size)
     with nogil:
         unpack(<const void*>bucket, targets.data(), sizes.data(), sizes.size())
+
+
+cdef vector[size_t] _sizes(values) except *:
+    cdef vector[size_t] result
+    for value in values:
+        if value < 0:
+            raise DdlfastError(f"negative count {value}")
+        result.push_back(<size_t>value)
+    return result
+
+
+cdef int _segments(list pointers, list counts, size_t element_size, unique_ptr[SegmentedBuffer]* out) except -1:
+    """Raw (pointer, element count) pieces as one logical buffer."""
+    cdef vector[char*] bases
+    cdef vector[size_t] sizes = _sizes(counts)
+    if len(pointers) != len(counts):
+        raise DdlfastError(f"{len(pointers)} pointers but {len(counts)} counts")
+    for pointer in pointers:
+        bases.push_back(<char*><uintptr_t>pointer)
+    out[0].reset(new SegmentedBuffer(bases, sizes, element_size))
+    return 0
 
 
 def build_facts():
@@ -363,6 +408,17 @@ cdef class CoreContext:
             sizes.push_back(<size_t>count)
         self._run(bases, sizes, dtype, op, dims, chunk_bytes, receives_in_flight, small_bytes, order, wire)
 
+    cdef int _options(self, dims, order, size_t chunk_bytes, int receives_in_flight, size_t small_bytes, wire,
+                      vector[int]* dims_vector, vector[int]* order_vector, EngineOptions* options) except -1:
+        dims_vector[0] = to_dims(dims)
+        order_vector[0] = to_dims(order)
+        options.chunk_bytes = chunk_bytes
+        options.receives_in_flight = receives_in_flight
+        options.small_bytes = small_bytes
+        options.events = &self.events if self.record_events else NULL
+        options.wire_by_dim = to_dims(wire)
+        return 0
+
     cdef int _run(self, const vector[char*]& bases, const vector[size_t]& sizes, int dtype, int op, dims,
                   size_t chunk_bytes, int receives_in_flight, size_t small_bytes, order, wire) except -1:
         if dtype < 0 or dtype >= 6:
@@ -372,19 +428,66 @@ cdef class CoreContext:
         cdef size_t element_size = (4, 8, 2, 2, 4, 8)[dtype]
         cdef unique_ptr[SegmentedBuffer] data
         data.reset(new SegmentedBuffer(bases, sizes, element_size))
-        cdef vector[int] dims_vector = to_dims(dims)
-        cdef vector[int] order_vector = to_dims(order)
+        cdef vector[int] dims_vector
+        cdef vector[int] order_vector
         cdef EngineOptions options
-        options.chunk_bytes = chunk_bytes
-        options.receives_in_flight = receives_in_flight
-        options.small_bytes = small_bytes
-        options.events = &self.events if self.record_events else NULL
-        options.wire_by_dim = to_dims(wire)
+        self._options(dims, order, chunk_bytes, receives_in_flight, small_bytes, wire, &dims_vector, &order_vector,
+                      &options)
         cdef Status status
         cdef Context* context = self.get()
         with nogil:
             status = context.allreduce(data.get()[0], <DType>dtype, <ReduceOp>op, dims_vector, order_vector,
                                        options)
+        raise_on_error(status)
+        return 0
+
+    def reduce_scatter_segments(self, list in_pointers, list in_counts, list out_pointers, list out_counts,
+                                counts, int dtype, int op, dims, size_t chunk_bytes, int receives_in_flight,
+                                size_t small_bytes, order=(), wire=()):
+        """Reduce-scatter (RingAllreduce::reduce_scatter): the input segments hold every rank's block in rank
+        order (counts[q] elements for rank q) and stay unchanged; this rank's block lands in the output
+        segments. The caller validated everything."""
+        if dtype < 0 or dtype >= 6:
+            raise DdlfastError(f"unknown dtype code {dtype}")
+        if op < 0 or op >= 5:
+            raise DdlfastError(f"unknown op code {op}")
+        self._half(True, in_pointers, in_counts, out_pointers, out_counts, counts, (4, 8, 2, 2, 4, 8)[dtype],
+                   dtype, op, dims, chunk_bytes, receives_in_flight, small_bytes, order, wire)
+
+    def allgather_segments(self, list in_pointers, list in_counts, list out_pointers, list out_counts, counts,
+                           size_t element_size, bint float32, dims, size_t chunk_bytes, int receives_in_flight,
+                           size_t small_bytes, order=(), wire=()):
+        """Allgather (RingAllreduce::allgather) of elements of element_size bytes: this rank's block from the
+        input segments, every rank's block (counts[q] elements) in rank order into the output segments.
+        wire compresses only float32 elements."""
+        if element_size == 0:
+            raise DdlfastError("element_size must be at least 1")
+        self._half(False, in_pointers, in_counts, out_pointers, out_counts, counts, element_size,
+                   0 if float32 else -1, 0, dims, chunk_bytes, receives_in_flight, small_bytes, order, wire)
+
+    cdef int _half(self, bint reduce, list in_pointers, list in_counts, list out_pointers, list out_counts, counts,
+                   size_t element_size, int dtype, int op, dims, size_t chunk_bytes, int receives_in_flight,
+                   size_t small_bytes, order, wire) except -1:
+        """dtype: allgather passes 0 for float32 (the wire may compress it), -1 for opaque elements."""
+        cdef unique_ptr[SegmentedBuffer] source
+        cdef unique_ptr[SegmentedBuffer] target
+        _segments(in_pointers, in_counts, element_size, &source)
+        _segments(out_pointers, out_counts, element_size, &target)
+        cdef vector[size_t] blocks = _sizes(counts)
+        cdef vector[int] dims_vector
+        cdef vector[int] order_vector
+        cdef EngineOptions options
+        self._options(dims, order, chunk_bytes, receives_in_flight, small_bytes, wire, &dims_vector, &order_vector,
+                      &options)
+        cdef Status status
+        cdef Context* context = self.get()
+        with nogil:
+            if reduce:
+                status = context.reduce_scatter(source.get()[0], target.get()[0], blocks, <DType>dtype,
+                                                <ReduceOp>op, dims_vector, order_vector, options)
+            else:
+                status = context.allgather(source.get()[0], target.get()[0], blocks, dtype == 0, dims_vector,
+                                           order_vector, options)
         raise_on_error(status)
         return 0
 

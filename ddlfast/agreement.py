@@ -97,6 +97,12 @@ def _dtype_name(dtype: object) -> str:
     return np.dtype(dtype).name
 
 
+def _size_settings(sizes: tuple) -> dict:
+    """The engine settings of an allreduce-like layout, by variable name."""
+    names = ("DDLFAST_CHUNK_BYTES", "DDLFAST_SMALL_BYTES", "DDLFAST_BUCKET_BYTES", "DDLFAST_FIRST_BUCKET_BYTES")
+    return dict(zip(names, sizes, strict=True))
+
+
 def describe(layout: tuple, sequence: int) -> dict:
     """A layout as plain data for the mismatch message."""
     kind, *fields = layout
@@ -104,9 +110,11 @@ def describe(layout: tuple, sequence: int) -> dict:
     if kind == "allreduce":
         op, dims, arrays, codec, error_feedback, sizes = fields
         description.update(op=op, dims=dims, arrays=[(_dtype_name(d), tuple(s)) for d, s in arrays],
-                           compression=codec, error_feedback=error_feedback,
-                           settings=dict(zip(("DDLFAST_CHUNK_BYTES", "DDLFAST_SMALL_BYTES", "DDLFAST_BUCKET_BYTES",
-                                              "DDLFAST_FIRST_BUCKET_BYTES"), sizes, strict=True)))
+                           compression=codec, error_feedback=error_feedback, settings=_size_settings(sizes))
+    elif kind in ("reduce_scatter", "allgather"):
+        op, dims, arrays, counts, codec, sizes = fields
+        description.update(op=op, dims=dims, arrays=[(_dtype_name(d), tuple(s)) for d, s in arrays], counts=counts,
+                           compression=codec, settings=_size_settings(sizes))
     elif kind == "broadcast":
         root, arrays = fields
         description.update(root=root, arrays=[(_dtype_name(d), tuple(s)) for d, s in arrays])
@@ -148,7 +156,7 @@ def disagreement_message(descriptions: list[dict]) -> str:
     if _differs(descriptions, "sequence"):
         return ("ranks are at different collectives on this context (a rank skipped or added a call): " +
                 "; ".join(f"rank {r} is at collective #{d['sequence']}" for r, d in enumerate(descriptions)))
-    for field in ("root", "op", "dims", "compression", "error_feedback", "codec"):
+    for field in ("root", "op", "dims", "compression", "error_feedback", "codec", "counts"):
         if _differs(descriptions, field):
             return f"ranks disagree on {field}: " + _by_rank(descriptions, lambda d, f=field: repr(d.get(f)))
     if _differs(descriptions, "settings"):

@@ -7,6 +7,7 @@ import platform
 import threading
 import weakref
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
@@ -128,6 +129,85 @@ def allreduce_async(array: np.ndarray, *, op: str = "sum", dims: object = None,
                     comm: MPI.Comm | None = None, compression: object = None, stream: object = None) -> Handle:
     """Like allreduce, asynchronously; handle.wait() returns the array."""
     return _context_for(comm).allreduce_async(array, op=op, dims=dims, compression=compression, stream=stream)
+
+
+def reduce_scatter(
+    array: Any, *, op: str = "sum", dims: object = None, comm: MPI.Comm | None = None,
+    counts: Sequence[int] | None = None, out: Any = None, compression: object = None, stream: object = None,
+) -> Any:
+    """Rank r gets block r of the array reduced over the ranks (MPI_Reduce_scatter_block / MPI_Reduce_scatter).
+
+    counts=None: array.size must be a multiple of the world size P; rank r gets flat elements
+    [r*n/P, (r+1)*n/P), shaped (shape[0]//P, *shape[1:]) when shape[0] % P == 0, else 1-D.
+    counts=[c_0, ..., c_{P-1}] (summing to array.size): rank r gets c_r elements (1-D). The input is left
+    unchanged; the result is a new array, or `out` (C-contiguous, writable, same dtype, as many elements),
+    filled and returned. op, dims, compression ("fp16"/"bf16": float32 on the wire as fp16/bf16, accumulated
+    in float32) and stream as for fused_allreduce. NumPy arrays, torch tensors (CPU through their NumPy view),
+    CuPy/torch CUDA arrays (through pinned host copies).
+    """
+    return _context_for(comm).reduce_scatter(array, op=op, dims=dims, counts=counts, out=out,
+                                             compression=compression, stream=stream)
+
+
+def allgather(array: Any, *, dims: object = None, comm: MPI.Comm | None = None, out: Any = None,
+              compression: object = None, stream: object = None) -> Any:
+    """The ranks' arrays concatenated along axis 0 in rank order (MPI_Allgather); a 0-d array gives shape (P,).
+
+    Every rank passes the same shape and dtype (any fixed-size dtype; compression only for float32, and then
+    every rank holds identical bits). out: C-contiguous, writable, same dtype, P * array.size elements.
+    """
+    return _context_for(comm).allgather(array, dims=dims, out=out, compression=compression, stream=stream)
+
+
+def fused_reduce_scatter(
+    arrays: Sequence[Any], *, op: str = "sum", dims: object = None, comm: MPI.Comm | None = None,
+    counts: Sequence[Sequence[int] | None] | None = None, out: Sequence[Any] | None = None,
+    compression: object = None, stream: object = None,
+) -> list:
+    """reduce_scatter of many arrays (e.g. parameter shards) in one collective; counts= and out= take one entry
+    per array (or None). Returns the list of results."""
+    return _context_for(comm).fused_reduce_scatter(arrays, op=op, dims=dims, counts=counts, out=out,
+                                                   compression=compression, stream=stream)
+
+
+def fused_allgather(arrays: Sequence[Any], *, dims: object = None, comm: MPI.Comm | None = None,
+                    out: Sequence[Any] | None = None, compression: object = None, stream: object = None) -> list:
+    """allgather of many arrays in one collective; out= takes one entry per array (or None)."""
+    return _context_for(comm).fused_allgather(arrays, dims=dims, out=out, compression=compression, stream=stream)
+
+
+def reduce_scatter_async(
+    array: Any, *, op: str = "sum", dims: object = None, comm: MPI.Comm | None = None,
+    counts: Sequence[int] | None = None, out: Any = None, compression: object = None, stream: object = None,
+) -> Handle:
+    """Like reduce_scatter, on the context's communication thread; handle.wait() returns the result. Do not
+    touch the input or out= until then."""
+    return _context_for(comm).reduce_scatter_async(array, op=op, dims=dims, counts=counts, out=out,
+                                                   compression=compression, stream=stream)
+
+
+def allgather_async(array: Any, *, dims: object = None, comm: MPI.Comm | None = None, out: Any = None,
+                    compression: object = None, stream: object = None) -> Handle:
+    """Like allgather, asynchronously; handle.wait() returns the result."""
+    return _context_for(comm).allgather_async(array, dims=dims, out=out, compression=compression, stream=stream)
+
+
+def fused_reduce_scatter_async(
+    arrays: Sequence[Any], *, op: str = "sum", dims: object = None, comm: MPI.Comm | None = None,
+    counts: Sequence[Sequence[int] | None] | None = None, out: Sequence[Any] | None = None,
+    compression: object = None, stream: object = None,
+) -> Handle:
+    """Like fused_reduce_scatter, asynchronously; handle.wait() returns the list."""
+    return _context_for(comm).fused_reduce_scatter_async(arrays, op=op, dims=dims, counts=counts, out=out,
+                                                         compression=compression, stream=stream)
+
+
+def fused_allgather_async(arrays: Sequence[Any], *, dims: object = None, comm: MPI.Comm | None = None,
+                          out: Sequence[Any] | None = None, compression: object = None,
+                          stream: object = None) -> Handle:
+    """Like fused_allgather, asynchronously; handle.wait() returns the list."""
+    return _context_for(comm).fused_allgather_async(arrays, dims=dims, out=out, compression=compression,
+                                                    stream=stream)
 
 
 def broadcast(array: np.ndarray, root: int = 0, comm: MPI.Comm | None = None) -> np.ndarray:

@@ -1,6 +1,11 @@
-"""Benchmark ddlfast's allreduce beside MPI's own MPI_Allreduce (nccl-tests conventions).
+"""Benchmark ddlfast's collectives beside MPI's own (nccl-tests conventions).
 
     mpiexec -n 4 python -m ddlfast.bench --sizes 4KiB,1MiB,64MiB --dims flat,2x2 --check
+    mpiexec -n 4 python -m ddlfast.bench --collective reduce_scatter --sizes 4KiB,1MiB --check
+
+--collective picks the pair: allreduce (comm.Allreduce), reduce_scatter (comm.Reduce_scatter_block), allgather
+(comm.Allgather) or broadcast (comm.Bcast from rank 0). A size is the full buffer: the reduce-scatter's input,
+the allgather's output (each rank contributes size/p), as nccl-tests counts them.
 
 For every size (and every ring shape in --dims) the two allreduces alternate, iteration by iteration, so both see
 the same machine conditions: ddlfast.allreduce, then mpi4py's comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM), then
@@ -8,7 +13,9 @@ ddlfast again, and so on. Before each timed call the buffer is reset from a pris
 Barrier (neither is timed); MPI.Wtime times the call alone. An iteration's time is the slowest rank's time (an
 allreduce MAX over the ranks) and a row reports the median over iterations.
 
-    algbw = bytes / time          busbw = algbw * 2(p-1)/p          ratio = busbw_ddlfast / busbw_mpi
+    algbw = bytes / time          busbw = algbw * factor          ratio = busbw_ddlfast / busbw_mpi
+
+with factor 2(p-1)/p for allreduce, (p-1)/p for reduce-scatter and allgather, 1 for broadcast.
 
 ratio > 1 means ddlfast is faster. With one rank nothing moves (2(p-1)/p = 0): busbw and ratio print "n/a".
 run_bench() and format_table() are the same machinery for other code (the demo, tests).
@@ -39,6 +46,14 @@ AUTO_BYTES_PER_ROW = 512 << 20
 AUTO_MIN_ITERS = 5
 AUTO_MAX_ITERS = 200
 BASELINE = "mpi4py comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)"
+# collective -> (MPI's name, the baseline call, busbw factor as text)
+COLLECTIVES = {
+    "allreduce": ("MPI_Allreduce", BASELINE, "2(p-1)/p"),
+    "reduce_scatter": ("MPI_Reduce_scatter_block", "mpi4py comm.Reduce_scatter_block(send, recv, op=MPI.SUM)",
+                       "(p-1)/p"),
+    "allgather": ("MPI_Allgather", "mpi4py comm.Allgather(send, recv)", "(p-1)/p"),
+    "broadcast": ("MPI_Bcast", "mpi4py comm.Bcast(buf, root=0)", "1"),
+}
 _SEED = 20240917
 
 
@@ -97,8 +112,12 @@ def format_bytes(nbytes: int) -> str:
     return f"{nbytes}B"
 
 
-def busbw_factor(world: int) -> float:
-    return 2.0 * (world - 1) / world
+def busbw_factor(world: int, collective: str = "allreduce") -> float:
+    """nccl-tests' factors: what each rank's link carries relative to the buffer size."""
+    if collective == "broadcast":
+        return 1.0
+    halves = 2.0 if collective == "allreduce" else 1.0
+    return halves * (world - 1) / world
 
 
 # -- inputs and the correctness check -------------------------------------------------------------------------------
@@ -125,8 +144,12 @@ WIRE_UNIT_ROUNDOFF = {"fp16": 2.0**-11, "bf16": 2.0**-8}
 
 
 def _check_row(ours: np.ndarray, mpi_sum: np.ndarray, pristine: np.ndarray, op: str, comm: MPI.Intracomm,
-               what: str, compression: str = "none") -> list[str]:
-    """Compare ddlfast's result with MPI's on every rank; [] when they agree. Collective: every rank calls it."""
+               what: str, compression: str = "none", mpi_name: str = "MPI_Allreduce",
+               block: slice | None = None) -> list[str]:
+    """Compare ddlfast's result with MPI's on every rank; [] when they agree. Collective: every rank calls it.
+
+    block: the part of the reduced buffer this rank holds (reduce-scatter: each rank holds its own, so bits
+    are compared with MPI's, not across ranks)."""
     world, rank = comm.Get_size(), comm.Get_rank()
     expected = _expected_from_mpi(mpi_sum, op, world)
     problem = None
@@ -134,6 +157,7 @@ def _check_row(ours: np.ndarray, mpi_sum: np.ndarray, pristine: np.ndarray, op: 
         # Per element: two summation orders of p terms each differ by at most ~2(p+1) eps * sum_r |x_r|.
         abs_sum = np.abs(pristine.astype(np.float64))
         comm.Allreduce(MPI.IN_PLACE, abs_sum, op=MPI.SUM)
+        abs_sum = abs_sum if block is None else abs_sum[block]
         eps = float(np.finfo(ours.dtype).eps)
         scale = 1.0 / world if op == "average" else 1.0
         tolerance = 2.0 * (world + 1) * eps * abs_sum * scale + float(np.finfo(ours.dtype).tiny)
@@ -144,7 +168,7 @@ def _check_row(ours: np.ndarray, mpi_sum: np.ndarray, pristine: np.ndarray, op: 
         if bad.any():
             index = int(np.flatnonzero(bad)[0])
             problem = (
-                f"{what}: rank {rank}: {int(bad.sum())} of {ours.size} elements differ from MPI_Allreduce beyond "
+                f"{what}: rank {rank}: {int(bad.sum())} of {ours.size} elements differ from {mpi_name} beyond "
                 f"tolerance; first at index {index}: ddlfast={float(ours[index])!r}, MPI={float(expected[index])!r}, "
                 f"|diff|={diff[index]:.3g} > tolerance {tolerance[index]:.3g} (max |diff| {np.nanmax(diff):.3g})"
             )
@@ -153,12 +177,36 @@ def _check_row(ours: np.ndarray, mpi_sum: np.ndarray, pristine: np.ndarray, op: 
         if bad.any():
             index = int(np.flatnonzero(bad)[0])
             problem = (
-                f"{what}: rank {rank}: {int(bad.sum())} of {ours.size} elements differ from MPI_Allreduce "
+                f"{what}: rank {rank}: {int(bad.sum())} of {ours.size} elements differ from {mpi_name} "
                 f"(integers must match exactly); first at index {index}: ddlfast={int(ours[index])}, "
                 f"MPI={int(expected[index])}"
             )
     problems = [p for p in comm.allgather(problem) if p is not None]
-    # ddlfast promises identical bits on every rank.
+    if block is None:
+        problems += _same_bits(ours, comm, what)
+    return problems
+
+
+def _check_copy(ours: np.ndarray, theirs: np.ndarray, comm: MPI.Intracomm, what: str, mpi_name: str,
+                compression: str = "none") -> list[str]:
+    """allgather / broadcast: MPI's bits exactly (through the wire type when compressed, one rounding)."""
+    rank = comm.Get_rank()
+    if compression in WIRE_UNIT_ROUNDOFF:
+        tolerance = WIRE_UNIT_ROUNDOFF[compression] * np.abs(theirs.astype(np.float64)) + 2.0**-24
+        bad = ~(np.abs(ours.astype(np.float64) - theirs.astype(np.float64)) <= tolerance)
+    else:
+        bad = (ours.view(np.uint8).reshape(ours.size, -1) != theirs.view(np.uint8).reshape(theirs.size, -1)).any(1)
+    problem = None
+    if bad.any():
+        index = int(np.flatnonzero(bad)[0])
+        problem = (f"{what}: rank {rank}: {int(bad.sum())} of {ours.size} elements differ from {mpi_name}; first "
+                   f"at index {index}: ddlfast={ours.flat[index]!r}, MPI={theirs.flat[index]!r}")
+    return [p for p in comm.allgather(problem) if p is not None] + _same_bits(ours, comm, what)
+
+
+def _same_bits(ours: np.ndarray, comm: MPI.Intracomm, what: str) -> list[str]:
+    """ddlfast promises identical bits on every rank."""
+    problems = []
     digest = hashlib.blake2b(ours.view(np.uint8), digest_size=16).hexdigest()
     digests = comm.allgather(digest)
     if len(set(digests)) > 1:
@@ -175,10 +223,10 @@ def _check_row(ours: np.ndarray, mpi_sum: np.ndarray, pristine: np.ndarray, op: 
 # -- the measurement ------------------------------------------------------------------------------------------------
 
 
-def _summary(samples_s: np.ndarray, nbytes: int, world: int) -> dict[str, Any]:
+def _summary(samples_s: np.ndarray, nbytes: int, world: int, collective: str = "allreduce") -> dict[str, Any]:
     time_s = float(median(samples_s.tolist()))
     algbw = nbytes / time_s / 1e9 if time_s > 0 else None
-    busbw = algbw * busbw_factor(world) if algbw is not None and world > 1 else None
+    busbw = algbw * busbw_factor(world, collective) if algbw is not None and world > 1 else None
     return {
         "median_us": time_s * 1e6,
         "algbw_GBps": algbw,
@@ -198,8 +246,9 @@ def run_bench(
     *,
     comm: MPI.Intracomm | None = None,
     compression: str = "none",
+    collective: str = "allreduce",
 ) -> list[dict[str, Any]]:
-    """Measure ddlfast.allreduce beside comm.Allreduce for every size (bytes) and ring shape; collective.
+    """Measure a ddlfast collective beside MPI's (COLLECTIVES) for every size (bytes) and ring shape; collective.
 
     iters/warmup None = automatic (see auto_iters). Returns the same rows on every rank: one dict per
     (dims, size) with both libraries' per-iteration samples (max over ranks), medians and bandwidths, and,
@@ -210,7 +259,12 @@ def run_bench(
         raise DdlfastError(f"op={op!r} is not one of {', '.join(OPS)}")
     if dtype not in DTYPES:
         raise DdlfastError(f"dtype={dtype!r} is not one of {', '.join(DTYPES)}")
+    if collective not in COLLECTIVES:
+        raise DdlfastError(f"collective={collective!r} is not one of {', '.join(COLLECTIVES)}")
+    if collective == "broadcast" and compression != "none":
+        raise DdlfastError("broadcast sends the data as it is: --compression applies to the other collectives")
     world, rank = comm.Get_size(), comm.Get_rank()
+    mpi_name = COLLECTIVES[collective][0]
     np_dtype = np.dtype(dtype)
     dims_names = parse_dims_list(dims_list, world)
     settings = config.load_settings()
@@ -218,36 +272,38 @@ def run_bench(
     for dims in dims_names:
         for size in sizes:
             count = size // np_dtype.itemsize
+            if collective in ("reduce_scatter", "allgather"):
+                count -= count % world  # p equal blocks
             if count < 1:
-                raise DdlfastError(f"size {size} B is smaller than one {dtype} element")
+                raise DdlfastError(f"size {size} B is smaller than one {dtype} element"
+                                   + (" per rank" if collective in ("reduce_scatter", "allgather") else ""))
             nbytes = count * np_dtype.itemsize
             n_iters = auto_iters(nbytes) if iters is None else int(iters)
             n_warmup = auto_warmup(n_iters) if warmup is None else int(warmup)
             if n_iters < 1 or n_warmup < 0:
                 raise DdlfastError(f"iters must be >= 1 and warmup >= 0 (got {n_iters}, {n_warmup})")
-            pristine = _pristine(count, np_dtype, rank, world)
-            ours = np.empty_like(pristine)
-            theirs = np.empty_like(pristine)
-
-            def run_ours(buf: np.ndarray = ours, dims: str = dims) -> None:
-                ddlfast.allreduce(buf, op=op, dims=dims, comm=comm, compression=compression)
-
-            def run_theirs(buf: np.ndarray = theirs) -> None:
-                comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+            pristine = _pristine(count // world if collective == "allgather" else count, np_dtype, rank, world)
+            out_count = count // world if collective == "reduce_scatter" else count
+            ours = np.empty(out_count, np_dtype)
+            theirs = np.empty(out_count, np_dtype)
+            run_ours, run_theirs = _calls(collective, pristine, op, dims, comm, compression)
+            resets = collective in ("allreduce", "broadcast")  # in place: each call starts from the input
 
             samples = np.zeros((n_iters, 2), dtype=np.float64)
             for i in range(n_warmup + n_iters):
                 for column, (buf, call) in enumerate(((ours, run_ours), (theirs, run_theirs))):
-                    np.copyto(buf, pristine)
+                    if resets:
+                        np.copyto(buf, pristine)
                     comm.Barrier()
                     start = MPI.Wtime()
-                    call()
+                    call(buf)
                     elapsed = MPI.Wtime() - start
                     if i >= n_warmup:
                         samples[i - n_warmup, column] = elapsed
             comm.Allreduce(MPI.IN_PLACE, samples, op=MPI.MAX)  # each iteration: the slowest rank's time
 
             row: dict[str, Any] = {
+                "collective": collective,
                 "size_bytes": nbytes,
                 "count": count,
                 "dtype": dtype,
@@ -260,20 +316,41 @@ def run_bench(
                 "chunk_bytes": settings.chunk_bytes,
                 "small_bytes": settings.small_bytes,
                 # The core hands buffers <= DDLFAST_SMALL_BYTES to MPI_Allreduce (latency-bound sizes).
-                "path": "local" if world == 1 else "mpi-handoff" if nbytes <= settings.small_bytes else "ring",
-                "ddlfast": _summary(samples[:, 0], nbytes, world),
-                "mpi": _summary(samples[:, 1], nbytes, world),
+                "path": ("local" if world == 1 else "mpi-bcast" if collective == "broadcast"
+                         else "mpi-handoff" if nbytes <= settings.small_bytes else "ring"),
+                "ddlfast": _summary(samples[:, 0], nbytes, world, collective),
+                "mpi": _summary(samples[:, 1], nbytes, world, collective),
             }
             ours_bw, theirs_bw = row["ddlfast"]["busbw_GBps"], row["mpi"]["busbw_GBps"]
             row["ratio"] = ours_bw / theirs_bw if ours_bw is not None and theirs_bw else None
             if check:
-                what = f"{format_bytes(nbytes)} {dtype} dims {dims} op {op}"
-                errors = _check_row(ours, theirs, pristine, op, comm, what, compression)
+                what = f"{collective} {format_bytes(nbytes)} {dtype} dims {dims} op {op}"
+                if collective in ("allgather", "broadcast"):
+                    errors = _check_copy(ours, theirs, comm, what, mpi_name, compression)
+                else:
+                    block = slice(rank * out_count, (rank + 1) * out_count) if collective == "reduce_scatter" else None
+                    errors = _check_row(ours, theirs, pristine, op, comm, what, compression, mpi_name, block)
                 row["check"] = "FAIL" if errors else "ok"
                 row["check_errors"] = errors
             rows.append(row)
             del pristine, ours, theirs
     return rows
+
+
+def _calls(collective: str, pristine: np.ndarray, op: str, dims: str, comm: MPI.Intracomm,
+           compression: str) -> tuple[Any, Any]:
+    """ddlfast's call and MPI's, each writing its result into the buffer it is given."""
+    if collective == "reduce_scatter":
+        return (lambda out: ddlfast.reduce_scatter(pristine, op=op, dims=dims, comm=comm, out=out,
+                                                   compression=compression),
+                lambda out: comm.Reduce_scatter_block(pristine, out, op=MPI.SUM))
+    if collective == "allgather":
+        return (lambda out: ddlfast.allgather(pristine, dims=dims, comm=comm, out=out, compression=compression),
+                lambda out: comm.Allgather(pristine, out))
+    if collective == "broadcast":
+        return (lambda buf: ddlfast.broadcast(buf, root=0, comm=comm), lambda buf: comm.Bcast(buf, root=0))
+    return (lambda buf: ddlfast.allreduce(buf, op=op, dims=dims, comm=comm, compression=compression),
+            lambda buf: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM))
 
 
 # -- output ---------------------------------------------------------------------------------------------------------
@@ -289,34 +366,37 @@ def header_lines(rows: Sequence[dict[str, Any]], world: int) -> list[str]:
     chunk = first.get("chunk_bytes", config.load_settings().chunk_bytes)
     small = first.get("small_bytes", config.load_settings().small_bytes)
     op = first.get("op", "sum")
-    factor = f"{busbw_factor(world):.3f}" if world > 1 else "0 -> busbw n/a"
+    collective = first.get("collective", "allreduce")
+    mpi_name, baseline, factor_text = COLLECTIVES[collective]
+    factor = f"{busbw_factor(world, collective):.3f}" if world > 1 else "0 -> busbw n/a"
     lines = [
-        f"# ddlfast bench: allreduce op={op}, world size {world} (busbw factor 2(p-1)/p = {factor})",
+        f"# ddlfast bench: {collective} op={op}, world size {world} (busbw factor {factor_text} = {factor})",
         f"# build: kernel {info.get('kernel_selected', '?')} (available: {', '.join(info.get('kernel_paths', []))}), "
         f"MPI library: {' '.join(str(info.get('mpi_library', '?')).split())}, "
         f"mpi4py on {info.get('mpi4py_vendor', '?')}, compiler {info.get('compiler', '?')}",
         f"# ddlfast wire compression: {first.get('compression', 'none')}",
         f"# settings: chunk bytes {chunk} ({format_bytes(chunk)}, DDLFAST_CHUNK_BYTES), small bytes {small} "
-        f"(DDLFAST_SMALL_BYTES: buffers <= this go to MPI_Allreduce, path 'mpi-handoff')",
-        f"# baseline: {BASELINE}, alternated with ddlfast every iteration",
+        f"(DDLFAST_SMALL_BYTES: buffers <= this go to MPI's own collective, path 'mpi-handoff')",
+        f"# baseline: {baseline}, alternated with ddlfast every iteration",
         "# time: median over iterations of the slowest rank's time; GB/s = 1e9 B/s; "
         "ratio = busbw_ddlfast / busbw_mpi (>1: ddlfast faster)",
     ]
-    if op == "average":
-        lines.append("# note: op=average; the MPI baseline is Allreduce SUM (MPI has no average op)")
+    if op == "average" and collective in ("allreduce", "reduce_scatter"):
+        lines.append(f"# note: op=average; the MPI baseline is {mpi_name} SUM (MPI has no average op)")
     return lines
 
 
 def format_table(rows: Sequence[dict[str, Any]], world: int) -> str:
     """nccl-tests style table (header lines included) of run_bench rows."""
     checked = any("check" in row for row in rows)
+    mpi_name = COLLECTIVES[rows[0].get("collective", "allreduce") if rows else "allreduce"][0]
     left = f"{'size(B)':>12} {'count':>11} {'type':>8} {'dims':>6} {'path':>11}"
     lib = f"{'time(us)':>10} {'algbw':>7} {'busbw':>7}"
     units = f"{'':>10} {'(GB/s)':>7} {'(GB/s)':>7}"
     span = len(lib)
     lines = header_lines(rows, world) + [
         "#",
-        f"# {'':{len(left)}} | {'ddlfast':^{span}} | {'MPI_Allreduce':^{span}} |",
+        f"# {'':{len(left)}} | {'ddlfast':^{span}} | {mpi_name:^{span}} |",
         f"# {left} | {lib} | {lib} | {'ratio':>6}" + (f" {'check':>6}" if checked else ""),
         f"# {'':{len(left)}} | {units} | {units} |",
     ]
@@ -331,12 +411,14 @@ def format_table(rows: Sequence[dict[str, Any]], world: int) -> str:
 
 
 def json_document(rows: Sequence[dict[str, Any]], world: int) -> dict[str, Any]:
+    collective = rows[0].get("collective", "allreduce") if rows else "allreduce"
+    mpi_name, baseline, factor_text = COLLECTIVES[collective]
     return {
-        "benchmark": "ddlfast.allreduce vs MPI_Allreduce",
+        "benchmark": f"ddlfast.{collective} vs {mpi_name}",
         "world": world,
-        "baseline": BASELINE,
+        "baseline": baseline,
         "time": "per iteration the max over ranks (us); median_us is the median over iterations",
-        "bandwidth": "algbw = bytes/time, busbw = algbw*2(p-1)/p, GB/s = 1e9 B/s; null when p = 1",
+        "bandwidth": f"algbw = bytes/time, busbw = algbw*{factor_text}, GB/s = 1e9 B/s; null when p = 1",
         "build_info": ddlfast.build_info(),
         "rows": list(rows),
     }
@@ -356,9 +438,11 @@ class _RankZeroParser(argparse.ArgumentParser):
 def _parser() -> argparse.ArgumentParser:
     parser = _RankZeroParser(
         prog="python -m ddlfast.bench",
-        description="ddlfast allreduce beside MPI_Allreduce, alternating per iteration (nccl-tests conventions). "
+        description="ddlfast's collectives beside MPI's own, alternating per iteration (nccl-tests conventions). "
         "Run under mpiexec -n P.",
     )
+    parser.add_argument("--collective", default="allreduce", choices=COLLECTIVES,
+                        help="which collective, beside its MPI counterpart (default allreduce)")
     parser.add_argument("--sizes", default=DEFAULT_SIZES, help=f"comma list of byte sizes (default {DEFAULT_SIZES})")
     parser.add_argument("--dtype", default="float32", choices=DTYPES)
     parser.add_argument("--dims", default="flat", help="ring shape(s), comma list: flat, auto, 2x2, ... (default flat)")
@@ -391,7 +475,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(error))  # exits 2 on every rank, message printed once
     try:
         rows = run_bench(sizes, args.dtype, dims_list, args.iters, args.warmup, args.op, args.check, comm=comm,
-                         compression=args.compression)
+                         compression=args.compression, collective=args.collective)
     except DdlfastError as error:
         if rank == 0:
             print(f"ddlfast bench: error: {error}", file=sys.stderr)
@@ -403,9 +487,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             print(format_table(rows, world))
             if args.check and not failures:
-                print(f"# check: ddlfast matches MPI_Allreduce on every rank in all {len(rows)} rows "
-                      f"({'exactly' if np.dtype(args.dtype).kind == 'i' else 'within floating-point tolerance'})"
-                      f", identical bits on every rank")
+                exactly = np.dtype(args.dtype).kind == "i" or (
+                    args.collective in ("allgather", "broadcast") and args.compression == "none")
+                where = ("on each rank's block" if args.collective == "reduce_scatter"
+                         else "identical bits on every rank")
+                print(f"# check: ddlfast matches {COLLECTIVES[args.collective][0]} on every rank in all {len(rows)} "
+                      f"rows ({'exactly' if exactly else 'within floating-point tolerance'}), {where}")
         sys.stdout.flush()
         if failures:
             print(f"ddlfast bench: CHECK FAILED in {sum(r.get('check') == 'FAIL' for r in rows)} of {len(rows)} "

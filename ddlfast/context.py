@@ -24,7 +24,7 @@ from typing import Any, NamedTuple, NoReturn
 import numpy as np
 from mpi4py import MPI
 
-from ddlfast import _core, config, cuda
+from ddlfast import _core, config, cuda, shards
 from ddlfast.agreement import Agreement, allreduce_layout, arrays_of
 from ddlfast.bucketing import assign_buckets
 from ddlfast.buffers import HostBuffer, check_no_overlap, host_buffer
@@ -520,6 +520,111 @@ class Context:
         return self.fused_allreduce_async([array], op=op, dims=dims, compression=compression, result=array,
                                           stream=stream)
 
+    # -- reduce-scatter and allgather (ddlfast/shards.py) --------------------------------------------------------
+
+    def reduce_scatter(self, array: Any, *, op: str = "sum", dims: object = None, counts: Sequence[int] | None = None,
+                       out: Any = None, compression: object = None, stream: object = None) -> Any:
+        """Rank r gets block r of the reduced array (MPI_Reduce_scatter); the input stays unchanged."""
+        return self._half_now(shards.REDUCE_SCATTER, [array], op, dims, counts, out, compression, stream, True)
+
+    def fused_reduce_scatter(self, arrays: Sequence[Any], *, op: str = "sum", dims: object = None,
+                             counts: Sequence[Sequence[int] | None] | None = None, out: Sequence[Any] | None = None,
+                             compression: object = None, stream: object = None) -> list:
+        """reduce_scatter of many arrays in one collective; counts= and out= give one entry per array."""
+        return self._half_now(shards.REDUCE_SCATTER, arrays, op, dims, counts, out, compression, stream, False)
+
+    def allgather(self, array: Any, *, dims: object = None, out: Any = None, compression: object = None,
+                  stream: object = None) -> Any:
+        """The ranks' arrays concatenated along axis 0 in rank order (MPI_Allgather)."""
+        return self._half_now(shards.ALLGATHER, [array], "sum", dims, None, out, compression, stream, True)
+
+    def fused_allgather(self, arrays: Sequence[Any], *, dims: object = None, out: Sequence[Any] | None = None,
+                        compression: object = None, stream: object = None) -> list:
+        return self._half_now(shards.ALLGATHER, arrays, "sum", dims, None, out, compression, stream, False)
+
+    def reduce_scatter_async(self, array: Any, *, op: str = "sum", dims: object = None,
+                             counts: Sequence[int] | None = None, out: Any = None, compression: object = None,
+                             stream: object = None) -> Handle:
+        return self._half_async(shards.REDUCE_SCATTER, [array], op, dims, counts, out, compression, stream, True)
+
+    def fused_reduce_scatter_async(self, arrays: Sequence[Any], *, op: str = "sum", dims: object = None,
+                                   counts: Sequence[Sequence[int] | None] | None = None,
+                                   out: Sequence[Any] | None = None, compression: object = None,
+                                   stream: object = None) -> Handle:
+        return self._half_async(shards.REDUCE_SCATTER, arrays, op, dims, counts, out, compression, stream, False)
+
+    def allgather_async(self, array: Any, *, dims: object = None, out: Any = None, compression: object = None,
+                        stream: object = None) -> Handle:
+        return self._half_async(shards.ALLGATHER, [array], "sum", dims, None, out, compression, stream, True)
+
+    def fused_allgather_async(self, arrays: Sequence[Any], *, dims: object = None, out: Sequence[Any] | None = None,
+                              compression: object = None, stream: object = None) -> Handle:
+        return self._half_async(shards.ALLGATHER, arrays, "sum", dims, None, out, compression, stream, False)
+
+    def _prepare_half(self, kind: str, arrays: Any, op: str, dims: object, counts: object, out: object,
+                      compression: object, stream: object, single: bool) -> shards.HalfRequest:
+        """Validate on the caller's thread, so bad input raises where it was passed."""
+        if kind == shards.REDUCE_SCATTER:
+            check_op(op, self.rank)
+        settings = load_settings()
+        ring_dims = self._resolve_dims(dims, settings)
+        if compression is not None and not isinstance(compression, (str, tuple, list)):
+            raise DdlfastError(f"compression={compression!r} on rank {self.rank}: {kind} takes a codec name "
+                               "('none', 'fp16', 'bf16', per dimension, or 'auto'), not a user codec")
+        codec = self._resolve_compression(compression, settings, [])  # float32 is checked per array in prepare()
+        self._check_op_on_wire(op, codec, ring_dims, False)  # also raises when codecs do not fit the dims
+        return shards.prepare(kind, arrays, op, ring_dims, counts, out, codec, settings, self.rank, self.size,
+                              stream, single)
+
+    def _half_now(self, kind: str, arrays: Any, op: str, dims: object, counts: object, out: object,
+                  compression: object, stream: object, single: bool) -> Any:
+        self._check_open()
+        try:
+            request = self._prepare_half(kind, arrays, op, dims, counts, out, compression, stream, single)
+        except DdlfastError as error:
+            raise self._refused(error) from None
+        return self._in_order(lambda: self._execute_half(request), kind)
+
+    def _half_async(self, kind: str, arrays: Any, op: str, dims: object, counts: object, out: object,
+                    compression: object, stream: object, single: bool) -> Handle:
+        """Queue the collective on the communication thread; wait() returns what the blocking call returns."""
+        worker = self._ensure_worker()
+        try:
+            request = self._prepare_half(kind, arrays, op, dims, counts, out, compression, stream, single)
+        except DdlfastError as error:
+            self._refuse_async(error)
+            raise
+        return worker.submit(lambda: self._execute_half(request), f"{kind} of {len(arrays)} arrays")
+
+    def _execute_half(self, request: shards.HalfRequest) -> Any:
+        self._set_core_timeout(request.settings.timeout_s)
+        self._agreed(request.layout, lambda: self._run_half(request))
+        return request.results[0] if request.single else request.results
+
+    def _run_half(self, request: shards.HalfRequest) -> None:
+        settings, dims = request.settings, request.dims
+        path = self._gpu_path() if request.gpu is not None else None
+        if path is not None:
+            inputs = [c.reshape(-1) for c in path.to_host(request.gpu[0])]
+        else:
+            inputs = [s.host for s in request.specs]
+        wire = wire_by_dim(request.codec, dims, self._hosts_tier(dims))
+        if any(s.dtype != np.float32 for s in request.specs):
+            wire = ()  # "auto" leaves other dtypes uncompressed (explicit codecs were refused for them)
+        for method, arguments in shards.core_calls(request, inputs, self.rank, self.size, bool(wire)):
+            extra = (OPS[request.op],) if method == "reduce_scatter_segments" else ()
+            getattr(self._core, method)(*arguments, *extra, dims, settings.chunk_bytes, settings.receives_in_flight,
+                                        settings.small_bytes, self._rank_order, wire)
+        self._record_engine_events()
+        if self._timeline is not None:
+            self._timeline.flush()
+        for staging, target in request.copy_back:
+            target[...] = staging
+        if wire:
+            self._check_wire_overflows(request.codec, request.op)
+        if path is not None:
+            path.from_host(request.gpu[1], request.outputs, wait_on_host=True)
+
     def broadcast(self, array: np.ndarray, root: int = 0) -> np.ndarray:
         """Copy `root`'s array into every rank's array, in place: any fixed-size dtype (a byte copy), host or
         GPU (through a pinned host copy)."""
@@ -760,15 +865,18 @@ class Context:
             if self._timeline is not None:
                 self._timeline.add("unpack", start, time.perf_counter(), arrays=len(small), bytes=fused.nbytes)
         if wire:
-            # The encoders count finite values that became inf; ranks that saw none must raise too.
-            overflowed = int(self._control.allreduce_sum(np.array([self._core.take_overflows()], dtype=np.int64),
-                                                         "the count of wire overflows")[0])
-            if overflowed:
-                raise DdlfastConsistentError(
-                    f"wire overflow on rank {self.rank}: {overflowed} "
-                    f"{'partial sums' if request.op in SUMMING_OPS else 'values'} exceeded the range of "
-                    f"{'/'.join(n for n in request.compression if n != 'none')} and the result holds inf; use "
-                    "compression='bf16'" + (" or op='average' (which pre-scales)" if request.op == "sum" else ""))
+            self._check_wire_overflows(request.compression, request.op)
+
+    def _check_wire_overflows(self, compression: tuple[str, ...], op: str) -> None:
+        """The encoders count finite values that became inf; ranks that saw none must raise too."""
+        overflowed = int(self._control.allreduce_sum(np.array([self._core.take_overflows()], dtype=np.int64),
+                                                     "the count of wire overflows")[0])
+        if overflowed:
+            raise DdlfastConsistentError(
+                f"wire overflow on rank {self.rank}: {overflowed} "
+                f"{'partial sums' if op in SUMMING_OPS else 'values'} exceeded the range of "
+                f"{'/'.join(n for n in compression if n != 'none')} and the result holds inf; use "
+                "compression='bf16'" + (" or op='average' (which pre-scales)" if op == "sum" else ""))
 
     def _record_engine_events(self) -> None:
         if self._timeline is not None:

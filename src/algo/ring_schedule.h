@@ -43,15 +43,31 @@ struct RingSchedule {
 // most one element, larger blocks first), so no padding is ever needed.
 ElementRange block_of(ElementRange segment, int parts, int index);
 
+// The torus positions in the order their owned blocks lie in the buffer:
+// coordinate 1 most significant, because dimension 1 cuts the whole buffer
+// first and each later dimension cuts the block the previous one left.
+std::vector<int> positions_in_block_order(const Torus& torus);
+
+// The owned-block sizes of the near-equal split of `count` elements, per
+// torus position: each dimension cuts its segment with block_of.
+std::vector<std::size_t> near_equal_block_counts(const Torus& torus, std::size_t count);
+
 // Dimension i (dims[i] = d, coordinate c): reduce-scatter step s sends block
 // (c-s-1) mod d and receives block (c-s-2) mod d, so after d-1 steps the rank
 // owns block c, which is the segment of dimension i+1. The allgather runs the
 // dimensions in reverse: step s sends block (c-s) mod d and receives
 // (c-s-1) mod d. Dimensions of size 1 contribute no phase.
+//
+// `block_counts[v]` is the size of the block torus position v owns between
+// the halves; the blocks lie in positions_in_block_order, and a block of
+// dimension i is the union of the owned blocks of the positions under it.
+// The `count` form is the near-equal split (near_equal_block_counts).
+RingSchedule build_ring_schedule(const Torus& torus, int rank, const std::vector<std::size_t>& block_counts);
 RingSchedule build_ring_schedule(const Torus& torus, int rank, std::size_t count);
 
 // The same for this rank's position on `ring`, with each phase's neighbours
 // translated to communicator ranks.
+RingSchedule build_rank_schedule(const RankedTorus& ring, const std::vector<std::size_t>& block_counts);
 RingSchedule build_rank_schedule(const RankedTorus& ring, std::size_t count);
 
 // Index of the last reduce-scatter phase (where averaging divides), or -1.

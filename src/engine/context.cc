@@ -9,8 +9,7 @@ Status Context::create(MPI_Comm comm, double timeout_s, std::unique_ptr<Context>
   return Status::ok();
 }
 
-Status Context::allreduce(const SegmentedBuffer& data, DType dtype, ReduceOp op, const std::vector<int>& dims,
-                          const std::vector<int>& order, const EngineOptions& options) {
+Status Context::engine_for(const std::vector<int>& dims, const std::vector<int>& order, RingAllreduce** out) {
   auto key = std::make_pair(dims, order);
   auto found = engines_.find(key);
   if (found == engines_.end()) {
@@ -18,9 +17,37 @@ Status Context::allreduce(const SegmentedBuffer& data, DType dtype, ReduceOp op,
     DDLFAST_RETURN_IF_ERROR(RingAllreduce::create(transport_.get(), dims, order, &engine));
     found = engines_.emplace(std::move(key), std::move(engine)).first;
   }
-  const Status status = found->second->run(data, dtype, op, options);
+  *out = found->second.get();
+  return Status::ok();
+}
+
+Status Context::finish(const Status& status) {
   if (!status.is_ok() && status.code() != StatusCode::kConsistent) transport_->abandon(status);
   return status;
+}
+
+Status Context::allreduce(const SegmentedBuffer& data, DType dtype, ReduceOp op, const std::vector<int>& dims,
+                          const std::vector<int>& order, const EngineOptions& options) {
+  RingAllreduce* engine = nullptr;
+  DDLFAST_RETURN_IF_ERROR(engine_for(dims, order, &engine));
+  return finish(engine->run(data, dtype, op, options));
+}
+
+Status Context::reduce_scatter(const SegmentedBuffer& input, const SegmentedBuffer& output,
+                               const std::vector<std::size_t>& counts, DType dtype, ReduceOp op,
+                               const std::vector<int>& dims, const std::vector<int>& order,
+                               const EngineOptions& options) {
+  RingAllreduce* engine = nullptr;
+  DDLFAST_RETURN_IF_ERROR(engine_for(dims, order, &engine));
+  return finish(engine->reduce_scatter(input, output, counts, dtype, op, options));
+}
+
+Status Context::allgather(const SegmentedBuffer& input, const SegmentedBuffer& output,
+                          const std::vector<std::size_t>& counts, bool float32, const std::vector<int>& dims,
+                          const std::vector<int>& order, const EngineOptions& options) {
+  RingAllreduce* engine = nullptr;
+  DDLFAST_RETURN_IF_ERROR(engine_for(dims, order, &engine));
+  return finish(engine->allgather(input, output, counts, float32, options));
 }
 
 }  // namespace ddlfast

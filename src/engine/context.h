@@ -32,8 +32,18 @@ class Context {
   // flight (see MpiTransport::abandon): every later call then refuses.
   Status allreduce(const SegmentedBuffer& data, DType dtype, ReduceOp op, const std::vector<int>& dims,
                    const std::vector<int>& order, const EngineOptions& options);
+  // The two halves on their own (RingAllreduce::reduce_scatter / allgather), with the same failure handling.
+  Status reduce_scatter(const SegmentedBuffer& input, const SegmentedBuffer& output,
+                        const std::vector<std::size_t>& counts, DType dtype, ReduceOp op, const std::vector<int>& dims,
+                        const std::vector<int>& order, const EngineOptions& options);
+  Status allgather(const SegmentedBuffer& input, const SegmentedBuffer& output, const std::vector<std::size_t>& counts,
+                   bool float32, const std::vector<int>& dims, const std::vector<int>& order,
+                   const EngineOptions& options);
 
  private:
+  Status engine_for(const std::vector<int>& dims, const std::vector<int>& order, RingAllreduce** out);
+  Status finish(const Status& status);
+
   std::unique_ptr<MpiTransport> transport_;
   std::map<std::pair<std::vector<int>, std::vector<int>>, std::unique_ptr<RingAllreduce>> engines_;
 };

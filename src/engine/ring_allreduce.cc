@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <optional>
 #include <string>
 
 #include "engine/chunking.h"
@@ -24,6 +27,60 @@ void prescale(const SegmentedBuffer& data, float scale) {
 
 double monotonic_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void append_runs(const SegmentedBuffer& from, ElementRange range, std::vector<char*>* bases,
+                 std::vector<std::size_t>* counts) {
+  for (std::size_t done = 0; done < range.count;) {
+    const std::size_t offset = range.offset + done;
+    const std::size_t n = std::min(range.count - done, from.contiguous_from(offset));
+    bases->push_back(from.address(offset));
+    counts->push_back(n);
+    done += n;
+  }
+}
+
+// The elements of `ranges` of `from`, in that order, as one logical buffer (nothing is copied).
+SegmentedBuffer select_ranges(const SegmentedBuffer& from, const std::vector<ElementRange>& ranges) {
+  std::vector<char*> bases;
+  std::vector<std::size_t> counts;
+  for (const ElementRange& range : ranges) append_runs(from, range, &bases, &counts);
+  return SegmentedBuffer(std::move(bases), counts, from.element_size());
+}
+
+SegmentedBuffer contiguous(char* base, std::size_t count, std::size_t element_size) {
+  return SegmentedBuffer({base}, {count}, element_size);
+}
+
+// Every element of `from` into `to` (the same count and element size).
+void copy_elements(const SegmentedBuffer& from, const SegmentedBuffer& to) {
+  for (std::size_t done = 0; done < from.count();) {
+    const std::size_t n = std::min(from.contiguous_from(done), to.contiguous_from(done));
+    std::memcpy(to.address(done), from.address(done), n * from.element_size());
+    done += n;
+  }
+}
+
+// Blocks of counts[i] elements back to back.
+std::vector<ElementRange> consecutive(const std::vector<std::size_t>& counts) {
+  std::vector<ElementRange> ranges;
+  std::size_t start = 0;
+  for (std::size_t count : counts) {
+    ranges.push_back({start, count});
+    start += count;
+  }
+  return ranges;
+}
+
+Status check_counts(const std::vector<std::size_t>& counts, int world, std::size_t all, std::size_t mine, int rank) {
+  std::size_t total = 0;
+  for (std::size_t count : counts) total += count;
+  if (counts.size() != static_cast<std::size_t>(world) || total != all || counts[rank] != mine) {
+    return Status::invalid("block counts do not match the buffers (" + std::to_string(counts.size()) + " counts for " +
+                           std::to_string(world) + " ranks, summing to " + std::to_string(total) + " of " +
+                           std::to_string(all) + " elements)");
+  }
+  return Status::ok();
 }
 
 }  // namespace
@@ -88,48 +145,240 @@ Status RingAllreduce::reduce(const SegmentedBuffer& data, DType dtype, ReduceOp 
   const std::size_t esize = dtype_size(dtype);
   int divisor = op == ReduceOp::kAverage ? world : 1;
   if (count * esize <= options.small_bytes) return run_small(data, dtype, op, divisor, options);
-  const bool compressed = std::any_of(options.wire_by_dim.begin(), options.wire_by_dim.end(),
-                                      [](int wire) { return wire >= 0; });
-  if (compressed) {
-    if (dtype != DType::kFloat32) return Status::invalid("wire compression needs float32 data");
-    if (op == ReduceOp::kProduct) {
-      return Status::invalid("op='product' cannot run on a compressed wire (each hop would round a product); use "
-                             "compression='none'");
-    }
-    if (options.wire_by_dim.size() != static_cast<std::size_t>(ring_.torus.num_dims())) {
-      return Status::invalid("compression is given for " + std::to_string(options.wire_by_dim.size()) +
-                             " dimensions but the ring has " + std::to_string(ring_.torus.num_dims()));
-    }
-    if (divisor != 1) {
-      // Average pre-scales, so partial sums stay within the inputs' range and
-      // cannot overflow fp16 where the inputs did not.
-      prescale(data, 1.0f / static_cast<float>(divisor));
-      divisor = 1;
-    }
+  bool compressed = false;
+  DDLFAST_RETURN_IF_ERROR(prepare_wire(data, dtype == DType::kFloat32, op, options, &divisor, &compressed));
+  return run_phases(data, build_rank_schedule(ring_, count), dtype, op, divisor, compressed, options, Halves::kBoth);
+}
+
+Status RingAllreduce::prepare_wire(const SegmentedBuffer& data, bool float32, ReduceOp op,
+                                   const EngineOptions& options, int* divisor, bool* compressed) {
+  *compressed = std::any_of(options.wire_by_dim.begin(), options.wire_by_dim.end(), [](int wire) { return wire >= 0; });
+  if (!*compressed) return Status::ok();
+  if (!float32) return Status::invalid("wire compression needs float32 data");
+  if (op == ReduceOp::kProduct) {
+    return Status::invalid("op='product' cannot run on a compressed wire (each hop would round a product); use "
+                           "compression='none'");
   }
-  const RingSchedule schedule = build_rank_schedule(ring_, count);
+  if (options.wire_by_dim.size() != static_cast<std::size_t>(ring_.torus.num_dims())) {
+    return Status::invalid("compression is given for " + std::to_string(options.wire_by_dim.size()) +
+                           " dimensions but the ring has " + std::to_string(ring_.torus.num_dims()));
+  }
+  if (*divisor != 1) {
+    // Average pre-scales, so partial sums stay within the inputs' range and
+    // cannot overflow fp16 where the inputs did not.
+    prescale(data, 1.0f / static_cast<float>(*divisor));
+    *divisor = 1;
+  }
+  return Status::ok();
+}
+
+Status RingAllreduce::run_phases(const SegmentedBuffer& data, const RingSchedule& schedule, DType dtype, ReduceOp op,
+                                 int divisor, bool compressed, const EngineOptions& options, Halves halves) {
   const int last_reduce_scatter = last_reduce_scatter_phase(schedule);
   for (int i = 0; i < static_cast<int>(schedule.phases.size()); ++i) {
     const RingPhase& phase = schedule.phases[i];
+    const bool reduces = phase.kind == PhaseKind::kReduceScatter;
+    if ((halves == Halves::kReduceScatter && !reduces) || (halves == Halves::kAllgather && reduces)) continue;
     const int tag_base = (i * kTagsPerPhase) % kTagSpace;
     const double start = monotonic_seconds();
     const int wire = compressed ? options.wire_by_dim[phase.dim] : -1;
-    if (phase.kind == PhaseKind::kReduceScatter) {
+    if (reduces) {
       const int final_divisor = i == last_reduce_scatter ? divisor : 1;
       DDLFAST_RETURN_IF_ERROR(
           wire >= 0 ? compressed_reduce_scatter_phase(data, phase, tag_base, wire, op, final_divisor, options)
                     : reduce_scatter_phase(data, phase, tag_base, dtype, op, final_divisor, options));
     } else {
       DDLFAST_RETURN_IF_ERROR(wire >= 0 ? compressed_allgather_phase(data, phase, tag_base, wire, options)
-                                        : allgather_phase(data, phase, tag_base, dtype, options));
+                                        : allgather_phase(data, phase, tag_base, options));
     }
     if (options.events) {
       std::size_t phase_bytes = 0;
-      for (const RingStep& step : phase.steps) phase_bytes += step.send.count * esize;
+      for (const RingStep& step : phase.steps) phase_bytes += step.send.count * data.element_size();
       options.events->push_back({static_cast<int>(phase.kind), phase.dim, start, monotonic_seconds(), phase_bytes});
     }
   }
   return Status::ok();
+}
+
+SegmentedBuffer RingAllreduce::in_block_order(const SegmentedBuffer& rank_ordered,
+                                              const std::vector<std::size_t>& counts) const {
+  const std::vector<ElementRange> by_rank = consecutive(counts);
+  std::vector<ElementRange> ranges;
+  for (int position : positions_in_block_order(ring_.torus)) ranges.push_back(by_rank[ring_.rank_at[position]]);
+  return select_ranges(rank_ordered, ranges);
+}
+
+std::vector<std::size_t> RingAllreduce::counts_by_position(const std::vector<std::size_t>& counts) const {
+  std::vector<std::size_t> by_position(counts.size());
+  for (std::size_t position = 0; position < counts.size(); ++position) {
+    by_position[position] = counts[ring_.rank_at[position]];
+  }
+  return by_position;
+}
+
+Status RingAllreduce::reduce_scatter(const SegmentedBuffer& input, const SegmentedBuffer& output,
+                                     const std::vector<std::size_t>& counts, DType dtype, ReduceOp op,
+                                     const EngineOptions& options) {
+  const int world = ring_.torus.world_size();
+  const int me = transport_->rank();
+  DDLFAST_RETURN_IF_ERROR(check_counts(counts, world, input.count(), output.count(), me));
+  const std::size_t esize = dtype_size(dtype);
+  const std::size_t total = input.count();
+  // The working copy, in rank order: this rank's block is `output` itself, the other blocks live in work_.
+  if (work_.size() < (total - counts[me]) * esize) work_.resize((total - counts[me]) * esize);
+  std::vector<char*> bases;
+  std::vector<std::size_t> sizes;
+  std::size_t cursor = 0;
+  for (int q = 0; q < world; ++q) {
+    if (q == me) {
+      append_runs(output, {0, counts[me]}, &bases, &sizes);
+    } else {
+      bases.push_back(work_.data() + cursor * esize);
+      sizes.push_back(counts[q]);
+      cursor += counts[q];
+    }
+  }
+  const SegmentedBuffer working(std::move(bases), sizes, esize);
+  copy_elements(input, working);
+  if (total == 0 || world == 1) return Status::ok();
+
+  const SegmentedBuffer ordered = in_block_order(working, counts);
+  std::vector<std::size_t> block_counts = counts_by_position(counts);
+  DDLFAST_RETURN_IF_ERROR(exact_.before(ordered, dtype, op, world));
+  std::optional<SegmentedBuffer> interleaved;
+  if (exact_.buffer().count() != total) {
+    // Integer average also reduces the remainders (elements total.. of the widened buffer): each position's
+    // block carries its own, so the block a position ends with holds both.
+    std::vector<ElementRange> ranges;
+    std::size_t start = 0;
+    for (int position : positions_in_block_order(ring_.torus)) {
+      ranges.push_back({start, block_counts[position]});
+      ranges.push_back({total + start, block_counts[position]});
+      start += block_counts[position];
+      block_counts[position] *= 2;
+    }
+    interleaved.emplace(select_ranges(exact_.buffer(), ranges));
+  }
+  const SegmentedBuffer& data = interleaved ? *interleaved : ordered;
+  const ReduceOp kernel_op = exact_.op();  // integer and half average reduce as sums
+  int divisor = kernel_op == ReduceOp::kAverage ? world : 1;
+  if (data.count() * esize <= options.small_bytes) {
+    DDLFAST_RETURN_IF_ERROR(reduce_scatter_small(data, block_counts, dtype, kernel_op, divisor, options));
+  } else {
+    bool compressed = false;
+    DDLFAST_RETURN_IF_ERROR(prepare_wire(data, dtype == DType::kFloat32, kernel_op, options, &divisor, &compressed));
+    DDLFAST_RETURN_IF_ERROR(run_phases(data, build_rank_schedule(ring_, block_counts), dtype, kernel_op, divisor,
+                                       compressed, options, Halves::kReduceScatter));
+  }
+  if (dtype == DType::kFloat16 || dtype == DType::kBFloat16) {
+    return finish_half_reduce_scatter(input, output, counts, dtype, op);
+  }
+  return exact_.after(transport_);
+}
+
+// Tiny buffers: MPI_Reduce_scatter, on the blocks put back in rank order.
+Status RingAllreduce::reduce_scatter_small(const SegmentedBuffer& data, const std::vector<std::size_t>& block_counts,
+                                           DType dtype, ReduceOp op, int divisor, const EngineOptions& options) {
+  const double start = monotonic_seconds();
+  const int world = ring_.torus.world_size();
+  const std::size_t esize = dtype_size(dtype);
+  std::vector<ElementRange> by_position(world);
+  std::size_t cursor = 0;
+  for (int position : positions_in_block_order(ring_.torus)) {
+    by_position[position] = {cursor, block_counts[position]};
+    cursor += block_counts[position];
+  }
+  std::vector<ElementRange> by_rank(world);
+  std::vector<std::size_t> rank_counts(world);
+  for (int position = 0; position < world; ++position) {
+    by_rank[ring_.rank_at[position]] = by_position[position];
+    rank_counts[ring_.rank_at[position]] = block_counts[position];
+  }
+  std::vector<char> send(data.count() * esize + 1);
+  copy_elements(select_ranges(data, by_rank), contiguous(send.data(), data.count(), esize));
+  const SegmentedBuffer own = select_ranges(data, {by_position[ring_.position]});
+  std::vector<char> mine(own.count() * esize + 1);
+  DDLFAST_RETURN_IF_ERROR(transport_->native_reduce_scatter(send.data(), mine.data(), rank_counts, dtype,
+                                                         op == ReduceOp::kAverage ? ReduceOp::kSum : op));
+  if (divisor != 1) {
+    std::vector<char> zeros(own.count() * esize, 0);
+    reduce_into(dtype, mine.data(), zeros.data(), own.count(), divisor);
+  }
+  copy_elements(contiguous(mine.data(), own.count(), esize), own);
+  if (options.events) options.events->push_back({2, -1, start, monotonic_seconds(), data.count() * esize});
+  return Status::ok();
+}
+
+Status RingAllreduce::finish_half_reduce_scatter(const SegmentedBuffer& input, const SegmentedBuffer& output,
+                                                 const std::vector<std::size_t>& counts, DType dtype, ReduceOp op) {
+  const std::uint16_t exponent = dtype == DType::kFloat16 ? 0x7c00 : 0x7f80;
+  auto bits_at = [](const SegmentedBuffer& data, std::size_t element) {
+    std::uint16_t bits;
+    std::memcpy(&bits, data.address(element), sizeof bits);
+    return bits;
+  };
+  const AnyNonFiniteFn any_nonfinite = best_kernels().any_nonfinite[dtype == DType::kFloat16 ? 0 : 1];
+  std::int64_t found = 0;
+  for (std::size_t done = 0; done < output.count();) {
+    const std::size_t n = output.contiguous_from(done);
+    if (any_nonfinite(output.address(done), n)) found = 1;
+    done += n;
+  }
+  // Each rank holds a different block: agree before anything that communicates depends on it.
+  DDLFAST_RETURN_IF_ERROR(transport_->native_allreduce(&found, 1, DType::kInt64));
+  if (found == 0) return Status::ok();  // the common case
+  // Rare: tell inf/nan that came in (kept, as IEEE says) from overflow, per element of each rank's block.
+  std::vector<std::int32_t> inputs(input.count() + 1, 0);
+  for (std::size_t i = 0; i < input.count(); ++i) inputs[i] = (bits_at(input, i) & exponent) == exponent;
+  std::vector<std::int32_t> came_in(output.count() + 1, 0);
+  DDLFAST_RETURN_IF_ERROR(transport_->native_reduce_scatter(inputs.data(), came_in.data(), counts, DType::kInt32));
+  std::int64_t overflowed = 0;
+  for (std::size_t i = 0; i < output.count(); ++i) {
+    const std::uint16_t bits = bits_at(output, i);
+    if ((bits & exponent) != exponent || came_in[i] != 0) continue;
+    if (op != ReduceOp::kAverage) {
+      ++overflowed;
+    } else if ((bits & 0x7fff) == exponent) {  // average: only the rounding of the scaled terms passed the range
+      const std::uint16_t saturated = static_cast<std::uint16_t>((bits & 0x8000) | (exponent - 1));
+      std::memcpy(output.address(i), &saturated, sizeof saturated);
+    }
+  }
+  if (op == ReduceOp::kAverage) return Status::ok();
+  DDLFAST_RETURN_IF_ERROR(transport_->native_allreduce(&overflowed, 1, DType::kInt64));
+  if (overflowed == 0) return Status::ok();
+  return Status::consistent(std::string(dtype_name(dtype)) + " reduce-scatter " + reduce_op_name(op) + " overflowed: " +
+                            std::to_string(overflowed) + " elements went past the largest " + dtype_name(dtype) +
+                            " in a partial sum of finite inputs, and the result holds inf or nan there; use "
+                            "op='average' (which pre-scales by 1/world size) or reduce in float32");
+}
+
+Status RingAllreduce::allgather(const SegmentedBuffer& input, const SegmentedBuffer& output,
+                                const std::vector<std::size_t>& counts, bool float32, const EngineOptions& options) {
+  const int world = ring_.torus.world_size();
+  const int me = transport_->rank();
+  DDLFAST_RETURN_IF_ERROR(check_counts(counts, world, output.count(), input.count(), me));
+  const std::size_t esize = output.element_size();
+  if (world > 1 && output.count() * esize <= options.small_bytes) {  // latency-bound: MPI_Allgather
+    const double start = monotonic_seconds();
+    std::vector<char> send(input.count() * esize + 1);
+    copy_elements(input, contiguous(send.data(), input.count(), esize));
+    std::vector<char> all(output.count() * esize + 1);
+    std::vector<std::size_t> bytes;
+    for (std::size_t count : counts) bytes.push_back(count * esize);
+    DDLFAST_RETURN_IF_ERROR(transport_->native_allgather(send.data(), all.data(), bytes));
+    copy_elements(contiguous(all.data(), output.count(), esize), output);
+    if (options.events) options.events->push_back({2, -1, start, monotonic_seconds(), output.count() * esize});
+    return Status::ok();
+  }
+  copy_elements(input, select_ranges(output, {consecutive(counts)[me]}));
+  if (world == 1 || output.count() == 0) return Status::ok();
+  const SegmentedBuffer ordered = in_block_order(output, counts);
+  int divisor = 1;
+  bool compressed = false;
+  DDLFAST_RETURN_IF_ERROR(
+      prepare_wire(ordered, float32 && esize == sizeof(float), ReduceOp::kSum, options, &divisor, &compressed));
+  return run_phases(ordered, build_rank_schedule(ring_, counts_by_position(counts)), DType::kFloat32, ReduceOp::kSum,
+                    1, compressed, options, Halves::kAllgather);
 }
 
 // Receives land in a ring of scratch slots; slot j is re-posted for chunk
@@ -175,9 +424,9 @@ Status RingAllreduce::reduce_scatter_phase(const SegmentedBuffer& data, const Ri
 
 // Receives go straight into their final place; each received chunk is
 // forwarded to the successor as part of the next step.
-Status RingAllreduce::allgather_phase(const SegmentedBuffer& data, const RingPhase& phase, int tag_base, DType dtype,
+Status RingAllreduce::allgather_phase(const SegmentedBuffer& data, const RingPhase& phase, int tag_base,
                                       const EngineOptions& options) {
-  const std::size_t esize = dtype_size(dtype);
+  const std::size_t esize = data.element_size();
   const std::size_t chunk_elems = std::max<std::size_t>(1, options.chunk_bytes / esize);
   const std::vector<ChunkItem> items = chunk_items(data, phase, chunk_elems);
   const int last_step = static_cast<int>(phase.steps.size()) - 1;

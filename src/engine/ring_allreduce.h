@@ -54,13 +54,50 @@ class RingAllreduce {
   // element is reduced by exactly one rank and then copied.
   Status run(const SegmentedBuffer& data, DType dtype, ReduceOp op, const EngineOptions& options);
 
+  // The two halves on their own, with MPI's semantics: rank q's block is
+  // counts[q] elements, the blocks lie in rank order. The ring leaves each
+  // torus position the block of its own that the schedule gives it, so the
+  // blocks are laid out for the ring (in_block_order) such that the position
+  // rank q plays is given rank q's block; nothing is copied for it.
+  //
+  // reduce_scatter (MPI_Reduce_scatter): `input` holds every block and stays
+  // unchanged; the working copy is this rank's `output` (its own block) plus
+  // scratch for the others, so the reduced block lands in `output` directly.
+  Status reduce_scatter(const SegmentedBuffer& input, const SegmentedBuffer& output,
+                        const std::vector<std::size_t>& counts, DType dtype, ReduceOp op, const EngineOptions& options);
+  // allgather (MPI_Allgatherv): `input` is this rank's block, `output`
+  // receives every block. Elements are opaque (of output.element_size()
+  // bytes) unless options compress the wire, which needs float32 elements.
+  Status allgather(const SegmentedBuffer& input, const SegmentedBuffer& output, const std::vector<std::size_t>& counts,
+                   bool float32, const EngineOptions& options);
+
  private:
+  enum class Halves { kBoth, kReduceScatter, kAllgather };
+
   // run() without the exact-arithmetic wrapping.
   Status reduce(const SegmentedBuffer& data, DType dtype, ReduceOp op, const EngineOptions& options);
   Status run_small(const SegmentedBuffer& data, DType dtype, ReduceOp op, int divisor, const EngineOptions& options);
-  // `op` reaches the reduce kernel as it is (final_divisor: average's, on the last step).
-  Status reduce_scatter_phase(const SegmentedBuffer& data, const RingPhase& phase, int tag_base, DType dtype, ReduceOp op,
-                              int final_divisor, const EngineOptions& options);
+  // Whether options compress the wire (validated against the data, the op and the ring); average then pre-scales
+  // `data` and leaves *divisor at 1, so partial sums stay within the inputs' range.
+  Status prepare_wire(const SegmentedBuffer& data, bool float32, ReduceOp op, const EngineOptions& options,
+                      int* divisor, bool* compressed);
+  // Executes the schedule's phases of `halves`, in order (the one phase loop of the host engine); `op` reaches
+  // the reduce kernel as it is (divisor: average's, on the last reduce-scatter step).
+  Status run_phases(const SegmentedBuffer& data, const RingSchedule& schedule, DType dtype, ReduceOp op, int divisor,
+                    bool compressed, const EngineOptions& options, Halves halves);
+  // A rank-order buffer (block q: counts[q] elements) seen in the schedule's block order, and the owned-block
+  // size of each torus position.
+  SegmentedBuffer in_block_order(const SegmentedBuffer& rank_ordered, const std::vector<std::size_t>& counts) const;
+  std::vector<std::size_t> counts_by_position(const std::vector<std::size_t>& counts) const;
+  // Reduce-scatter of `data` (blocks in block order, block_counts per position) over MPI's own collective.
+  Status reduce_scatter_small(const SegmentedBuffer& data, const std::vector<std::size_t>& block_counts,
+                              DType dtype, ReduceOp op, int divisor, const EngineOptions& options);
+  // float16/bfloat16 reduce-scatter: the overflow check (engine/exact_arithmetic.h) for results that differ
+  // per rank, so the ranks agree on what they found before any branch that communicates.
+  Status finish_half_reduce_scatter(const SegmentedBuffer& input, const SegmentedBuffer& output,
+                                    const std::vector<std::size_t>& counts, DType dtype, ReduceOp op);
+  Status reduce_scatter_phase(const SegmentedBuffer& data, const RingPhase& phase, int tag_base, DType dtype,
+                              ReduceOp op, int final_divisor, const EngineOptions& options);
   // Compressed variants: the wire carries fp16/bf16, accumulation stays fp32.
   // min/max decode each received chunk and combine in float32: rounding is
   // monotonic, so the result is the wire rounding of the exact min/max.
@@ -68,7 +105,7 @@ class RingAllreduce {
                                          int wire, ReduceOp op, int final_divisor, const EngineOptions& options);
   Status compressed_allgather_phase(const SegmentedBuffer& data, const RingPhase& phase, int tag_base, int wire,
                                     const EngineOptions& options);
-  Status allgather_phase(const SegmentedBuffer& data, const RingPhase& phase, int tag_base, DType dtype,
+  Status allgather_phase(const SegmentedBuffer& data, const RingPhase& phase, int tag_base,
                          const EngineOptions& options);
 
   RingAllreduce(MpiTransport* transport, RankedTorus ring) : transport_(transport), ring_(std::move(ring)) {}
@@ -79,6 +116,7 @@ class RingAllreduce {
   std::vector<unsigned char> send_stage_;  // encoded chunks until their sends complete
   std::vector<unsigned char> recv_stage_;  // encoded allgather chunks, kept for forwarding
   std::vector<float> decoded_;  // a received chunk decoded for compressed min/max
+  std::vector<char> work_;  // reduce-scatter's working copy of the other ranks' blocks
   ExactArithmetic exact_;
 
  public:

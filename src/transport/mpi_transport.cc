@@ -493,16 +493,9 @@ Status MpiTransport::agree(std::uint64_t digest, bool* agreed) {
 Status MpiTransport::native_allreduce(void* data, std::size_t count, DType dtype, ReduceOp op) {
   DDLFAST_RETURN_IF_ERROR(refuse_if_broken());
   if (count > static_cast<std::size_t>(INT_MAX)) return Status::invalid("count too large for MPI_Allreduce");
-  if (op == ReduceOp::kAverage) return Status::invalid("native_allreduce sums; the caller divides for an average");
-  const MPI_Datatype type = mpi_type(dtype);
+  MPI_Datatype type = MPI_FLOAT;
   MPI_Op mpi_op = MPI_SUM;
-  if (op != ReduceOp::kSum) {
-    mpi_op = combine_ops_[combine_index(op) * kNumDTypes + static_cast<int>(dtype)];
-  } else if (dtype == DType::kFloat16) {
-    mpi_op = fp16_sum_;
-  } else if (dtype == DType::kBFloat16) {
-    mpi_op = bf16_sum_;
-  }
+  DDLFAST_RETURN_IF_ERROR(mpi_reduction(dtype, op, &type, &mpi_op));
   const std::size_t bytes = count * dtype_size(dtype);
   std::vector<char>& copy = scratch_->small;
   if (copy.size() < bytes) copy.resize(bytes);
@@ -513,6 +506,76 @@ Status MpiTransport::native_allreduce(void* data, std::size_t count, DType dtype
       "MPI_Iallreduce", -1));
   DDLFAST_RETURN_IF_ERROR(wait_request(&request, "MPI_Allreduce (buffers <= DDLFAST_SMALL_BYTES)"));
   std::memcpy(data, copy.data(), bytes);
+  return Status::ok();
+}
+
+Status MpiTransport::mpi_reduction(DType dtype, ReduceOp op, MPI_Datatype* type, MPI_Op* mpi_op) const {
+  if (op == ReduceOp::kAverage) return Status::invalid("MPI's reductions sum; the caller divides for an average");
+  *type = mpi_type(dtype);
+  *mpi_op = MPI_SUM;
+  if (op != ReduceOp::kSum) {
+    *mpi_op = combine_ops_[combine_index(op) * kNumDTypes + static_cast<int>(dtype)];
+  } else if (dtype == DType::kFloat16) {
+    *mpi_op = fp16_sum_;
+  } else if (dtype == DType::kBFloat16) {
+    *mpi_op = bf16_sum_;
+  }
+  return Status::ok();
+}
+
+Status MpiTransport::native_reduce_scatter(const void* send, void* recv, const std::vector<std::size_t>& counts,
+                                           DType dtype, ReduceOp op) {
+  DDLFAST_RETURN_IF_ERROR(refuse_if_broken());
+  if (counts.size() != static_cast<std::size_t>(size_)) return Status::invalid("one count per rank is needed");
+  std::vector<int> recv_counts;
+  std::size_t total = 0;
+  for (std::size_t count : counts) {
+    if (count > static_cast<std::size_t>(INT_MAX)) return Status::invalid("count too large for MPI_Reduce_scatter");
+    recv_counts.push_back(static_cast<int>(count));
+    total += count;
+  }
+  MPI_Datatype type = MPI_FLOAT;
+  MPI_Op mpi_op = MPI_SUM;
+  DDLFAST_RETURN_IF_ERROR(mpi_reduction(dtype, op, &type, &mpi_op));
+  const std::size_t esize = dtype_size(dtype);
+  const std::size_t mine = counts[rank_] * esize;
+  std::vector<char>& copy = scratch_->small;  // the send copy, then the receive buffer
+  if (copy.size() < total * esize + mine + 1) copy.resize(total * esize + mine + 1);
+  if (total) std::memcpy(copy.data(), send, total * esize);
+  MPI_Request request;
+  DDLFAST_RETURN_IF_ERROR(check(MPI_Ireduce_scatter(copy.data(), copy.data() + total * esize, recv_counts.data(),
+                                                    type, mpi_op, comm_, &request),
+                                "MPI_Ireduce_scatter", -1));
+  DDLFAST_RETURN_IF_ERROR(wait_request(&request, "MPI_Reduce_scatter (buffers <= DDLFAST_SMALL_BYTES)"));
+  if (mine) std::memcpy(recv, copy.data() + total * esize, mine);
+  return Status::ok();
+}
+
+Status MpiTransport::native_allgather(const void* send, void* recv, const std::vector<std::size_t>& bytes) {
+  DDLFAST_RETURN_IF_ERROR(refuse_if_broken());
+  if (bytes.size() != static_cast<std::size_t>(size_)) return Status::invalid("one size per rank is needed");
+  std::vector<int> recv_counts;
+  std::vector<int> displacements;
+  std::size_t total = 0;
+  for (std::size_t size : bytes) {
+    if (total > static_cast<std::size_t>(INT_MAX) - size) return Status::invalid("too many bytes for MPI_Allgatherv");
+    recv_counts.push_back(static_cast<int>(size));
+    displacements.push_back(static_cast<int>(total));
+    total += size;
+  }
+  const std::size_t mine = bytes[rank_];
+  std::vector<char>& copy = scratch_->small;  // the send copy, then the receive buffer
+  if (copy.size() < mine + total + 1) copy.resize(mine + total + 1);
+  if (mine) std::memcpy(copy.data(), send, mine);
+  const bool uniform = std::all_of(bytes.begin(), bytes.end(), [&](std::size_t size) { return size == mine; });
+  MPI_Request request;
+  const int code = uniform ? MPI_Iallgather(copy.data(), static_cast<int>(mine), MPI_BYTE, copy.data() + mine,
+                                            static_cast<int>(mine), MPI_BYTE, comm_, &request)
+                           : MPI_Iallgatherv(copy.data(), static_cast<int>(mine), MPI_BYTE, copy.data() + mine,
+                                             recv_counts.data(), displacements.data(), MPI_BYTE, comm_, &request);
+  DDLFAST_RETURN_IF_ERROR(check(code, "MPI_Iallgather", -1));
+  DDLFAST_RETURN_IF_ERROR(wait_request(&request, "MPI_Allgather (buffers <= DDLFAST_SMALL_BYTES)"));
+  if (total) std::memcpy(recv, copy.data() + mine, total);
   return Status::ok();
 }
 

@@ -86,6 +86,15 @@ class MpiTransport final : public Transport {
   // user-defined MPI ops (created with the transport, freed with it), so the
   // nan and signed-zero rules are the ring's. `op` is not kAverage.
   Status native_allreduce(void* data, std::size_t count, DType dtype, ReduceOp op = ReduceOp::kSum);
+  // MPI's reduce-scatter (the small-message path of reduce_scatter): `send`
+  // holds counts[q] elements for each rank q in rank order, `recv` gets this
+  // rank's counts[rank] reduced elements. Stall-limited, through internal
+  // copies like native_allreduce; ops as native_allreduce.
+  Status native_reduce_scatter(const void* send, void* recv, const std::vector<std::size_t>& counts, DType dtype,
+                               ReduceOp op = ReduceOp::kSum);
+  // MPI's allgather of bytes: `send` is this rank's bytes[rank] bytes, `recv`
+  // gets every rank's bytes in rank order (MPI_Allgatherv when they differ).
+  Status native_allgather(const void* send, void* recv, const std::vector<std::size_t>& bytes);
 
   // After a failed collective: cancel receives, release sends, refuse all
   // later work with the failure's message, and tell the other ranks (a
@@ -108,6 +117,8 @@ class MpiTransport final : public Transport {
  private:
   MpiTransport() = default;
   Status check(int code, const char* what, int peer) const;
+  // MPI's type and sum op for `dtype` (fp16/bf16: ddlfast's kernels as user-defined ops).
+  Status mpi_reduction(DType dtype, ReduceOp op, MPI_Datatype* type, MPI_Op* mpi_op) const;
   RequestId track(MPI_Request raw, int peer, bool is_receive);
   Status refuse_if_broken() const;
   Status stalled(const char* what, int peer, double waited);

@@ -58,8 +58,9 @@ def neighbour(rank: int, dims: tuple[int, ...], dim: int, delta: int) -> int:
     return rank_of(c, dims)
 
 
-def schedules(dims: tuple[int, ...], count: int) -> list[tuple[list[dict], tuple[int, int]]]:
-    return [_core.ring_schedule(dims, rank, count) for rank in range(math.prod(dims))]
+def schedules(dims: tuple[int, ...], count: int,
+              block_counts: list[int] | None = None) -> list[tuple[list[dict], tuple[int, int]]]:
+    return [_core.ring_schedule(dims, rank, count, block_counts) for rank in range(math.prod(dims))]
 
 
 def simulate(scheds, buffers: list[np.ndarray], stop_before_allgather: bool = False) -> list[np.ndarray]:
@@ -86,7 +87,7 @@ def simulate(scheds, buffers: list[np.ndarray], stop_before_allgather: bool = Fa
     return buffers
 
 
-def check_structure(dims: tuple[int, ...], count: int, scheds) -> None:
+def check_structure(dims: tuple[int, ...], count: int, scheds, uniform: bool = True) -> None:
     """Everything that can be checked without data flowing."""
     p = math.prod(dims)
     nontrivial = [i for i, d in enumerate(dims) if d > 1]
@@ -128,7 +129,8 @@ def check_structure(dims: tuple[int, ...], count: int, scheds) -> None:
             assert offset == cursor, f"owned slices {owned} leave a gap or overlap at {cursor}"
             cursor += n
     assert cursor == count
-    assert {n for _, n in owned} <= {count // p, -(-count // p)}, f"unbalanced owned slices {owned}"
+    if uniform:
+        assert {n for _, n in owned} <= {count // p, -(-count // p)}, f"unbalanced owned slices {owned}"
 
     # Bandwidth-optimal in aggregate: every element crosses p-1 links in each half (telescoping sum),
     # and each rank's share is exact when p divides count.
@@ -137,14 +139,14 @@ def check_structure(dims: tuple[int, ...], count: int, scheds) -> None:
             sum(send[1] for ph in phases if ph["kind"] == kind for send, _ in ph["steps"]) for phases, _ in scheds
         ]
         assert sum(per_rank) == count * (p - 1), f"{kind}: {per_rank}"
-        if count % p == 0:
+        if uniform and count % p == 0:
             assert per_rank == [count // p * (p - 1)] * p, f"{kind}: {per_rank}"
 
 
-def check_allreduce(dims: tuple[int, ...], count: int, seed: int = 0) -> None:
+def check_allreduce(dims: tuple[int, ...], count: int, seed: int = 0, block_counts: list[int] | None = None) -> None:
     p = math.prod(dims)
-    scheds = schedules(dims, count)
-    check_structure(dims, count, scheds)
+    scheds = schedules(dims, count, block_counts)
+    check_structure(dims, count, scheds, uniform=block_counts is None)
     owned = [own for _, own in scheds]
 
     # Provenance: element i of rank r counts how often each rank's input has been added into it.
@@ -265,3 +267,65 @@ def test_invalid_dims_or_rank_raise(dims: tuple[int, ...], rank: int, needle: st
 def test_huge_dims_raise_ddlfast_error() -> None:
     with pytest.raises(ddlfast.DdlfastError):
         _core.ring_schedule((1 << 16, 1 << 16), 0, 10)
+
+
+# -- explicit block sizes (reduce-scatter with counts=, and the rank-to-block mapping) ---------------------------
+
+
+def block_order(dims: tuple[int, ...]) -> list[int]:
+    """Positions in the order their blocks lie: coordinate 1 most significant (dimension 1 cuts first)."""
+    return sorted(range(math.prod(dims)), key=lambda v: coords(v, dims))
+
+
+@pytest.mark.parametrize("dims", DIMS, ids=lambda d: "x".join(map(str, d)))
+def test_block_order_is_coordinate_one_most_significant(dims: tuple[int, ...]) -> None:
+    assert _core.block_order(dims) == block_order(dims)
+
+
+def check_block_counts(dims: tuple[int, ...], block_counts: list[int], seed: int = 0) -> None:
+    """Each position ends the reduce-scatter owning exactly its block, in block order, reduced exactly once from
+    every rank, and the whole schedule is still an exactly-once allreduce."""
+    count = sum(block_counts)
+    check_allreduce(dims, count, seed, block_counts)
+    start = 0
+    for position in block_order(dims):
+        _, owned = _core.ring_schedule(dims, position, count, block_counts)
+        assert owned == (start, block_counts[position]), f"position {position}"
+        start += block_counts[position]
+
+
+UNEVEN = [((4,), [3, 0, 5, 1]), ((2, 2), [0, 0, 0, 7]), ((2, 3), [1, 2, 3, 0, 4, 0]),
+          ((3, 1, 2), [5, 0, 1, 1, 2, 9]), ((2, 2, 2), [1, 1, 1, 1, 1, 1, 1, 1]), ((1,), [6]), ((5,), [0, 0, 0, 0, 0]),
+          ((2, 4), [8, 1, 0, 3, 2, 7, 0, 1])]
+
+
+@pytest.mark.parametrize(("dims", "block_counts"), UNEVEN, ids=lambda v: str(v))
+def test_explicit_block_counts(dims: tuple[int, ...], block_counts: list[int]) -> None:
+    check_block_counts(dims, block_counts)
+
+
+@given(
+    dims=st.lists(st.integers(1, 4), min_size=1, max_size=3).filter(lambda ds: math.prod(ds) <= 24),
+    data=st.data(),
+)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+def test_explicit_block_counts_property(dims: list[int], data: st.DataObject) -> None:
+    p = math.prod(dims)
+    block_counts = data.draw(st.lists(st.integers(0, 12), min_size=p, max_size=p))
+    check_block_counts(tuple(dims), block_counts, seed=sum(block_counts))
+
+
+@pytest.mark.parametrize("dims", [(8,), (2, 4), (3, 5, 2), (2, 1, 3)], ids=lambda d: "x".join(map(str, d)))
+def test_near_equal_split_is_the_special_case(dims: tuple[int, ...]) -> None:
+    """The count form gives the same schedule as the explicit form with the near-equal owned sizes."""
+    p = math.prod(dims)
+    for count in (0, 1, p + 3, 97):
+        owned = [_core.ring_schedule(dims, r, count)[1][1] for r in range(p)]
+        for r in range(p):
+            assert _core.ring_schedule(dims, r, count) == _core.ring_schedule(dims, r, count, owned)
+
+
+@pytest.mark.parametrize(("block_counts", "count"), [([1, 2], 4), ([1, 2, 3], 6), ([-1, 2, 2, 1], 4)])
+def test_bad_block_counts_raise(block_counts: list[int], count: int) -> None:
+    with pytest.raises(ddlfast.DdlfastError, match="block_counts|negative"):
+        _core.ring_schedule((2, 2), 0, count, block_counts)

@@ -1,0 +1,304 @@
+"""Reduce-scatter and allgather: the two halves of the ring allreduce as collectives of their own (MPI's
+MPI_Reduce_scatter(_block) and MPI_Allgather semantics), for sharded training (ZeRO/FSDP).
+
+This module validates a call on the caller's thread (so bad input raises where it was passed, and joins the
+agreement as an error on every rank), builds the layout every rank must agree on, and turns arrays' blocks into
+the segments of the core's one logical buffer (RingAllreduce::reduce_scatter / allgather in
+src/engine/ring_allreduce.h), so a fused call is one core call per dtype, with no packing:
+
+    reduce-scatter  input segments: block 0 of every array, then block 1 of every array, ...; output segments:
+                    this rank's output arrays. The core reduces in one working copy (the input stays unchanged).
+    allgather       input segments: this rank's arrays; output segments: for each rank, its block of every
+                    output array. Uncompressed, elements are opaque bytes (any fixed-size dtype).
+
+GPU arrays (CuPy, PyTorch CUDA tensors) go through pinned host copies (ddlfast.cuda.CudaPath.to_host /
+from_host) and the host engine; torch CPU tensors through their NumPy view.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ddlfast import cuda
+from ddlfast.dtypes import dtype_code
+from ddlfast.errors import DdlfastError
+
+REDUCE_SCATTER = "reduce_scatter"
+ALLGATHER = "allgather"
+
+
+class Spec(NamedTuple):
+    """One input array as the layout and the core see it."""
+
+    host: np.ndarray | None  # flat NumPy view (host arrays); None for GPU arrays (copied to the host at run time)
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    layout_dtype: object  # the dtype as it enters the layout ("cuda float32" for GPU arrays)
+
+
+class HalfRequest(NamedTuple):
+    """A validated reduce-scatter or allgather, ready to run on any thread."""
+
+    kind: str
+    op: str
+    dims: tuple[int, ...]
+    settings: Any
+    codec: tuple[str, ...]
+    specs: list[Spec]
+    counts: list[tuple[int, ...]]  # per array: the elements of each rank's block
+    outputs: list[np.ndarray]  # flat host arrays the core writes (the caller's out=, new arrays, or staging)
+    copy_back: list[tuple[np.ndarray, np.ndarray]]  # (staging, target): staged outputs copied after the run
+    results: list  # what the call returns, in array order
+    single: bool  # a one-array call returns results[0]
+    gpu: tuple[Any, Any] | None  # (inputs submission, outputs submission) for GPU arrays
+    layout: tuple
+
+
+def layout_of(kind: str, op: str, dims: tuple[int, ...], specs: Sequence[Spec], counts: object, codec: object,
+              settings: Any) -> tuple:
+    """Everything the ranks must agree on (agreement.describe reads it back)."""
+    return (kind, op, dims, tuple((s.layout_dtype, s.shape) for s in specs), counts, codec,
+            (settings.chunk_bytes, settings.small_bytes, settings.bucket_bytes, settings.first_bucket_bytes))
+
+
+def _torch_tensor(obj: object) -> Any:
+    torch = sys.modules.get("torch")
+    return torch if torch is not None and isinstance(obj, torch.Tensor) else None
+
+
+def host_view(obj: object) -> object:
+    """Torch CPU tensors through their NumPy view (shared memory); everything else as it is."""
+    if _torch_tensor(obj) is not None and obj.device.type == "cpu":  # type: ignore[attr-defined]
+        from ddlfast.torch import _numpy_view
+
+        return _numpy_view(obj)  # type: ignore[arg-type]
+    return obj
+
+
+def _like(result: np.ndarray, original: object) -> Any:
+    """A new result as the kind of array the caller passed (a torch CPU tensor for a torch CPU tensor)."""
+    torch = _torch_tensor(original)
+    if torch is None:
+        return result
+    if original.dtype == torch.bfloat16:  # type: ignore[attr-defined]
+        return torch.from_numpy(result.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(result)
+
+
+def block_counts(counts: object, size: int, world: int, where: str) -> tuple[int, ...]:
+    """counts=None: equal blocks (size a multiple of the world); else one non-negative count per rank summing
+    to size."""
+    if counts is None:
+        if size % world:
+            raise DdlfastError(f"{where} has {size} elements, not a multiple of the {world} ranks; pass counts= "
+                               "for uneven blocks")
+        return (size // world,) * world
+    if isinstance(counts, (str, bytes)) or not isinstance(counts, (Sequence, np.ndarray)):
+        raise DdlfastError(f"counts={counts!r} for {where} is not a sequence of {world} integers")
+    values = []
+    for value in counts:
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+            raise DdlfastError(f"counts={list(counts)!r} for {where} holds {value!r}, not a count >= 0")
+        values.append(int(value))
+    if len(values) != world:
+        raise DdlfastError(f"counts={values!r} for {where} gives {len(values)} blocks for {world} ranks")
+    if sum(values) != size:
+        raise DdlfastError(f"counts={values!r} for {where} sums to {sum(values)}, but the array has {size} "
+                           "elements")
+    return tuple(values)
+
+
+def result_shape(kind: str, shape: tuple[int, ...], counts: tuple[int, ...], explicit: bool, rank: int,
+                 world: int) -> tuple[int, ...]:
+    if kind == ALLGATHER:
+        return (world * shape[0], *shape[1:]) if shape else (world,)
+    if not explicit and shape and shape[0] % world == 0:
+        return (shape[0] // world, *shape[1:])
+    return (counts[rank],)
+
+
+def _extent(array: np.ndarray) -> tuple[int, int]:
+    return array.ctypes.data, array.nbytes
+
+
+def _check_outputs_apart(outputs: Sequence[np.ndarray], inputs: Sequence[np.ndarray], rank: int) -> None:
+    """Outputs may share memory with nothing (inputs may repeat: they are only read)."""
+    spans = [(*_extent(o), f"out {i}") for i, o in enumerate(outputs)] + [
+        (*_extent(a), f"array {i}") for i, a in enumerate(inputs)]
+    for i, (start, size, name) in enumerate(spans[:len(outputs)]):
+        for other_start, other_size, other in spans[i + 1:]:
+            if size and other_size and start < other_start + other_size and other_start < start + size:
+                raise DdlfastError(f"{name} on rank {rank} overlaps {other} in memory; the output must be "
+                                   "memory of its own")
+
+
+def _host_out(out: object, dtype: np.dtype, elements: int, where: str) -> np.ndarray:
+    out = host_view(out)
+    if not isinstance(out, np.ndarray) or isinstance(out, np.ma.MaskedArray):
+        raise DdlfastError(f"{where} is a {type(out).__module__}.{type(out).__qualname__}, not a NumPy array "
+                           "(or torch CPU tensor) like the input")
+    if out.dtype != dtype:
+        raise DdlfastError(f"{where} is {out.dtype.name} but the array is {dtype.name}")
+    if out.size != elements:
+        raise DdlfastError(f"{where} has {out.size} elements; the result has {elements}")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise DdlfastError(f"{where} must be C-contiguous and writable")
+    return out
+
+
+def _host_spec(array: object, kind: str, where: str) -> Spec:
+    array = host_view(array)
+    if not isinstance(array, np.ndarray) or isinstance(array, np.ma.MaskedArray):
+        hint = " (CuPy/CUDA arrays need a CUDA build)" if hasattr(array, "__cuda_array_interface__") else ""
+        raise DdlfastError(f"{where} is a {type(array).__module__}.{type(array).__qualname__}, not a NumPy array"
+                           f"{hint}")
+    _check_dtype(array.dtype, kind, where)
+    if not array.flags.c_contiguous:
+        raise DdlfastError(f"{where} is not C-contiguous (strides {array.strides}); pass np.ascontiguousarray(...)")
+    return Spec(array.reshape(-1), array.dtype, array.shape, array.dtype)
+
+
+def _check_dtype(dtype: np.dtype, kind: str, where: str) -> None:
+    if kind == REDUCE_SCATTER:
+        dtype_code(dtype, where)  # the reducible dtypes
+    elif dtype.hasobject or dtype.itemsize == 0:
+        raise DdlfastError(f"{where} has dtype {dtype}; allgather copies fixed-size elements (no objects)")
+
+
+def _per_array(value: object, n: int, name: str, single: bool) -> list:
+    """A per-array argument of a fused call: None for all, or one entry per array."""
+    if value is None:
+        return [None] * n
+    if single:
+        return [value]
+    if not isinstance(value, (list, tuple)) or len(value) != n:
+        raise DdlfastError(f"{name}= of a fused call needs one entry per array ({n})")
+    return list(value)
+
+
+def prepare(kind: str, arrays: object, op: str, dims: tuple[int, ...], counts: object, out: object,
+            codec: tuple[str, ...], settings: Any, rank: int, world: int, stream: object, single: bool) -> HalfRequest:
+    """Validate a call (the caller's thread) into a request; raises DdlfastError naming the rank."""
+    name = f"fused_{kind}" if not single else kind
+    if isinstance(arrays, np.ndarray) or not isinstance(arrays, Sequence):
+        raise DdlfastError(f"{name} takes a list of arrays; use ddlfast.{kind} for one array")
+    if len(arrays) == 0:
+        raise DdlfastError(f"{name} got an empty list of arrays")
+    if kind == ALLGATHER and counts is not None:
+        raise DdlfastError("allgather takes no counts= (every rank passes the same shape)")
+    outs = _per_array(out, len(arrays), "out", single)
+    explicit = _per_array(counts, len(arrays), "counts", single)
+    where = [f"array {i} on rank {rank}" for i in range(len(arrays))]
+    on_gpu = cuda.any_device_array(arrays)
+    if on_gpu:
+        buffers = cuda.device_buffers(arrays, rank, stream)
+        specs = [Spec(None, cuda._host_dtype(b.dtype_name), tuple(b.shape), f"cuda {b.dtype_name}") for b in buffers]
+        for spec, w in zip(specs, where, strict=True):
+            _check_dtype(spec.dtype, kind, w)
+    else:
+        if stream is not None:
+            raise DdlfastError(f"stream= was given on rank {rank} but the arrays are in host memory; streams "
+                               "order GPU arrays only")
+        specs = [_host_spec(a, kind, w) for a, w in zip(arrays, where, strict=True)]
+    if codec not in (("none",), ("auto",)) and any(s.dtype != np.float32 for s in specs):
+        bad = next(i for i, s in enumerate(specs) if s.dtype != np.float32)
+        raise DdlfastError(f"array {bad} on rank {rank} is {specs[bad].dtype.name}: wire compression "
+                           f"({','.join(codec)}) applies to float32 arrays only")
+    sizes = [int(np.prod(s.shape, dtype=np.int64)) for s in specs]
+    if kind == REDUCE_SCATTER:
+        blocks = [block_counts(c, n, world, w) for c, n, w in zip(explicit, sizes, where, strict=True)]
+    else:
+        blocks = [(n,) * world for n in sizes]
+    shapes = [result_shape(kind, s.shape, b, c is not None, rank, world)
+              for s, b, c in zip(specs, blocks, explicit, strict=True)]
+    elements = [b[rank] if kind == REDUCE_SCATTER else sum(b) for b in blocks]
+    outputs: list[np.ndarray] = []
+    copy_back: list[tuple[np.ndarray, np.ndarray]] = []
+    results: list = []
+    gpu = None
+    if on_gpu:  # host staging, then the device outputs
+        device_outs = [o if o is not None else _empty_device(a, shape, i, rank)
+                       for i, (o, a, shape) in enumerate(zip(outs, arrays, shapes, strict=True))]
+        out_buffers = cuda.device_buffers(device_outs, rank, stream)
+        for i, (b, spec, n) in enumerate(zip(out_buffers, specs, elements, strict=True)):
+            if b.dtype_name != spec.dtype.name or b.count != n:
+                raise DdlfastError(f"out {i} on rank {rank} is {b.dtype_name}[{b.count}]; the result is "
+                                   f"{spec.dtype.name}[{n}]")
+        outputs = [np.empty(n, spec.dtype) for spec, n in zip(specs, elements, strict=True)]
+        results = device_outs
+        # The fences go on the caller's streams now, on the caller's thread.
+        gpu = (cuda.submit(buffers), cuda.submit(out_buffers))
+    else:
+        for i, (o, spec, shape, n) in enumerate(zip(outs, specs, shapes, elements, strict=True)):
+            if o is None:
+                target = np.empty(shape, spec.dtype)
+                results.append(_like(target, arrays[i]))
+            else:
+                target = _host_out(o, spec.dtype, n, f"out {i} on rank {rank}")
+                results.append(o)
+            flat = target.reshape(-1)
+            if flat.ctypes.data % max(spec.dtype.itemsize, 1):  # the kernels load whole elements
+                staging = np.empty(n, spec.dtype)
+                copy_back.append((staging, flat))
+                flat = staging
+            outputs.append(flat)
+        _check_outputs_apart([t for _, t in copy_back] + outputs, [s.host for s in specs], rank)
+    layout_counts = None if all(c is None for c in explicit) else tuple(
+        b if c is not None else None for b, c in zip(blocks, explicit, strict=True))
+    layout = layout_of(kind, op if kind == REDUCE_SCATTER else "", dims, specs, layout_counts, codec, settings)
+    return HalfRequest(kind, op, dims, settings, codec, specs, blocks, outputs, copy_back, results, single, gpu,
+                       layout)
+
+
+def _empty_device(array: object, shape: tuple[int, ...], index: int, rank: int) -> Any:
+    """A new GPU result beside a GPU input, from the input's own library."""
+    torch = _torch_tensor(array)
+    if torch is not None:
+        return torch.empty(shape, dtype=array.dtype, device=array.device)  # type: ignore[attr-defined]
+    module = type(array).__module__.split(".")[0]
+    if module == "cupy":
+        import cupy
+
+        with cupy.cuda.Device(array.device.id):  # type: ignore[attr-defined]
+            return cupy.empty(shape, dtype=array.dtype)  # type: ignore[attr-defined]
+    raise DdlfastError(f"array {index} on rank {rank} is a {module} GPU array: pass out= (a GPU array of the "
+                       "result's size) for its result")
+
+
+def core_calls(request: HalfRequest, inputs: Sequence[np.ndarray], rank: int, world: int,
+               compressed: bool) -> list[tuple[str, tuple]]:
+    """The core calls that run a request: (method, arguments before the engine settings). One per dtype for
+    reduce-scatter; one for an allgather (opaque bytes, or float32 elements when the wire compresses)."""
+    calls = []
+    if request.kind == REDUCE_SCATTER:
+        groups: dict[np.dtype, list[int]] = {}
+        for index, spec in enumerate(request.specs):
+            groups.setdefault(spec.dtype, []).append(index)
+        for dtype, members in groups.items():
+            itemsize = dtype.itemsize
+            starts = {j: np.concatenate(([0], np.cumsum(request.counts[j]))) for j in members}
+            in_pointers, in_counts = [], []
+            for q in range(world):
+                for j in members:
+                    in_pointers.append(inputs[j].ctypes.data + int(starts[j][q]) * itemsize)
+                    in_counts.append(request.counts[j][q])
+            out_pointers = [request.outputs[j].ctypes.data for j in members]
+            out_counts = [request.counts[j][rank] for j in members]
+            by_rank = [sum(request.counts[j][q] for j in members) for q in range(world)]
+            calls.append(("reduce_scatter_segments", (in_pointers, in_counts, out_pointers, out_counts, by_rank,
+                                                      dtype_code(dtype, "array"))))
+        return calls
+    unit = 4 if compressed else 1
+    sizes = [a.nbytes // unit for a in inputs]
+    out_pointers, out_counts = [], []
+    for q in range(world):
+        for a, n in zip(request.outputs, sizes, strict=True):
+            out_pointers.append(a.ctypes.data + q * n * unit)
+            out_counts.append(n)
+    calls.append(("allgather_segments", ([a.ctypes.data for a in inputs], sizes, out_pointers, out_counts,
+                                         [sum(sizes)] * world, unit, compressed)))
+    return calls
