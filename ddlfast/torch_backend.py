@@ -82,9 +82,11 @@ def _reduce_op(opts: Any) -> str:
     op = getattr(opts, "reduceOp", opts)
     if op is None:
         return "sum"
-    name = _OPS.get(getattr(op, "op", op))
+    kind = getattr(op, "op", op)
+    name = _OPS.get(kind)
     if name is None:
-        raise DdlfastError(f"the ddlfast backend has no {op} reduction (it has SUM, AVG, MIN, MAX, PRODUCT)")
+        raise DdlfastError(f"the ddlfast backend has no {getattr(kind, 'name', kind)} reduction (it has SUM, AVG, "
+                           "MIN, MAX, PRODUCT)")
     return name
 
 
