@@ -13,21 +13,11 @@ from collections.abc import Callable
 import numpy as np
 import torch
 import torch.distributed as dist
-from mpi4py import MPI
+from backend_common import comm, fail, rank, report_and_exit, world
 
 import ddlfast
-import ddlfast.torch as dt
 
-comm = MPI.COMM_WORLD
-rank, world = comm.Get_rank(), comm.Get_size()
-failures: list[str] = []
-torch.set_num_threads(1)
-dt.init_process_group(backend="ddlfast")
 group_of = sys.argv[1] if len(sys.argv) > 1 else "core"
-
-
-def fail(case: str, message: str) -> None:
-    failures.append(f"rank {rank} [{case}]: {message}")
 
 
 def case(function: Callable[[], None]) -> Callable[[], None]:
@@ -317,9 +307,4 @@ if group_of == "shard":
             if not torch.equal(listed, output):
                 fail(f"reduce_scatter {dtype}", "differs from reduce_scatter_tensor")
 
-all_failures = [f for per_rank in comm.allgather(failures) for f in per_rank]
-if rank == 0:
-    print(f"{len(all_failures)} failures")
-    print("\n".join(all_failures[:40]))
-dist.destroy_process_group()
-sys.exit(1 if all_failures else 0)
+report_and_exit()

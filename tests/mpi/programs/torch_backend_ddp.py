@@ -17,36 +17,25 @@ import sys
 import numpy as np
 import torch
 import torch.distributed as dist
-from mpi4py import MPI
+from backend_common import comm, fail, rank, report_and_exit, world
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import ddlfast.torch as dt
-
-comm = MPI.COMM_WORLD
-rank, world = comm.Get_rank(), comm.Get_size()
-failures: list[str] = []
-torch.set_num_threads(1)
-dt.init_process_group(backend="ddlfast")
 which = sys.argv[1] if len(sys.argv) > 1 else "core"
 STEPS = 3
 
 
-def fail(case: str, message: str) -> None:
-    failures.append(f"rank {rank} [{case}]: {message}")
-
-
 class Net(torch.nn.Module):
+    """A small MLP; `extra` adds a layer that only some ranks' forwards use (an unused parameter elsewhere)."""
+
     def __init__(self, extra: bool = False) -> None:
         super().__init__()
         torch.manual_seed(11)
-        self.a = torch.nn.Linear(16, 32)
-        self.b = torch.nn.Linear(32, 32)
-        self.unused = torch.nn.Linear(5, 5) if extra else None
-        self.c = torch.nn.Linear(32, 4)
+        self.body = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 32),
+                                        torch.nn.Tanh(), torch.nn.Linear(32, 4))
+        self.extra = torch.nn.Linear(5, 4) if extra else None
 
-    def forward(self, x: torch.Tensor, use_unused: bool = False) -> torch.Tensor:
-        out = self.c(torch.relu(self.b(torch.relu(self.a(x)))))
-        return out + self.unused(x[:, :5]).sum() if use_unused else out
+    def forward(self, x: torch.Tensor, use_extra: bool = False) -> torch.Tensor:
+        return self.body(x) + self.extra(x[:, :5]) if use_extra else self.body(x)
 
 
 def data(step: int, of_rank: int = rank) -> tuple[torch.Tensor, torch.Tensor]:
@@ -219,9 +208,4 @@ if which == "join":
 
     run("join", join_uneven)
 
-all_failures = [f for per_rank in comm.allgather(failures) for f in per_rank]
-if rank == 0:
-    print(f"{len(all_failures)} failures")
-    print("\n".join(all_failures[:40]))
-dist.destroy_process_group()
-sys.exit(1 if all_failures else 0)
+report_and_exit()
