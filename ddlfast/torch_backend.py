@@ -46,12 +46,43 @@ _CREATE_GROUP_TAG = 0x7D1F
 _HEADER = 3  # int64s ahead of each point-to-point message: sender's rank, byte count, dtype
 
 
+# DDP's buffer broadcasts go out in one ddlfast broadcast per this many bytes (see _broadcast_coalesced).
+PACK_BYTES = 64 << 20
+_torch_broadcast_coalesced = dist._broadcast_coalesced
+
+
 def register() -> None:
-    """Register "ddlfast" with torch.distributed (idempotent)."""
+    """Register "ddlfast" with torch.distributed (idempotent), and route DDP's coalesced broadcasts on ddlfast
+    groups through one collective (_broadcast_coalesced)."""
     if BACKEND.upper() in dist.Backend._plugins:
         return
     devices = ["cpu", "cuda"] if ddlfast.has_cuda() else ["cpu"]
     dist.Backend.register_backend(BACKEND, _create_backend, extended_api=True, devices=devices)
+    dist._broadcast_coalesced = _broadcast_coalesced
+
+
+def _broadcast_coalesced(group: Any, tensors: list[torch.Tensor], buffer_size: int, src: int = 0) -> None:
+    """torch.distributed._broadcast_coalesced, which DDP calls for its buffers before every forward (and for the
+    module's state at construction). torch's C++ version sends one broadcast per dtype bucket (BatchNorm: float
+    statistics, int64 counters), and each ddlfast broadcast costs an agreement besides the broadcast itself; on a
+    ddlfast group every CPU tensor goes in one packed broadcast per PACK_BYTES instead (the ranks' tensors were
+    checked alike by DDP, so every rank packs them alike). Any other group: torch's own."""
+    if not isinstance(group, ProcessGroupDdlfast) or any(t.device.type != "cpu" for t in tensors):
+        return _torch_broadcast_coalesced(group, tensors, buffer_size, src)
+    opts = dist.BroadcastOptions()
+    opts.rootRank = src
+    works, chunk, chunk_bytes = [], [], 0
+    for t in tensors:
+        if chunk and chunk_bytes + t.numel() * t.element_size() > PACK_BYTES:
+            works.append(group.broadcast(chunk, opts))
+            chunk, chunk_bytes = [], 0
+        chunk.append(t)
+        chunk_bytes += t.numel() * t.element_size()
+    if chunk:
+        works.append(group.broadcast(chunk, opts))
+    for work in works:
+        work.wait()
+    return None
 
 
 def _create_backend(options: Any, backend_options: Any = None) -> ProcessGroupDdlfast:
@@ -333,10 +364,11 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
                 offset += n
             context.broadcast_bytes(flat.numpy(), root)
             offset = 0
-            for t in tensors:
-                n = t.numel() * t.element_size()
-                t.copy_(flat[offset:offset + n].view(t.dtype).view_as(t))
-                offset += n
+            with torch.no_grad():
+                for t in tensors:
+                    n = t.numel() * t.element_size()
+                    t.copy_(flat[offset:offset + n].view(t.dtype).view_as(t))
+                    offset += n
 
         return DdlfastWork(self._submit(run, f"broadcast of {len(tensors)} tensors"), tensors)
 

@@ -20,6 +20,8 @@ import torch.distributed as dist
 from backend_common import comm, fail, rank, report_and_exit, world
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ddlfast import torch_backend
+
 which = sys.argv[1] if len(sys.argv) > 1 else "core"
 STEPS = 3
 
@@ -124,7 +126,15 @@ if which == "core":
             model[1].running_var.fill_(1.0 + rank)
             model[1].num_batches_tracked.fill_(5 * rank)
         x, _ = data(50)
-        ddp(x).sum().backward()
+        calls = []
+        original = torch_backend.ProcessGroupDdlfast.broadcast
+        torch_backend.ProcessGroupDdlfast.broadcast = lambda *a: calls.append(len(a[1])) or original(*a)
+        try:
+            ddp(x).sum().backward()
+        finally:
+            torch_backend.ProcessGroupDdlfast.broadcast = original
+        if calls != [3]:  # running_mean, running_var (float32) and num_batches_tracked (int64) in one broadcast
+            fail("broadcast_buffers", f"DDP's buffer sync made broadcasts of {calls} tensors, not one of 3")
         hidden = model[0](x).detach()
         want_mean = 0.1 * hidden.mean(0)  # momentum 0.1 from rank 0's zeros
         want_var = 0.9 * 1.0 + 0.1 * hidden.var(0, unbiased=True)
@@ -135,6 +145,22 @@ if which == "core":
                  f"{want_mean[:2].tolist()}; num_batches_tracked {model[1].num_batches_tracked.item()}")
 
     run("broadcast_buffers", broadcast_buffers)
+
+    def broadcast_coalesced_in_chunks() -> None:
+        """Past PACK_BYTES per broadcast, DDP's tensors go in several packed broadcasts, each delivered whole."""
+        tensors = [torch.full((10 + i,), float(rank + i)) for i in range(5)] + [torch.tensor([rank, 7 * rank])]
+        saved = torch_backend.PACK_BYTES
+        torch_backend.PACK_BYTES = 100
+        try:
+            dist._broadcast_coalesced(dist.group.WORLD, tensors, 2**20, world - 1)
+        finally:
+            torch_backend.PACK_BYTES = saved
+        want = [torch.full((10 + i,), float(world - 1 + i)) for i in range(5)] + [torch.tensor([world - 1,
+                                                                                               7 * (world - 1)])]
+        if not all(torch.equal(t, w) for t, w in zip(tensors, want, strict=True)):
+            fail("broadcast in chunks", f"got {[t.tolist() for t in tensors]}")
+
+    run("broadcast in chunks", broadcast_coalesced_in_chunks)
 
     def sync_batchnorm_statistics() -> None:
         """SyncBatchNorm's kernels are CUDA-only in torch; on the CPU its collectives are checked: the ranks'
