@@ -20,8 +20,11 @@ ddlfast. docs/torch.md lists what a Python process group cannot do in torch 2.13
 from __future__ import annotations
 
 import datetime
+import sys
 import threading
+import weakref
 from collections.abc import Callable, Sequence
+from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -31,7 +34,7 @@ from mpi4py import MPI
 from torch._C._distributed_c10d import ReduceOp
 
 import ddlfast
-from ddlfast import api
+from ddlfast import abort, api
 from ddlfast.control import Control
 from ddlfast.errors import DdlfastConsistentError, DdlfastError
 from ddlfast.torch import _collective_view, _numpy_view, _stream_of
@@ -59,6 +62,30 @@ def register() -> None:
     devices = ["cpu", "cuda"] if ddlfast.has_cuda() else ["cpu"]
     dist.Backend.register_backend(BACKEND, _create_backend, extended_api=True, devices=devices)
     dist._broadcast_coalesced = _broadcast_coalesced
+    _abort_when_broken()
+
+
+_groups: weakref.WeakSet[ProcessGroupDdlfast] = weakref.WeakSet()
+
+
+def _abort_when_broken() -> None:
+    """A stall that reaches the user through torch's C++ (DDP's backward) arrives as torch's RuntimeError, not as
+    DdlfastTimeoutError, so ddlfast/abort.py's hook does not recognise it: when any exception goes uncaught while
+    a ddlfast group's context is broken, end the job the same way (DDLFAST_ABORT_ON_STALL=0 turns both off)."""
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], error: BaseException, trace: TracebackType | None) -> None:
+        previous(kind, error, trace)  # prints it (and aborts for DdlfastBrokenError itself)
+        broken = [g for g in list(_groups) if g._context._core.broken]
+        if broken and abort.abort_on_stall_enabled() and MPI.Is_initialized() and not MPI.Is_finalized():
+            sys.stderr.write(f"ddlfast: uncaught {kind.__name__} while the ddlfast process group is broken "
+                             f"({broken[0]._context._core.broken_reason}): calling MPI_Abort to end the job "
+                             "(DDLFAST_ABORT_ON_STALL=0 disables this)\n")
+            sys.stderr.flush()
+            sys.stdout.flush()
+            MPI.COMM_WORLD.Abort(1)
+
+    sys.excepthook = hook
 
 
 def _broadcast_coalesced(group: Any, tensors: list[torch.Tensor], buffer_size: int, src: int = 0) -> None:
@@ -236,7 +263,7 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
         self._mpi = Control(comm.Dup(), self._context._core)
         self._group_name = ""
         self._group_desc = ""
-        self._posted: dict[int, Any] = {}  # point-to-point requests posted and not yet completed, by id
+        _groups.add(self)
 
     # -- identity --------------------------------------------------------------------------------------------------
 

@@ -48,3 +48,15 @@ def test_backend_reduce_scatter() -> None:
 def test_backend_ddp_join_uneven_inputs(ranks: int) -> None:
     result = run_mpi(ranks, "torch_backend_ddp.py", "join", timeout=300, env=ENV)
     assert "0 failures" in result.stdout, result.stdout
+
+
+@pytest.mark.mpi
+def test_stall_in_ddp_backward_ends_the_job() -> None:
+    """The stall reaches the user as torch's RuntimeError (through DDP's C++ reducer); uncaught, it still ends the
+    job (MPI_Abort) instead of leaving ranks waiting."""
+    result = run_mpi(3, "torch_backend_stall.py", "3", timeout=120, check=False, env={"DDLFAST_TIMEOUT_S": "3"})
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output[-3000:]
+    # The launcher may drop the ranks' last lines when it kills the job; MPI's own abort line always comes.
+    assert "MPI_Abort" in output, output[-3000:]
+    assert "FAIL" not in output, output[-3000:]
