@@ -132,6 +132,16 @@ if group_of == "core":
             fail("reduce", "a non-root rank's tensor changed")
 
     @case
+    def functional_all_reduce() -> None:
+        """torch's functional collectives reach the group from C++ (by its name), which calls back into Python."""
+        from torch.distributed import _functional_collectives as functional
+
+        all_inputs = inputs(8, (6,), torch.float64)
+        result = functional.all_reduce(all_inputs[rank].clone(), "sum", dist.group.WORLD)
+        result = result.wait() if hasattr(result, "wait") else result
+        close("functional all_reduce", result, np.sum([t.numpy() for t in all_inputs], axis=0), exact=False)
+
+    @case
     def allgathers() -> None:
         for dtype in (torch.float32, torch.int64):
             all_inputs = inputs(7, (2, 3), dtype)
