@@ -2,7 +2,8 @@
 shared machine's drift hits every route alike; medians over the ranks' slowest): the torch issue's MLP
 (bench/overlap_torch.py's model), and the same MLP with a BatchNorm1d after each hidden layer with
 broadcast_buffers on and off. For the BatchNorm routes it also prints what DDP's per-forward buffer sync costs on
-each backend: broadcasts per step (one per dtype bucket of `dist._broadcast_coalesced`), bytes, milliseconds.
+each backend: broadcasts per forward (gloo: one per dtype bucket of `dist._broadcast_coalesced`; ddlfast: one
+packed broadcast), bytes, milliseconds.
 Run: mpiexec -n 2 python -m bench.ddp_backend [--batch 64 --steps 7 --width 2048]"""
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddlfast.torch as dt
 from bench.overlap_torch import model_25m
+from ddlfast import torch_backend
 from ddlfast.overlap import median_times
 
 
@@ -53,15 +55,25 @@ class BufferSyncMeter:
             self._original(group, tensors, bucket_bytes, src)
             self.seconds[key] = self.seconds.get(key, 0.0) + time.perf_counter() - start
             self.calls[key] = self.calls.get(key, 0) + 1
-            # One broadcast per dtype bucket (torch's compute_bucket_assignment_by_size, buckets under the cap).
-            self.broadcasts[key] = self.broadcasts.get(key, 0) + len({t.dtype for t in tensors})
+            # torch's C++ sends one broadcast per dtype bucket (buckets under the cap); the ddlfast backend one
+            # packed broadcast per PACK_BYTES (counted where it is issued).
+            if not isinstance(group, torch_backend.ProcessGroupDdlfast):
+                self.broadcasts[key] = self.broadcasts.get(key, 0) + len({t.dtype for t in tensors})
             self.bytes[key] = self.bytes.get(key, 0) + sum(t.numel() * t.element_size() for t in tensors)
 
+        broadcast = self._ddlfast_broadcast = torch_backend.ProcessGroupDdlfast.broadcast
+
+        def counted_broadcast(group: torch_backend.ProcessGroupDdlfast, *args: object) -> object:
+            self.broadcasts[id(group)] = self.broadcasts.get(id(group), 0) + 1
+            return broadcast(group, *args)
+
         dist._broadcast_coalesced = counted
+        torch_backend.ProcessGroupDdlfast.broadcast = counted_broadcast
         return self
 
     def __exit__(self, *exc: object) -> None:
         dist._broadcast_coalesced = self._original
+        torch_backend.ProcessGroupDdlfast.broadcast = self._ddlfast_broadcast
 
     def reset(self) -> None:
         for table in (self.calls, self.broadcasts, self.bytes, self.seconds):

@@ -157,8 +157,7 @@ class DdlfastWork(dist.Work):
     """One operation queued on the context's communication thread.
 
     wait() returns True once it completed and raises its DdlfastError otherwise; get_future() gives a future
-    that completes with the output tensors, or fails (a real error of the C++ future that DDP waits on).
-    `finish`, when given, runs on the communication thread after the operation (copies into torch's outputs)."""
+    that completes with the output tensors, or fails (a real error of the C++ future that DDP waits on)."""
 
     def __init__(self, handle: Handle, result: list[torch.Tensor], source_rank: Callable[[], int] | None = None
                  ) -> None:
