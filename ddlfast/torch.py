@@ -498,7 +498,21 @@ def broadcast_parameters(params: torch.nn.Module | dict | Iterable[torch.Tensor]
 
 
 # DDP users keep DDP: communication hooks (ddlfast/torch_ddp.py; imported last, it uses this module's helpers).
-from ddlfast.torch_ddp import HookState, allreduce_hook, bf16_hook, fp16_hook, init_process_group  # noqa: E402
+from ddlfast.torch_ddp import HookState, allreduce_hook, bf16_hook, fp16_hook  # noqa: E402
+from ddlfast.torch_ddp import init_process_group as _init_from_mpi  # noqa: E402
+
+
+def init_process_group(backend: str = "gloo", **kwargs: Any) -> None:
+    """dist.init_process_group under mpiexec, ranks and rendezvous from MPI (ddlfast/torch_ddp.py).
+
+    backend="ddlfast" registers ddlfast's torch.distributed backend first (ddlfast/torch_backend.py): DDP, FSDP2's
+    Python path and dist.* collectives then run on ddlfast. The default stays gloo (for the DDP hooks)."""
+    if "ddlfast" in str(backend).replace(":", ",").split(","):
+        from ddlfast.torch_backend import register
+
+        register()
+    _init_from_mpi(backend=backend, **kwargs)
+
 
 __all__ = [
     "DistributedOptimizer", "GradientReducer", "HookState", "allreduce_hook", "bf16_hook", "broadcast_parameters",

@@ -1,0 +1,758 @@
+"""A torch.distributed backend named "ddlfast": a `dist.ProcessGroup` subclass on ddlfast's collectives.
+
+    import ddlfast.torch as dt
+    dt.init_process_group(backend="ddlfast")     # under mpiexec; ranks from MPI
+    ddp = DistributedDataParallel(model)          # unchanged
+
+allreduce (sum, average, min, max, product), allreduce_coalesced, broadcast, reduce, allgather,
+all_gather_single and reduce_scatter(_single) run on ddlfast's collectives; barrier, send/recv, alltoall, gather
+and scatter on MPI through mpi4py, on a communicator of the backend's own. Every operation, of either kind, is a
+work item on the ddlfast context's communication thread, queued in the order torch issues them, so every rank
+runs one sequence and a blocking MPI call never stands between two of ddlfast's asynchronous ones.
+
+Errors: a bad input on any rank (a tensor on a device ddlfast does not take, an op it has no kernel for, shapes
+that differ across ranks) makes every rank raise DdlfastError at the same operation: through the per-call
+agreement, and from `Work.wait()` (which raises rather than returning) and from the Work's future (whose failure
+is a real error of the C++ future, so DDP's backward raises too). Stalls end in DdlfastTimeoutError as anywhere in
+ddlfast. docs/torch.md lists what a Python process group cannot do in torch 2.13.
+"""
+
+from __future__ import annotations
+
+import datetime
+import sys
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+from torch._C._distributed_c10d import ReduceOp
+
+import ddlfast
+from ddlfast import abort, api
+from ddlfast.control import Control
+from ddlfast.errors import DdlfastConsistentError, DdlfastError
+from ddlfast.torch import _collective_view, _numpy_view, _stream_of
+from ddlfast.torch_ddp import _complete, _raise_if_failed
+from ddlfast.worker import Handle
+
+BACKEND = "ddlfast"
+_OPS = {ReduceOp.SUM: "sum", ReduceOp.AVG: "average", ReduceOp.MIN: "min", ReduceOp.MAX: "max",
+        ReduceOp.PRODUCT: "product"}
+# MPI_Comm_create_group's tag: torch creates groups one at a time, in the same order on every member.
+_CREATE_GROUP_TAG = 0x7D1F
+_HEADER = 3  # int64s ahead of each point-to-point message: sender's rank, byte count, dtype
+
+
+# DDP's buffer broadcasts go out in one ddlfast broadcast per this many bytes (see _broadcast_coalesced).
+PACK_BYTES = 64 << 20
+_torch_broadcast_coalesced = dist._broadcast_coalesced
+
+
+def register() -> None:
+    """Register "ddlfast" with torch.distributed (idempotent), and route DDP's coalesced broadcasts on ddlfast
+    groups through one collective (_broadcast_coalesced)."""
+    if BACKEND.upper() in dist.Backend._plugins:
+        return
+    devices = ["cpu", "cuda"] if ddlfast.has_cuda() else ["cpu"]
+    dist.Backend.register_backend(BACKEND, _create_backend, extended_api=True, devices=devices)
+    dist._broadcast_coalesced = _broadcast_coalesced
+    _abort_when_broken()
+
+
+_groups: weakref.WeakSet[ProcessGroupDdlfast] = weakref.WeakSet()
+
+
+def _abort_when_broken() -> None:
+    """A stall that reaches the user through torch's C++ (DDP's backward) arrives as torch's RuntimeError, not as
+    DdlfastTimeoutError, so ddlfast/abort.py's hook does not recognise it: when any exception goes uncaught while
+    a ddlfast group's context is broken, end the job the same way (DDLFAST_ABORT_ON_STALL=0 turns both off)."""
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], error: BaseException, trace: TracebackType | None) -> None:
+        previous(kind, error, trace)  # prints it (and aborts for DdlfastBrokenError itself)
+        broken = [g for g in list(_groups) if g._context._core.broken]
+        if broken and abort.abort_on_stall_enabled() and MPI.Is_initialized() and not MPI.Is_finalized():
+            sys.stderr.write(f"ddlfast: uncaught {kind.__name__} while the ddlfast process group is broken "
+                             f"({broken[0]._context._core.broken_reason}): calling MPI_Abort to end the job "
+                             "(DDLFAST_ABORT_ON_STALL=0 disables this)\n")
+            sys.stderr.flush()
+            sys.stdout.flush()
+            MPI.COMM_WORLD.Abort(1)
+
+    sys.excepthook = hook
+
+
+def _broadcast_coalesced(group: Any, tensors: list[torch.Tensor], buffer_size: int, src: int = 0) -> None:
+    """torch.distributed._broadcast_coalesced, which DDP calls for its buffers before every forward (and for the
+    module's state at construction). torch's C++ version sends one broadcast per dtype bucket (BatchNorm: float
+    statistics, int64 counters), and each ddlfast broadcast costs an agreement besides the broadcast itself; on a
+    ddlfast group every CPU tensor goes in one packed broadcast per PACK_BYTES instead (the ranks' tensors were
+    checked alike by DDP, so every rank packs them alike). Any other group: torch's own."""
+    if not isinstance(group, ProcessGroupDdlfast) or any(t.device.type != "cpu" for t in tensors):
+        return _torch_broadcast_coalesced(group, tensors, buffer_size, src)
+    opts = dist.BroadcastOptions()
+    opts.rootRank = src
+    works, chunk, chunk_bytes = [], [], 0
+    for t in tensors:
+        if chunk and chunk_bytes + t.numel() * t.element_size() > PACK_BYTES:
+            works.append(group.broadcast(chunk, opts))
+            chunk, chunk_bytes = [], 0
+        chunk.append(t)
+        chunk_bytes += t.numel() * t.element_size()
+    if chunk:
+        works.append(group.broadcast(chunk, opts))
+    for work in works:
+        work.wait()
+    return None
+
+
+def _create_backend(options: Any, backend_options: Any = None) -> ProcessGroupDdlfast:
+    """torch calls this on the members of a new group only (non-members return before it): so the group's MPI
+    communicator comes from MPI_Comm_create_group, collective over the members alone."""
+    world = MPI.COMM_WORLD
+    ranks = list(options.global_ranks_in_group)
+    if not ranks or ranks == list(range(world.Get_size())):
+        comm = world
+    else:
+        comm = world.Create_group(world.Get_group().Incl(ranks), _CREATE_GROUP_TAG)
+    if (comm.Get_rank(), comm.Get_size()) != (options.group_rank, options.group_size):
+        raise DdlfastError(f"torch made this process rank {options.group_rank} of {options.group_size} in group "
+                           f"{options.group_id!r} but MPI rank {comm.Get_rank()} of {comm.Get_size()}: launch with "
+                           "mpiexec and use ddlfast.torch.init_process_group(backend='ddlfast')")
+    group = ProcessGroupDdlfast(comm)
+    group.setGroupName(str(options.group_id))
+    return group
+
+
+def _tensors(tensors: torch.Tensor | Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """DDP's join hook passes a bare tensor where torch's API takes a list."""
+    return [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+
+
+def _reduce_op(opts: Any) -> str:
+    """AllreduceOptions / ReduceOptions / ReduceScatterOptions, a ReduceOp or its RedOpType, or None (sum)."""
+    op = getattr(opts, "reduceOp", opts)
+    if op is None:
+        return "sum"
+    kind = getattr(op, "op", op)
+    name = _OPS.get(kind)
+    if name is None:
+        raise DdlfastError(f"the ddlfast backend has no {getattr(kind, 'name', kind)} reduction (it has SUM, AVG, "
+                           "MIN, MAX, PRODUCT)")
+    return name
+
+
+def _flat_bytes(tensor: torch.Tensor) -> np.ndarray:
+    """A contiguous CPU tensor's bytes (any dtype), sharing its memory."""
+    return tensor.view(-1).view(torch.uint8).numpy() if tensor.numel() else np.empty(0, np.uint8)
+
+
+class DdlfastWork(dist.Work):
+    """One operation queued on the context's communication thread.
+
+    wait() returns True once it completed and raises its DdlfastError otherwise; get_future() gives a future
+    that completes with the output tensors, or fails (a real error of the C++ future that DDP waits on)."""
+
+    def __init__(self, handle: Handle, result: list[torch.Tensor], source_rank: Callable[[], int] | None = None
+                 ) -> None:
+        super().__init__()
+        self._handle = handle
+        self._result = result
+        self._future: torch.futures.Future | None = None
+        self._future_lock = threading.Lock()
+        self._source_rank = source_rank
+
+    def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
+        seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else 0.0
+        self._handle.wait(seconds if seconds > 0 else None)
+        return True
+
+    def is_completed(self) -> bool:
+        return self._handle.done()
+
+    def is_success(self) -> bool:
+        return self._handle.done() and self._handle._error is None
+
+    def exception(self) -> BaseException | None:
+        return self._handle._error
+
+    def result(self) -> list[torch.Tensor]:
+        self.wait()
+        return self._result
+
+    def synchronize(self) -> None:
+        self.wait()
+
+    def source_rank(self) -> int:
+        self.wait()
+        if self._source_rank is None:
+            raise DdlfastError("source_rank() is defined for a recv from any source only")
+        return self._source_rank()
+
+    def _source_rank(self) -> int:
+        return self.source_rank()
+
+    def get_future(self) -> torch.futures.Future:
+        with self._future_lock:
+            if self._future is None:
+                future: torch.futures.Future = torch.futures.Future()
+                self._handle.add_done_callback(_complete(future, self._result))
+                # set_exception alone leaves the C++ future successful: a callback that raises fails it.
+                self._future = future.then(_raise_if_failed)
+            return self._future
+
+
+class _PointToPointWork(DdlfastWork):
+    """A send or recv: posted in order on the communication thread; completed there when waited for (not when
+    posted: two ranks that each send before they receive must not block each other)."""
+
+    def __init__(self, handle: Handle, result: list[torch.Tensor], complete: Callable[[], Any],
+                 group: ProcessGroupDdlfast, description: str, source_rank: Callable[[], int] | None = None) -> None:
+        super().__init__(handle, result, source_rank)
+        self._complete = complete
+        self._group = group
+        self._description = description
+        self._completion: Handle | None = None
+        self._lock = threading.Lock()
+
+    def _completion_handle(self) -> Handle:
+        with self._lock:
+            if self._completion is None:
+                self._handle.wait()  # posted (raises if posting failed)
+                self._completion = self._group._submit(self._complete, self._description)
+            return self._completion
+
+    def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
+        seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else 0.0
+        self._completion_handle().wait(seconds if seconds > 0 else None)
+        return True
+
+    def is_completed(self) -> bool:
+        return self._completion is not None and self._completion.done()
+
+    def is_success(self) -> bool:
+        return self.is_completed() and self._completion._error is None
+
+    def exception(self) -> BaseException | None:
+        return None if self._completion is None else self._completion._error
+
+    def get_future(self) -> torch.futures.Future:
+        with self._future_lock:
+            if self._future is None:
+                future: torch.futures.Future = torch.futures.Future()
+                self._completion_handle().add_done_callback(_complete(future, self._result))
+                self._future = future.then(_raise_if_failed)
+            return self._future
+
+
+class ProcessGroupDdlfast(dist.ProcessGroup):
+    """The "ddlfast" torch.distributed backend over one MPI communicator (COMM_WORLD for the default group)."""
+
+    def __init__(self, comm: MPI.Intracomm) -> None:
+        super().__init__(comm.Get_rank(), comm.Get_size())
+        self._comm = comm
+        self._context = api._context_for(comm)  # the default context for COMM_WORLD: one thread, one order
+        # MPI-side operations on a communicator of their own, completed through the core's stall-limited wait.
+        self._mpi = Control(comm.Dup(), self._context._core)
+        self._group_name = ""
+        self._group_desc = ""
+        _groups.add(self)
+
+    # -- identity --------------------------------------------------------------------------------------------------
+
+    def getBackendName(self) -> str:  # noqa: N802 - torch's C++ name
+        return BACKEND
+
+    def getGroupName(self) -> str:  # noqa: N802
+        return self._group_name
+
+    def setGroupName(self, name: str) -> None:  # noqa: N802
+        self._group_name = name
+
+    def getGroupDesc(self) -> str:  # noqa: N802
+        return self._group_desc
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
+        self._group_desc = desc
+
+    @property
+    def group_name(self) -> str:
+        return self._group_name
+
+    @property
+    def group_desc(self) -> str:
+        return self._group_desc
+
+    def __repr__(self) -> str:
+        return f"ProcessGroupDdlfast(rank={self.rank()}, size={self.size()}, name={self._group_name!r})"
+
+    # -- plumbing --------------------------------------------------------------------------------------------------
+
+    def _submit(self, work: Callable[[], Any], description: str) -> Handle:
+        return self._context._ensure_worker().submit(work, description)
+
+    def _refuse(self, error: DdlfastError) -> DdlfastError:
+        """Bad input here: the refusal takes this operation's place in the queue (the other ranks' agreement
+        meets it and they raise too); the caller raises `error` at once."""
+        self._context._refuse_async(error)
+        return error
+
+    def _agreed_work(self, layout: tuple, action: Callable[[], Any], description: str,
+                     result: list[torch.Tensor]) -> DdlfastWork:
+        """An MPI-side collective: the ranks agree on its layout first (so a mismatch raises on every rank
+        instead of hanging or truncating), then it runs, both on the communication thread, in order."""
+        context = self._context
+        return DdlfastWork(self._submit(lambda: context._agreed(("torch " + description, *layout), action),
+                                        description), result)
+
+    def _check(self, tensors: Sequence[torch.Tensor], what: str, same_dtype: bool = True) -> None:
+        """What the NumPy/CUDA adapters cannot take, named with the rank (ddlfast checks dtype and layout)."""
+        for t in tensors:
+            if not isinstance(t, torch.Tensor):
+                raise DdlfastError(f"{what} on rank {self.rank()} got {type(t).__name__}, not a torch.Tensor")
+            if t.device.type == "cuda" and not ddlfast.has_cuda():
+                raise DdlfastError(f"{what} on rank {self.rank()} got a tensor on {t.device}, but this ddlfast "
+                                   "build has no CUDA support: rebuild with DDLFAST_CUDA=on or move it to the CPU")
+            if t.device.type not in ("cpu", "cuda"):
+                raise DdlfastError(f"{what} on rank {self.rank()} got a tensor on {t.device}: the ddlfast backend "
+                                   "takes CPU tensors (and CUDA tensors in a CUDA build)")
+            if t.layout != torch.strided:
+                raise DdlfastError(f"{what} on rank {self.rank()} got a {t.layout} tensor: the ddlfast backend "
+                                   "takes dense tensors")
+            if t.is_complex():
+                raise DdlfastError(f"{what} on rank {self.rank()} got a {t.dtype} tensor: the ddlfast backend "
+                                   "takes real dtypes (view complex tensors with torch.view_as_real)")
+        if len({str(t.device) for t in tensors}) > 1:
+            raise DdlfastError(f"{what} on rank {self.rank()} got tensors on "
+                               f"{', '.join(sorted({str(t.device) for t in tensors}))}: one device per call")
+        if same_dtype and len({t.dtype for t in tensors}) > 1:
+            raise DdlfastError(f"{what} on rank {self.rank()} got tensors of dtypes "
+                               f"{', '.join(sorted({str(t.dtype) for t in tensors}))}: one dtype per call")
+
+    def _host_only(self, tensors: Sequence[torch.Tensor], what: str) -> None:
+        for t in tensors:
+            if t.device.type != "cpu":
+                raise DdlfastError(f"{what} on rank {self.rank()} got a tensor on {t.device}: the ddlfast backend "
+                                   f"runs {what} on MPI with CPU tensors only")
+            if not t.is_contiguous():
+                raise DdlfastError(f"{what} on rank {self.rank()} got a non-contiguous tensor of shape "
+                                   f"{tuple(t.shape)}: call .contiguous() first")
+
+    # -- ddlfast's collectives ---------------------------------------------------------------------------------------
+
+    def allreduce(self, tensors: torch.Tensor | list[torch.Tensor], opts: Any = None) -> DdlfastWork:
+        tensors = _tensors(tensors)
+        try:
+            op = _reduce_op(opts)
+            self._check(tensors, "allreduce")
+            views = [_collective_view(t) for t in tensors]
+        except DdlfastError as error:
+            raise self._refuse(error) from None
+        handle = self._context.fused_allreduce_async(views, op=op, result=tensors, stream=_stream_of(tensors[0]))
+        return DdlfastWork(handle, tensors)
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> DdlfastWork:
+        return self.allreduce(tensors, opts)
+
+    def broadcast(self, tensors: torch.Tensor | list[torch.Tensor], opts: Any = None) -> DdlfastWork:
+        """All of a call's tensors in one ddlfast broadcast (their bytes packed on the host when there are several,
+        as DDP's buffer broadcasts of several dtypes would otherwise cost one collective each)."""
+        tensors = _tensors(tensors)
+        root = int(getattr(opts, "rootRank", 0) if not isinstance(opts, int) else opts)
+        context = self._context
+        try:
+            self._check(tensors, "broadcast", same_dtype=False)
+            context._check_root(root)
+            if len(tensors) == 1 and tensors[0].device.type == "cuda":
+                tensor = tensors[0]
+                if hasattr(context, "broadcast_async"):
+                    return DdlfastWork(context.broadcast_async(tensor, root=root), tensors)
+                return DdlfastWork(self._submit(lambda: context.broadcast(tensor, root=root), "broadcast"), tensors)
+            self._host_only(tensors, "broadcast of several tensors" if len(tensors) > 1 else "broadcast")
+        except DdlfastError as error:
+            raise self._refuse(error) from None
+        if len(tensors) == 1:
+            target = _flat_bytes(tensors[0])
+            return DdlfastWork(self._submit(lambda: context.broadcast_bytes(target, root), "broadcast"), tensors)
+        flat = torch.empty(sum(t.numel() * t.element_size() for t in tensors), dtype=torch.uint8)
+
+        def run() -> None:
+            offset = 0
+            for t in tensors:
+                n = t.numel() * t.element_size()
+                flat[offset:offset + n].copy_(t.reshape(-1).view(torch.uint8))
+                offset += n
+            context.broadcast_bytes(flat.numpy(), root)
+            offset = 0
+            with torch.no_grad():
+                for t in tensors:
+                    n = t.numel() * t.element_size()
+                    t.copy_(flat[offset:offset + n].view(t.dtype).view_as(t))
+                    offset += n
+
+        return DdlfastWork(self._submit(run, f"broadcast of {len(tensors)} tensors"), tensors)
+
+    def reduce(self, tensors: torch.Tensor | list[torch.Tensor], opts: Any = None) -> DdlfastWork:
+        """ddlfast's allreduce, kept on the root only (other ranks reduce a copy: their tensors stay as they are)."""
+        tensors = _tensors(tensors)
+        root = int(getattr(opts, "rootRank", 0))
+        try:
+            op = _reduce_op(opts)
+            self._check(tensors, "reduce")
+            self._context._check_root(root)
+            work = tensors if self.rank() == root else [t.clone() for t in tensors]
+            views = [_collective_view(t) for t in work]
+        except DdlfastError as error:
+            raise self._refuse(error) from None
+        handle = self._context.fused_allreduce_async(views, op=op, result=tensors, stream=_stream_of(tensors[0]))
+        return DdlfastWork(handle, tensors)
+
+    def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
+                  opts: Any = None) -> DdlfastWork:
+        """ddlfast.allgather into one buffer, then copied into torch's list of outputs (on the thread)."""
+        outputs, source = output_tensors[0], input_tensors[0]
+        try:
+            self._check([source, *outputs], "allgather")
+            self._host_only([source], "allgather")
+            if len(outputs) != self.size() or any(o.shape != source.shape for o in outputs):
+                raise DdlfastError(f"allgather on rank {self.rank()} got {len(outputs)} outputs of shapes "
+                                   f"{sorted({tuple(o.shape) for o in outputs})} for an input of shape "
+                                   f"{tuple(source.shape)}: it takes {self.size()} outputs of the input's shape")
+        except DdlfastError as error:
+            raise self._refuse(error) from None
+        gathered = torch.empty((self.size(), *source.shape), dtype=source.dtype)
+
+        def run() -> None:
+            self._allgather_into(source, gathered)
+            for r, o in enumerate(outputs):
+                o.copy_(gathered[r])
+
+        return DdlfastWork(self._submit(run, "allgather"), outputs)
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> DdlfastWork:  # noqa: A002
+        """dist.all_gather_into_tensor: the ranks' inputs concatenated along dim 0, by ddlfast.allgather."""
+        try:
+            self._check([output, input], "all_gather_into_tensor")
+            self._host_only([output, input], "all_gather_into_tensor")
+            if output.numel() != input.numel() * self.size():
+                raise DdlfastError(f"all_gather_into_tensor on rank {self.rank()} got an output of "
+                                   f"{output.numel()} elements for {self.size()} inputs of {input.numel()}")
+        except DdlfastError as error:
+            raise self._refuse(error) from None
+        return DdlfastWork(self._submit(lambda: self._allgather_into(input, output), "all_gather_into_tensor"),
+                           [output])
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                    opts: Any = None) -> DdlfastWork:
+        works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
+        return works[-1] if works else self.barrier()
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> DdlfastWork:  # noqa: A002
+        """dist.reduce_scatter_tensor: rank r gets the reduction of the inputs' r-th block along dim 0."""
+        try:
+            self._needs("reduce_scatter")
+            op = _reduce_op(opts)
+            self._check([output, input], "reduce_scatter_tensor")
+            self._host_only([output, input], "reduce_scatter_tensor")
+            if input.numel() != output.numel() * self.size():
+                raise DdlfastError(f"reduce_scatter_tensor on rank {self.rank()} got an input of {input.numel()} "
+                                   f"elements for {self.size()} outputs of {output.numel()}")
+        except DdlfastError as error:
+            raise self._refuse(error) from None
+        comm = self._comm
+        run = lambda: ddlfast.reduce_scatter(_numpy_view(input), op=op, comm=comm,  # noqa: E731
+                                             out=_numpy_view(output).reshape(-1))
+        return DdlfastWork(self._submit(run, "reduce_scatter_tensor"), [output])
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
+                       opts: Any = None) -> DdlfastWork:
+        """dist.reduce_scatter (a list of inputs): packed into one buffer, then reduce_scatter_single's path."""
+        output, inputs = output_tensors[0], input_tensors[0]
+        try:
+            self._check([output, *inputs], "reduce_scatter")
+            if len(inputs) != self.size() or any(i.shape != output.shape for i in inputs):
+                raise DdlfastError(f"reduce_scatter on rank {self.rank()} got {len(inputs)} inputs of shapes "
+                                   f"{sorted({tuple(i.shape) for i in inputs})} for an output of shape "
+                                   f"{tuple(output.shape)}: it takes {self.size()} inputs of the output's shape")
+        except DdlfastError as error:
+            raise self._refuse(error) from None
+        return self.reduce_scatter_single(output, torch.stack(inputs), opts)
+
+    def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                        opts: Any = None) -> DdlfastWork:
+        works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
+        return works[-1] if works else self.barrier()
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def _allgather_into(self, source: torch.Tensor, output: torch.Tensor) -> None:
+        """On the communication thread: the ranks' `source` tensors, in rank order, into `output`'s memory."""
+        if hasattr(ddlfast, "allgather"):
+            ddlfast.allgather(_numpy_view(source), comm=self._comm, out=_numpy_view(output).reshape(-1))
+            return
+        # Interim, until ddlfast.allgather (branch shard) is merged: ddlfast's own allreduce, summing each rank's
+        # bytes (as int32, exact) into zeros elsewhere. P times the traffic; DDP needs it only at construction.
+        mine = _flat_bytes(source)
+        table = np.zeros((self.size(), mine.size), np.int32)
+        table[self.rank()] = mine
+        self._context.allreduce(table, op="sum")
+        _flat_bytes(output)[...] = table.reshape(-1).astype(np.uint8)
+
+    def _needs(self, name: str) -> None:
+        if not hasattr(ddlfast, name):
+            raise DdlfastError(f"this ddlfast has no {name}(): the ddlfast backend runs torch's {name} on it")
+
+    # -- MPI through mpi4py ----------------------------------------------------------------------------------------
+
+    def barrier(self, opts: Any = None) -> DdlfastWork:
+        mpi = self._mpi
+        return self._agreed_work(("barrier",), lambda: mpi.barrier("a torch barrier"), "barrier", [])
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> DdlfastWork:
+        tensors = _tensors(tensors)
+        self._check(tensors, "send")
+        self._host_only(tensors, "send")
+        self._check_peer(dst, "send to")
+        tensor = tensors[0]
+        header = np.array([self.rank(), tensor.numel() * tensor.element_size(), _dtype_code(tensor.dtype)],
+                          np.int64)
+        data = _flat_bytes(tensor)
+        comm = self._mpi.comm
+        box: dict[str, Any] = {}
+
+        def post() -> None:
+            box["requests"] = [comm.Isend(header, dst, 2 * tag), comm.Isend([data, MPI.BYTE], dst, 2 * tag + 1)]
+
+        def complete() -> None:
+            self._wait_all(box["requests"], (header, data, tensor), f"a send to rank {dst} (tag {tag})")
+
+        description = f"send to rank {dst} (tag {tag})"
+        return _PointToPointWork(self._submit(post, description), tensors, complete, self, description)
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> DdlfastWork:
+        tensors = _tensors(tensors)
+        self._check(tensors, "recv")
+        self._host_only(tensors, "recv")
+        if src != MPI.ANY_SOURCE:
+            self._check_peer(src, "recv from")
+        tensor = tensors[0]
+        header = np.zeros(_HEADER, np.int64)
+        comm = self._mpi.comm
+        box: dict[str, Any] = {}
+        where = f"a recv from {'any rank' if src == MPI.ANY_SOURCE else f'rank {src}'} (tag {tag})"
+
+        def post() -> None:
+            box["header"] = comm.Irecv(header, src, 2 * tag)
+
+        def complete() -> None:
+            self._wait_all([box["header"]], (header,), where)
+            sender, nbytes, code = (int(v) for v in header)
+            expected = tensor.numel() * tensor.element_size()
+            # The data message is received even when it does not fit, so it cannot match a later recv.
+            target = _flat_bytes(tensor) if nbytes == expected else np.empty(nbytes, np.uint8)
+            self._wait_all([comm.Irecv([target, MPI.BYTE], sender, 2 * tag + 1)], (target, tensor), where)
+            if nbytes != expected or code != _dtype_code(tensor.dtype):
+                raise DdlfastError(f"{where} on rank {self.rank()}: rank {sender} sent {nbytes} bytes of "
+                                   f"{_dtype_name(code)}, this rank expected {expected} bytes of {tensor.dtype} "
+                                   f"(shape {tuple(tensor.shape)})")
+            box["sender"] = sender
+
+        description = f"recv from rank {src} (tag {tag})"
+        return _PointToPointWork(self._submit(post, description), tensors, complete, self, description,
+                                 source_rank=lambda: box["sender"])
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> DdlfastWork:
+        return self.recv(tensors, MPI.ANY_SOURCE, tag)
+
+    def _check_peer(self, peer: int, what: str) -> None:
+        if not 0 <= peer < self.size() or peer == self.rank():
+            raise DdlfastError(f"{what} rank {peer} on rank {self.rank()}: the peer must be another rank of this "
+                               f"group of {self.size()}")
+
+    def _wait_all(self, requests: list[Any], keep: tuple, what: str) -> None:
+        """Stall-limited completion; a failure leaves the context broken (the other ranks are told)."""
+        try:
+            for request in requests:
+                self._mpi._complete(request, keep, what)
+        except BaseException as error:
+            self._context._raise_after_failure(error)
+
+    def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
+                 opts: Any = None) -> DdlfastWork:
+        outputs, inputs = list(output_tensors), list(input_tensors)
+        try:
+            self._check([*outputs, *inputs], "alltoall")
+            self._host_only([*outputs, *inputs], "alltoall")
+            if len(outputs) != self.size() or len(inputs) != self.size():
+                raise DdlfastError(f"alltoall on rank {self.rank()} got {len(inputs)} inputs and {len(outputs)} "
+                                   f"outputs: it takes {self.size()} of each")
+        except DdlfastError as error:
+            raise self._refuse(error) from None
+        dtype = inputs[0].dtype
+        send = torch.cat([t.reshape(-1) for t in inputs]) if inputs else torch.empty(0, dtype=dtype)
+        send_counts = [t.numel() for t in inputs]
+        recv_counts = [t.numel() for t in outputs]
+        receive = torch.empty(sum(recv_counts), dtype=dtype)
+
+        def finish() -> None:
+            offset = 0
+            for t, n in zip(outputs, recv_counts, strict=True):
+                t.copy_(receive[offset:offset + n].view_as(t))
+                offset += n
+
+        return self._alltoallv(send, send_counts, receive, recv_counts, finish, outputs, "alltoall")
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
+                          output_split_sizes: list[int], input_split_sizes: list[int],
+                          opts: Any = None) -> DdlfastWork:
+        """dist.all_to_all_single: splits along dim 0 (equal blocks when the split sizes are empty)."""
+        size = self.size()
+        try:
+            self._check([output, input], "all_to_all_single")
+            self._host_only([output, input], "all_to_all_single")
+            row_out = output[0].numel() if output.dim() and output.shape[0] else 0
+            row_in = input[0].numel() if input.dim() and input.shape[0] else 0
+            send_rows = list(input_split_sizes) or self._equal_splits(input, "input")
+            recv_rows = list(output_split_sizes) or self._equal_splits(output, "output")
+            if len(send_rows) != size or len(recv_rows) != size or sum(send_rows) != input.shape[0] \
+                    or sum(recv_rows) != output.shape[0]:
+                raise DdlfastError(f"all_to_all_single on rank {self.rank()}: split sizes {send_rows} / {recv_rows} "
+                                   f"do not cut the input of {input.shape[0]} and output of {output.shape[0]} rows "
+                                   f"into {size} blocks")
+        except DdlfastError as error:
+            raise self._refuse(error) from None
+        return self._alltoallv(input.reshape(-1), [r * row_in for r in send_rows], output.reshape(-1),
+                               [r * row_out for r in recv_rows], None, [output], "all_to_all_single")
+
+    alltoall_base = all_to_all_single
+
+    def _equal_splits(self, tensor: torch.Tensor, what: str) -> list[int]:
+        rows = tensor.shape[0] if tensor.dim() else 0
+        if rows % self.size():
+            raise DdlfastError(f"all_to_all_single on rank {self.rank()}: the {what}'s {rows} rows do not split "
+                               f"into {self.size()} equal blocks; pass split sizes")
+        return [rows // self.size()] * self.size()
+
+    def _alltoallv(self, send: torch.Tensor, send_counts: list[int], receive: torch.Tensor, recv_counts: list[int],
+                   finish: Callable[[], None] | None, result: list[torch.Tensor], what: str) -> DdlfastWork:
+        """MPI_Ialltoallv of elements; the ranks first check that every block's sender and receiver agree on
+        its size (else every rank raises, naming the pairs), so MPI never truncates or waits forever."""
+        mpi, rank, item = self._mpi, self.rank(), send.element_size()
+        send_bytes, receive_bytes = _flat_bytes(send), _flat_bytes(receive)
+
+        def run() -> None:
+            sent_to_me = np.zeros(self.size(), np.int64)
+            mine = np.array(send_counts, np.int64)
+            mpi._complete(mpi.comm.Ialltoall(mine, sent_to_me), (mine, sent_to_me), f"the block sizes of {what}")
+            wrong = [(int(s), rank, int(sent_to_me[s]), recv_counts[s]) for s in range(self.size())
+                     if sent_to_me[s] != recv_counts[s]]
+            everyone = [w for rows in mpi.allgather_objects(wrong, f"the block checks of {what}") for w in rows]
+            if everyone:
+                pairs = "; ".join(f"rank {s} sends {n} elements to rank {r}, which expects {e}"
+                                  for s, r, n, e in everyone[:6])
+                raise DdlfastConsistentError(f"{what}: block sizes disagree ({pairs})")
+            counts = [c * item for c in send_counts], [c * item for c in recv_counts]
+            offsets = [np.concatenate(([0], np.cumsum(c)[:-1])).astype(np.int64).tolist() for c in counts]
+            request = mpi.comm.Ialltoallv([send_bytes, (counts[0], offsets[0]), MPI.BYTE],
+                                          [receive_bytes, (counts[1], offsets[1]), MPI.BYTE])
+            mpi._complete(request, (send_bytes, receive_bytes, send, receive), what)
+            if finish is not None:
+                finish()
+
+        return self._agreed_work((str(send.dtype),), run, what, result)
+
+    def gather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
+               opts: Any = None) -> DdlfastWork:
+        root = int(getattr(opts, "rootRank", 0))
+        source = input_tensors[0]
+        outputs = output_tensors[0] if output_tensors else []
+        try:
+            self._context._check_root(root)
+            self._check([source, *outputs], "gather")
+            self._host_only([source, *outputs], "gather")
+            if self.rank() == root and (len(outputs) != self.size()
+                                        or any(o.shape != source.shape for o in outputs)):
+                raise DdlfastError(f"gather on root rank {root} got {len(outputs)} outputs for {self.size()} "
+                                   f"ranks' inputs of shape {tuple(source.shape)}")
+        except DdlfastError as error:
+            raise self._refuse(error) from None
+        mpi, size = self._mpi, self.size()
+        send = _flat_bytes(source.contiguous())
+        receive = np.empty(send.nbytes * size if self.rank() == root else 0, np.uint8)
+
+        def run() -> None:
+            request = mpi.comm.Igather([send, MPI.BYTE], [receive, MPI.BYTE] if self.rank() == root else None,
+                                       root=root)
+            mpi._complete(request, (send, receive), "a gather")
+            if self.rank() == root:
+                for r, o in enumerate(outputs):
+                    o.copy_(torch.from_numpy(receive[r * send.nbytes:(r + 1) * send.nbytes].copy())
+                            .view(o.dtype).view_as(o))
+
+        layout = ("gather", root, str(source.dtype), tuple(source.shape))
+        return self._agreed_work(layout, run, "gather", outputs)
+
+    def scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
+                opts: Any = None) -> DdlfastWork:
+        root = int(getattr(opts, "rootRank", 0))
+        output = output_tensors[0]
+        inputs = input_tensors[0] if input_tensors else []
+        try:
+            self._context._check_root(root)
+            self._check([output, *inputs], "scatter")
+            self._host_only([output, *inputs], "scatter")
+            if self.rank() == root and (len(inputs) != self.size()
+                                        or any(i.shape != output.shape for i in inputs)):
+                raise DdlfastError(f"scatter on root rank {root} got {len(inputs)} inputs for {self.size()} "
+                                   f"ranks' outputs of shape {tuple(output.shape)}")
+        except DdlfastError as error:
+            raise self._refuse(error) from None
+        mpi = self._mpi
+        send = (_flat_bytes(torch.cat([i.reshape(-1) for i in inputs])) if self.rank() == root
+                else np.empty(0, np.uint8))
+        receive = _flat_bytes(output)
+
+        def run() -> None:
+            request = mpi.comm.Iscatter([send, MPI.BYTE] if self.rank() == root else None, [receive, MPI.BYTE],
+                                        root=root)
+            mpi._complete(request, (send, receive, output), "a scatter")
+
+        layout = ("scatter", root, str(output.dtype), tuple(output.shape))
+        return self._agreed_work(layout, run, "scatter", [output])
+
+    def shutdown(self) -> None:
+        """Finish what was queued (destroy_process_group calls it); the contexts close at exit."""
+        handle = self._submit(lambda: None, "shutdown")
+        handle.wait()
+
+
+_DTYPE_CODES: dict[torch.dtype, int] = {}
+
+
+def _dtype_code(dtype: torch.dtype) -> int:
+    """A number for a torch dtype, the same in every process (its position in torch's dtype list)."""
+    if not _DTYPE_CODES:
+        names = sorted(n for n in dir(torch) if isinstance(getattr(torch, n), torch.dtype))
+        for name in names:
+            _DTYPE_CODES.setdefault(getattr(torch, name), len(_DTYPE_CODES))
+    return _DTYPE_CODES.get(dtype, -1)
+
+
+def _dtype_name(code: int) -> str:
+    _dtype_code(torch.float32)
+    return next((str(d) for d, c in _DTYPE_CODES.items() if c == code), f"dtype #{code}")
+
+
+__all__ = ["BACKEND", "DdlfastWork", "ProcessGroupDdlfast", "register"]
