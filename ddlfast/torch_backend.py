@@ -460,7 +460,6 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> DdlfastWork:  # noqa: A002
         """dist.reduce_scatter_tensor: rank r gets the reduction of the inputs' r-th block along dim 0."""
         try:
-            self._needs("reduce_scatter")
             op = _reduce_op(opts)
             self._check([output, input], "reduce_scatter_tensor")
             self._host_only([output, input], "reduce_scatter_tensor")
@@ -469,8 +468,8 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
                                    f"elements for {self.size()} outputs of {output.numel()}")
         except DdlfastError as error:
             raise self._refuse(error) from None
-        comm = self._comm
-        run = lambda: ddlfast.reduce_scatter(_numpy_view(input), op=op, comm=comm,  # noqa: E731
+        context = self._context
+        run = lambda: context.reduce_scatter(_numpy_view(input), op=op,  # noqa: E731
                                              out=_numpy_view(output).reshape(-1))
         return DdlfastWork(self._submit(run, "reduce_scatter_tensor"), [output])
 
@@ -499,20 +498,7 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
 
     def _allgather_into(self, source: torch.Tensor, output: torch.Tensor) -> None:
         """On the communication thread: the ranks' `source` tensors, in rank order, into `output`'s memory."""
-        if hasattr(ddlfast, "allgather"):
-            ddlfast.allgather(_numpy_view(source), comm=self._comm, out=_numpy_view(output).reshape(-1))
-            return
-        # Interim, until ddlfast.allgather (branch shard) is merged: ddlfast's own allreduce, summing each rank's
-        # bytes (as int32, exact) into zeros elsewhere. P times the traffic; DDP needs it only at construction.
-        mine = _flat_bytes(source)
-        table = np.zeros((self.size(), mine.size), np.int32)
-        table[self.rank()] = mine
-        self._context.allreduce(table, op="sum")
-        _flat_bytes(output)[...] = table.reshape(-1).astype(np.uint8)
-
-    def _needs(self, name: str) -> None:
-        if not hasattr(ddlfast, name):
-            raise DdlfastError(f"this ddlfast has no {name}(): the ddlfast backend runs torch's {name} on it")
+        self._context.allgather(_numpy_view(source), out=_numpy_view(output).reshape(-1))
 
     # -- MPI through mpi4py ----------------------------------------------------------------------------------------
 

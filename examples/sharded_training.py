@@ -146,7 +146,7 @@ def main() -> int:
     if comm.Get_rank() == 0:
         print(f"ranks={comm.Get_size()} parameters={numel / 1e6:.1f}M steps={args.steps}")
         print("step  sharded_loss  unsharded_loss")
-        for i, (a, b) in enumerate(zip(sharded, plain)):
+        for i, (a, b) in enumerate(zip(sharded, plain, strict=True)):
             print(f"{i:4d}  {a:.6f}      {b:.6f}")
         print(f"median step: sharded {sharded_s * 1e3:.1f} ms, unsharded {plain_s * 1e3:.1f} ms")
         print(f"optimizer state per rank: sharded {sharded_state / 2**20:.1f} MiB, "

@@ -23,7 +23,7 @@ if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
   export DDLFAST_CUDA=${DDLFAST_CUDA:-on}
 fi
 with_mpi_choice bash scripts/setup.sh
-"$VENV/bin/ruff" check ddlfast tests bench
+"$VENV/bin/ruff" check ddlfast tests bench examples
 PATH="$(cd "$VENV" && pwd)/bin:$PATH" "$VENV/bin/python" -m pytest tests -q -ra "$@"
 # The core again under ASan + UBSan: the unit tests and a 3-rank fuzz (scripts/sanitize.sh says how).
 if [ "$MPI_KIND" = wheel ] || [ "${SANITIZE_SYSTEM_MPI:-0}" = 1 ]; then
