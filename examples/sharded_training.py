@@ -121,7 +121,7 @@ def train(sharded: bool, args: argparse.Namespace, comm: MPI.Intracomm) -> tuple
             ddlfast.fused_allreduce([grads_np], op="average", comm=comm)
             adam.step(flat.values, flat.grads)
         step_seconds.append(time.perf_counter() - start)
-        losses.append(comm.allreduce(float(loss), op=MPI.SUM) / world)  # the global batch's loss
+        losses.append(comm.allreduce(loss.item(), op=MPI.SUM) / world)  # the global batch's loss
     return losses, float(np.median(step_seconds)), adam.state_bytes(), values_np[:flat.numel].copy()
 
 
