@@ -54,11 +54,18 @@ class Control:
         return [pickle.loads(b) for b in self.allgather_bytes(pickle.dumps(value), what)]
 
     def bcast_into(self, target: np.ndarray, root: int, what: str) -> None:
-        """Overwrite `target` (C-contiguous, writable) with root's bytes."""
-        staging = np.ascontiguousarray(target).reshape(-1).view(np.uint8).copy()
+        """Overwrite `target` (C-contiguous, writable) with root's bytes.
+
+        Root sends straight from `target` (MPI only reads it; abandoned after a stall, the array is kept alive in
+        _ABANDONED). The others receive into a staging buffer, so a broadcast abandoned after a stall can never
+        write into the caller's array later; one copy, not two."""
+        if self.rank == root:
+            self._complete(self.comm.Ibcast([target.reshape(-1).view(np.uint8), MPI.BYTE], root=root), (target,),
+                           what)
+            return
+        staging = np.empty(target.nbytes, dtype=np.uint8)
         self._complete(self.comm.Ibcast([staging, MPI.BYTE], root=root), (staging,), what)
-        if self.rank != root:
-            target.reshape(-1).view(np.uint8)[...] = staging
+        target.reshape(-1).view(np.uint8)[...] = staging
 
     def allreduce_sum(self, values: np.ndarray, what: str) -> np.ndarray:
         """The elementwise sum over ranks of `values` (a new array)."""
