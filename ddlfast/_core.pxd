@@ -22,7 +22,7 @@ cdef extern from "common/dtype.h" namespace "ddlfast" nogil:
         pass
 
 
-cdef extern from "kernels/cpu_kernels.h" namespace "ddlfast" nogil:
+cdef extern from "kernels/cpu/cpu_kernels.h" namespace "ddlfast" nogil:
     ctypedef void (*ReduceFn)(void* dst, const void* src, size_t n, int divisor)
     ctypedef size_t (*EncodeFn)(void* dst_wire, const float* src, size_t n)
     ctypedef void (*DecodeFn)(float* dst, const void* src_wire, size_t n)

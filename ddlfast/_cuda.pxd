@@ -16,7 +16,7 @@ cdef extern from "cuda_runtime_api.h" nogil:
     ctypedef void* cudaStream_t
 
 
-cdef extern from "kernels/cpu_kernels.h" namespace "ddlfast" nogil:
+cdef extern from "kernels/cpu/cpu_kernels.h" namespace "ddlfast" nogil:
     cdef enum class WireType(int):
         pass
 
@@ -27,7 +27,7 @@ cdef extern from "kernels/cuda/nan_rule.h" namespace "ddlfast::elementwise" nogi
         uint64_t default_nan64
 
 
-cdef extern from "kernels/cuda/cuda_device.h" namespace "ddlfast" nogil:
+cdef extern from "common/cuda/cuda_device.h" namespace "ddlfast" nogil:
     cdef enum class MemoryKind(int):
         pass
     int cuda_device_count(string* why_none)
@@ -37,7 +37,7 @@ cdef extern from "kernels/cuda/cuda_device.h" namespace "ddlfast" nogil:
     NanRule host_nan_rule()
 
 
-cdef extern from "kernels/cuda/cuda_resources.h" namespace "ddlfast" nogil:
+cdef extern from "common/cuda/cuda_resources.h" namespace "ddlfast" nogil:
     cdef cppclass DeviceGuard:
         Status set(int device)
     cdef cppclass DeviceBuffer:
@@ -68,7 +68,7 @@ cdef extern from "kernels/cuda/cuda_kernels.h" namespace "ddlfast" nogil:
     Status cuda_copy_batch(const CopySpec* specs, size_t count, cudaStream_t stream)
 
 
-cdef extern from "kernels/cuda/fence.h" namespace "ddlfast" nogil:
+cdef extern from "engine/cuda/fence.h" namespace "ddlfast" nogil:
     cdef cppclass Fence:
         Status record(int device, cudaStream_t stream)
         Status make_wait(cudaStream_t stream)
@@ -77,12 +77,12 @@ cdef extern from "kernels/cuda/fence.h" namespace "ddlfast" nogil:
         int device()
 
 
-cdef extern from "kernels/cuda/device_ring_allreduce.h" namespace "ddlfast" nogil:
+cdef extern from "engine/device_ring_allreduce.h" namespace "ddlfast" nogil:
     cdef enum class DeviceTransfer(int):
         pass
 
 
-cdef extern from "kernels/cuda/cuda_context.h" namespace "ddlfast" nogil:
+cdef extern from "engine/cuda/cuda_context.h" namespace "ddlfast" nogil:
     bool mpi_cuda_aware(string* how)
     cdef cppclass CudaContext:
         @staticmethod
@@ -101,13 +101,13 @@ cdef extern from "kernels/cuda/cuda_context.h" namespace "ddlfast" nogil:
         Status stream(int device, cudaStream_t* out)
 
 
-cdef extern from "kernels/cuda/emulated_lanes.h" namespace "ddlfast" nogil:
+cdef extern from "testing/emulated_lanes.h" namespace "ddlfast" nogil:
     Status emulated_device_allreduce(MPI_Comm comm, const vector[char*]& bases, const vector[size_t]& counts,
                                      DType dtype, ReduceOp op, const vector[int]& dims, const vector[int]& order,
                                      const EngineOptions& options, bool direct, uint64_t seed, double timeout_s)
 
 
-cdef extern from "kernels/cuda/kernel_bench.h" namespace "ddlfast" nogil:
+cdef extern from "testing/kernel_bench.h" namespace "ddlfast" nogil:
     cdef struct KernelTiming:
         double seconds
         size_t bytes_moved

@@ -6,7 +6,7 @@
 
 #include "engine/chunking.h"
 #include "engine/ring_allreduce.h"
-#include "kernels/cpu_kernels.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "transport/mpi_transport.h"
 
 namespace ddlfast {

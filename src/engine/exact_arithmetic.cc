@@ -4,7 +4,7 @@
 #include <cstring>
 #include <string>
 
-#include "kernels/cpu_kernels.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "transport/mpi_transport.h"
 
 namespace ddlfast {

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "engine/chunking.h"
-#include "kernels/cpu_kernels.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "transport/mpi_transport.h"
 
 namespace ddlfast {

@@ -9,7 +9,7 @@
 #include <memory>
 #include <utility>
 
-#include "kernels/cpu_kernels.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "transport/poll_backoff.h"
 
 namespace ddlfast {

@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "common/dtype.h"
-#include "kernels/cpu_kernels.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "transport/transport.h"
 
 namespace ddlfast {

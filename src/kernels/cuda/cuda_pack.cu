@@ -9,8 +9,8 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/cuda_device.h"
+#include "common/cuda/cuda_check.h"
+#include "common/cuda/cuda_device.h"
 #include "kernels/cuda/cuda_kernels.h"
 
 namespace ddlfast {

@@ -9,7 +9,7 @@
 #include <cstddef>
 #include <utility>
 
-#include "kernels/cuda/cuda_check.h"
+#include "common/cuda/cuda_check.h"
 
 namespace ddlfast {
 

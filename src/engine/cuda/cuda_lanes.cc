@@ -1,4 +1,4 @@
-#include "kernels/cuda/cuda_lanes.h"
+#include "engine/cuda/cuda_lanes.h"
 
 #include <string>
 

@@ -4,7 +4,7 @@
 // a finished collective hands one back for the caller's stream to wait on.
 #pragma once
 
-#include "kernels/cuda/cuda_resources.h"
+#include "common/cuda/cuda_resources.h"
 
 namespace ddlfast {
 

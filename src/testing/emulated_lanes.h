@@ -17,8 +17,8 @@
 
 #include <mpi.h>
 
+#include "engine/device_lanes.h"
 #include "engine/ring_allreduce.h"
-#include "kernels/cuda/device_lanes.h"
 
 namespace ddlfast {
 

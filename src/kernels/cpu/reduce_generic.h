@@ -7,7 +7,7 @@
 #include <type_traits>
 
 #include "common/half.h"
-#include "kernels/cpu_kernels.h"
+#include "kernels/cpu/cpu_kernels.h"
 
 namespace ddlfast {
 // Internal linkage on purpose: each ISA translation unit gets its own copies,

@@ -5,8 +5,8 @@
 
 #include <vector>
 
-#include "kernels/cuda/cuda_resources.h"
-#include "kernels/cuda/device_lanes.h"
+#include "common/cuda/cuda_resources.h"
+#include "engine/device_lanes.h"
 
 namespace ddlfast {
 

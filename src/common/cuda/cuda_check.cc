@@ -1,4 +1,4 @@
-#include "kernels/cuda/cuda_check.h"
+#include "common/cuda/cuda_check.h"
 
 #include <string>
 

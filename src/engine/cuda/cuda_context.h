@@ -14,10 +14,10 @@
 #include <utility>
 #include <vector>
 
+#include "engine/cuda/cuda_lanes.h"
+#include "engine/cuda/fence.h"
+#include "engine/device_ring_allreduce.h"
 #include "kernels/cuda/cuda_kernels.h"
-#include "kernels/cuda/cuda_lanes.h"
-#include "kernels/cuda/device_ring_allreduce.h"
-#include "kernels/cuda/fence.h"
 #include "transport/mpi_transport.h"
 
 namespace ddlfast {

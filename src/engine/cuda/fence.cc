@@ -1,8 +1,8 @@
-#include "kernels/cuda/fence.h"
+#include "engine/cuda/fence.h"
 
 #include <string>
 
-#include "kernels/cuda/cuda_device.h"
+#include "common/cuda/cuda_device.h"
 
 namespace ddlfast {
 

@@ -22,9 +22,9 @@
 
 #include "algo/ring_schedule.h"
 #include "common/dtype.h"
+#include "engine/device_lanes.h"
 #include "engine/ring_allreduce.h"
 #include "engine/segmented_buffer.h"
-#include "kernels/cuda/device_lanes.h"
 
 namespace ddlfast {
 

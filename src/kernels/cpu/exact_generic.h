@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "kernels/cpu_kernels.h"
+#include "kernels/cpu/cpu_kernels.h"
 
 namespace ddlfast {
 // Internal linkage on purpose, as in reduce_generic.h.

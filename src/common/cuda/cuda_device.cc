@@ -1,4 +1,4 @@
-#include "kernels/cuda/cuda_device.h"
+#include "common/cuda/cuda_device.h"
 
 #include <algorithm>
 #include <array>
@@ -7,7 +7,7 @@
 #include <cstring>
 #include <limits>
 
-#include "kernels/cuda/cuda_check.h"
+#include "common/cuda/cuda_check.h"
 
 namespace ddlfast {
 namespace {

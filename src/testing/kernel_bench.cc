@@ -1,9 +1,9 @@
-#include "kernels/cuda/kernel_bench.h"
+#include "testing/kernel_bench.h"
 
 #include <vector>
 
+#include "common/cuda/cuda_resources.h"
 #include "kernels/cuda/cuda_kernels.h"
-#include "kernels/cuda/cuda_resources.h"
 
 namespace ddlfast {
 

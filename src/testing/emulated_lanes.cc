@@ -1,11 +1,11 @@
-#include "kernels/cuda/emulated_lanes.h"
+#include "testing/emulated_lanes.h"
 
 #include <cstring>
 #include <string>
 
+#include "engine/device_ring_allreduce.h"
 #include "engine/segmented_buffer.h"
-#include "kernels/cpu_kernels.h"
-#include "kernels/cuda/device_ring_allreduce.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "transport/mpi_transport.h"
 
 namespace ddlfast {

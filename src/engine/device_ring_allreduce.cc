@@ -1,4 +1,4 @@
-#include "kernels/cuda/device_ring_allreduce.h"
+#include "engine/device_ring_allreduce.h"
 
 #include <sched.h>
 
@@ -9,7 +9,7 @@
 #include <cstdio>
 
 #include "engine/chunking.h"
-#include "kernels/cpu_kernels.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "transport/mpi_transport.h"
 
 namespace ddlfast {

@@ -1,10 +1,10 @@
 // Portable kernels: plain C++ the compiler may vectorise with the baseline ISA.
 #include <type_traits>
 
-#include "kernels/combine_generic.h"
-#include "kernels/cpu_kernels.h"
-#include "kernels/exact_generic.h"
-#include "kernels/reduce_generic.h"
+#include "kernels/cpu/combine_generic.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/exact_generic.h"
+#include "kernels/cpu/reduce_generic.h"
 
 namespace ddlfast {
 

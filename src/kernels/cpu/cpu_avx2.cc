@@ -4,10 +4,10 @@
 
 #include <type_traits>
 
-#include "kernels/combine_generic.h"
-#include "kernels/cpu_kernels.h"
-#include "kernels/exact_generic.h"
-#include "kernels/reduce_generic.h"
+#include "kernels/cpu/combine_generic.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/exact_generic.h"
+#include "kernels/cpu/reduce_generic.h"
 
 namespace ddlfast {
 namespace {

@@ -19,7 +19,7 @@
 #include <type_traits>
 
 #include "common/half.h"
-#include "kernels/cpu_kernels.h"
+#include "kernels/cpu/cpu_kernels.h"
 
 namespace ddlfast {
 // Internal linkage on purpose, as in reduce_generic.h.

@@ -1,4 +1,4 @@
-#include "kernels/cuda/cuda_context.h"
+#include "engine/cuda/cuda_context.h"
 
 #include <algorithm>
 
