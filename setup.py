@@ -62,8 +62,8 @@ class CMakeExtension(Extension):
 
 class CMakeBuild(build_ext):
     def build_extension(self, ext: Extension) -> None:
-        if ext.name == "ddlfast._cuda":
-            return  # one CMake build makes both modules; _cuda only where CUDA was found (hence optional)
+        if ext.name != "ddlfast._core":
+            return  # one CMake build makes every module; the _cuda ones only where CUDA was found (hence optional)
         cuda = os.environ.get("DDLFAST_CUDA", "auto").lower()
         if cuda not in ("auto", "on", "off"):
             sys.exit(f"ddlfast: DDLFAST_CUDA must be auto, on or off, not {cuda!r}")
@@ -80,7 +80,8 @@ class CMakeBuild(build_ext):
         # linked by another folder (another MPI) for up to date, so a change of key removes them first.
         record = out_dir / "_mpi_build.py"
         if f"BUILD_KEY = {build_dir.name!r}" not in (record.read_text() if record.exists() else ""):
-            for stale in [record, *out_dir.glob("_core.*.so"), *out_dir.glob("_cuda.*.so")]:
+            modules = ("_core", "_cuda", "_testing", "_testing_cuda")
+            for stale in [record, *(path for name in modules for path in out_dir.glob(f"{name}.*.so"))]:
                 stale.unlink(missing_ok=True)
         configure = [
             "cmake", "-S", str(ROOT), "-B", str(build_dir), "-G", "Ninja",
@@ -100,4 +101,6 @@ class CMakeBuild(build_ext):
             (ROOT / "ddlfast" / "_mpi_build.py").write_text(text)
 
 
-setup(ext_modules=[CMakeExtension("ddlfast._core"), CMakeExtension("ddlfast._cuda", optional=True)], cmdclass={"build_ext": CMakeBuild})
+MODULES = [CMakeExtension("ddlfast._core"), CMakeExtension("ddlfast._testing"),
+           CMakeExtension("ddlfast._cuda", optional=True), CMakeExtension("ddlfast._testing_cuda", optional=True)]
+setup(ext_modules=MODULES, cmdclass={"build_ext": CMakeBuild})

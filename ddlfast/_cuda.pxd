@@ -1,5 +1,6 @@
-# C++ declarations of the CUDA side of the core (src/kernels/cuda), in one
-# place; the shared core types come from _core.pxd. Built only with CUDA.
+# C++ declarations of the CUDA side of the core (src/common/cuda, src/kernels/cuda,
+# src/engine/cuda), in one place; the shared core types come from _core.pxd.
+# Used only by the modules built with CUDA (_cuda, _testing_cuda).
 from libc.stddef cimport size_t
 from libc.stdint cimport uint32_t, uint64_t
 from libcpp cimport bool
@@ -99,17 +100,3 @@ cdef extern from "engine/cuda/cuda_context.h" namespace "ddlfast" nogil:
         Status record(int device, Fence* done)
         Status synchronize(int device)
         Status stream(int device, cudaStream_t* out)
-
-
-cdef extern from "testing/emulated_lanes.h" namespace "ddlfast" nogil:
-    Status emulated_device_allreduce(MPI_Comm comm, const vector[char*]& bases, const vector[size_t]& counts,
-                                     DType dtype, ReduceOp op, const vector[int]& dims, const vector[int]& order,
-                                     const EngineOptions& options, bool direct, uint64_t seed, double timeout_s)
-
-
-cdef extern from "testing/kernel_bench.h" namespace "ddlfast" nogil:
-    cdef struct KernelTiming:
-        double seconds
-        size_t bytes_moved
-    Status bench_kernel(int device, const string& kernel, DType dtype, size_t elements, int repeats,
-                        KernelTiming* out)

@@ -1,7 +1,7 @@
 """A stand-in for ddlfast._cuda on machines without a GPU, for running ddlfast.cuda.CudaPath end to end:
 "device" arrays are host memory exported through __cuda_array_interface__, copies are memmoves, fences
 do nothing, and the collective itself runs the real GPU ring executor on emulated lanes
-(_cuda.emulated_allreduce). What it cannot check: anything CUDA does (kernels, streams, events)."""
+(_testing.emulated_allreduce). What it cannot check: anything CUDA does (kernels, streams, events)."""
 
 from __future__ import annotations
 
@@ -61,9 +61,9 @@ class _PinnedMemory(bytearray):
 
 class _GpuContext:
     def __init__(self, comm, timeout_s: float = 0.0) -> None:
-        from ddlfast import _cuda
+        from ddlfast import _testing
 
-        self._real = _cuda
+        self._real = _testing
         self.comm, self.timeout_s = comm, timeout_s
         self.buckets: dict[int, np.ndarray] = {}
         self.record_events = False
@@ -131,5 +131,5 @@ class _Module:
 
 
 def install() -> None:
-    """Make ddlfast.cuda use the stand-in (needs the CUDA build, for the emulated executor)."""
+    """Make ddlfast.cuda use the stand-in (any build: the emulated executor is in ddlfast._testing)."""
     cuda._cuda = _Module()

@@ -1,4 +1,4 @@
-"""The CUDA kernels' element functions, run on the host (`_cuda.host_*`), against the CPU kernels, bit for bit.
+"""The CUDA kernels' element functions, run on the host (`_testing_cuda.host_*`), against the CPU kernels, bit for bit.
 
 Runs without a GPU: it checks the arithmetic the kernels share with their host twins (the NaN rules, the
 rounding of fp16/bf16, integer wrap-around and division, the scale) over special values and random bit
@@ -14,13 +14,13 @@ import platform
 import numpy as np
 import pytest
 
-from ddlfast import _core
+from ddlfast import _core, _testing
 from ddlfast.dtypes import DTYPE_CODES
 from tests.cuda.support import BUILT, needs_build
 
 pytestmark = needs_build
 if BUILT:
-    from ddlfast import _cuda
+    from ddlfast import _testing_cuda
 
 DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64")
 STORAGE = {"float32": np.float32, "float64": np.float64, "float16": np.float16, "bfloat16": np.uint16,
@@ -83,7 +83,7 @@ def cpu_reduce(dtype: str, dst: np.ndarray, src: np.ndarray, divisor: int, path:
 
 def twin_reduce(dtype: str, dst: np.ndarray, src: np.ndarray, divisor: int) -> np.ndarray:
     out = dst.copy()
-    _cuda.host_reduce(out.ctypes.data, src.ctypes.data, out.size, DTYPE_CODES[dtype], divisor)
+    _testing_cuda.host_reduce(out.ctypes.data, src.ctypes.data, out.size, DTYPE_CODES[dtype], divisor)
     return out
 
 
@@ -129,27 +129,27 @@ def test_encode_decode_accumulate_match_the_cpu_codecs(dtype: str) -> None:
                              (rng.standard_normal(100_000) * np.exp2(rng.integers(-30, 20, 100_000)))
                              .astype(np.float32).view(np.uint32)])
     got, want = np.zeros(floats.size, np.uint16), np.zeros(floats.size, np.uint16)
-    _cuda.host_encode(got.ctypes.data, floats.ctypes.data, floats.size, wire)
-    _core.encode_wire(want.ctypes.data, floats.ctypes.data, floats.size, wire, "scalar")
+    _testing_cuda.host_encode(got.ctypes.data, floats.ctypes.data, floats.size, wire)
+    _testing.encode_wire(want.ctypes.data, floats.ctypes.data, floats.size, wire, "scalar")
     assert (got == want).all(), f"encode {dtype}: {np.flatnonzero(got != want)[:8]}"
 
     every = np.arange(1 << 16, dtype=np.uint16)
     got_f, want_f = np.zeros(every.size, np.uint32), np.zeros(every.size, np.uint32)
-    _cuda.host_decode(got_f.ctypes.data, every.ctypes.data, every.size, wire)
-    _core.decode_wire(want_f.ctypes.data, every.ctypes.data, every.size, wire, "scalar")
+    _testing_cuda.host_decode(got_f.ctypes.data, every.ctypes.data, every.size, wire)
+    _testing.decode_wire(want_f.ctypes.data, every.ctypes.data, every.size, wire, "scalar")
     assert (got_f == want_f).all(), f"decode {dtype}: {np.flatnonzero(got_f != want_f)[:8]}"
 
     for divisor in (1, 3, 4):
         base = floats[: every.size].copy()
         got_a, want_a = base.copy(), base.copy()
-        _cuda.host_accumulate(got_a.ctypes.data, every.ctypes.data, every.size, wire, divisor)
-        _core.accumulate_wire(want_a.ctypes.data, every.ctypes.data, every.size, wire, divisor, "scalar")
+        _testing_cuda.host_accumulate(got_a.ctypes.data, every.ctypes.data, every.size, wire, divisor)
+        _testing.accumulate_wire(want_a.ctypes.data, every.ctypes.data, every.size, wire, divisor, "scalar")
         src_as_f32 = want_f  # the decoded wire values, for the both-NaN rule
         assert_bits_equal("float32", got_a, want_a, base, src_as_f32, f"accumulate {dtype} divisor={divisor}")
 
 
 def test_nan_rule_is_this_cpus() -> None:
-    nan32, nan64 = _cuda.nan_rule()
+    nan32, nan64 = _testing_cuda.nan_rule()
     inf32 = np.array([np.inf], np.float32)
     inf64 = np.array([np.inf], np.float64)
     with np.errstate(invalid="ignore"):
@@ -170,7 +170,7 @@ def test_invalid_operations_give_the_given_default_nan(dtype: str) -> None:
     dst = np.array([inf, inf], dtype=BITS[dtype])
     src = np.array([inf | sign, inf | sign], dtype=BITS[dtype])
     out = dst.copy()
-    _cuda.host_reduce(out.ctypes.data, src.ctypes.data, out.size, DTYPE_CODES[dtype], 1,
+    _testing_cuda.host_reduce(out.ctypes.data, src.ctypes.data, out.size, DTYPE_CODES[dtype], 1,
                       (0x7FC00000, 0x7FF8000000000000))
     want = {"float32": 0x7FC00000, "float64": 0x7FF8000000000000, "float16": 0x7E00, "bfloat16": 0x7FC0}[dtype]
     assert [hex(v) for v in out] == [hex(want)] * 2
@@ -178,8 +178,8 @@ def test_invalid_operations_give_the_given_default_nan(dtype: str) -> None:
 
 def test_bad_arguments_are_refused() -> None:
     with pytest.raises(Exception, match="divisor"):
-        _cuda.host_reduce(0, 0, 0, 0, 0)
+        _testing_cuda.host_reduce(0, 0, 0, 0, 0)
     with pytest.raises(Exception, match="dtype"):
-        _cuda.host_reduce(0, 0, 0, 9, 1)
+        _testing_cuda.host_reduce(0, 0, 0, 9, 1)
     with pytest.raises(Exception, match="wire"):
-        _cuda.host_encode(0, 0, 0, 5)
+        _testing_cuda.host_encode(0, 0, 0, 5)

@@ -11,7 +11,7 @@ import itertools
 import numpy as np
 import pytest
 
-from ddlfast import _core
+from ddlfast import _core, _testing
 from ddlfast.dtypes import DTYPE_CODES
 from ddlfast.errors import DdlfastError
 from tests.cuda.support import needs_device
@@ -22,30 +22,31 @@ pytestmark = needs_device
 
 def on_device(bits: np.ndarray, offset_elements: int = 0):
     """Device memory holding `bits`, starting `offset_elements` elements into a fresh allocation."""
-    from ddlfast import _cuda
+    from ddlfast import _testing_cuda
 
     itemsize = bits.dtype.itemsize
-    memory = _cuda.DeviceMemory(bits.nbytes + (offset_elements + 4) * itemsize)
+    memory = _testing_cuda.DeviceMemory(bits.nbytes + (offset_elements + 4) * itemsize)
     pointer = memory.pointer + offset_elements * itemsize
-    _cuda.copy(pointer, bits.ctypes.data, bits.nbytes)
+    _testing_cuda.copy(pointer, bits.ctypes.data, bits.nbytes)
     return memory, pointer
 
 
 def read_back(pointer: int, like: np.ndarray) -> np.ndarray:
-    from ddlfast import _cuda
+    from ddlfast import _testing_cuda
 
     out = np.empty_like(like)
-    _cuda.copy(out.ctypes.data, pointer, out.nbytes)
+    _testing_cuda.copy(out.ctypes.data, pointer, out.nbytes)
     return out
 
 
 def gpu_reduce(dtype: str, dst: np.ndarray, src: np.ndarray, divisor: int, dst_offset: int = 0,
                src_offset: int = 0) -> np.ndarray:
-    from ddlfast import _cuda
+    from ddlfast import _testing_cuda
 
     keep_dst, dst_pointer = on_device(dst, dst_offset)
     keep_src, src_pointer = on_device(src, src_offset)
-    _cuda.reduce(dst_pointer, src_pointer, dst.size, DTYPE_CODES[dtype], divisor)  # legacy stream, then a blocking copy
+    # On the legacy stream, then a blocking copy.
+    _testing_cuda.reduce(dst_pointer, src_pointer, dst.size, DTYPE_CODES[dtype], divisor)
     return read_back(dst_pointer, dst)
 
 
@@ -88,39 +89,39 @@ def test_half_reduce_every_value(dtype: str) -> None:
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_wire_casts(dtype: str) -> None:
-    from ddlfast import _cuda
+    from ddlfast import _testing_cuda
 
     wire = WIRES[dtype]
     rng = np.random.default_rng(11 + wire)
     floats = np.concatenate([special_values("float32"), random_bits("float32", 300_001, rng)])
     keep_f, f_pointer = on_device(floats)
     keep_h, h_pointer = on_device(np.zeros(floats.size, np.uint16), 1)
-    _cuda.encode(h_pointer, f_pointer, floats.size, wire)
+    _testing_cuda.encode(h_pointer, f_pointer, floats.size, wire)
     want = np.zeros(floats.size, np.uint16)
-    _core.encode_wire(want.ctypes.data, floats.ctypes.data, floats.size, wire, "scalar")
+    _testing.encode_wire(want.ctypes.data, floats.ctypes.data, floats.size, wire, "scalar")
     got = read_back(h_pointer, want)
     assert (got == want).all(), f"encode {dtype}: {np.flatnonzero(got != want)[:8]}"
 
     every = np.arange(1 << 16, dtype=np.uint16)
     keep_w, w_pointer = on_device(every)
     keep_d, d_pointer = on_device(np.zeros(every.size, np.uint32))
-    _cuda.decode(d_pointer, w_pointer, every.size, wire)
+    _testing_cuda.decode(d_pointer, w_pointer, every.size, wire)
     want_f = np.zeros(every.size, np.uint32)
-    _core.decode_wire(want_f.ctypes.data, every.ctypes.data, every.size, wire, "scalar")
+    _testing.decode_wire(want_f.ctypes.data, every.ctypes.data, every.size, wire, "scalar")
     assert (read_back(d_pointer, want_f) == want_f).all(), f"decode {dtype}"
 
     for divisor in (1, 3):
         base = floats[: every.size].copy()
         keep_a, a_pointer = on_device(base)
-        _cuda.accumulate(a_pointer, w_pointer, every.size, wire, divisor)
+        _testing_cuda.accumulate(a_pointer, w_pointer, every.size, wire, divisor)
         want_a = base.copy()
-        _core.accumulate_wire(want_a.ctypes.data, every.ctypes.data, every.size, wire, divisor, "scalar")
+        _testing.accumulate_wire(want_a.ctypes.data, every.ctypes.data, every.size, wire, divisor, "scalar")
         assert_bits_equal("float32", read_back(a_pointer, base), want_a, base, want_f,
                           f"accumulate {dtype} divisor={divisor}")
 
 
 def test_fused_copy_of_many_arrays() -> None:
-    from ddlfast import _cuda
+    from ddlfast import _testing_cuda
 
     rng = np.random.default_rng(5)
     sizes = [int(s) for s in rng.choice([0, 1, 3, 16, 100, 4096, 70_001, 300_000], size=300)]  # > one launch
@@ -137,17 +138,17 @@ def test_fused_copy_of_many_arrays() -> None:
         expected[dst_cursor:dst_cursor + size] = source[src_cursor:src_cursor + size]
         src_cursor += size
         dst_cursor += size
-    _cuda.copy_batch(dsts, srcs, sizes)
+    _testing_cuda.copy_batch(dsts, srcs, sizes)
     got = read_back(d_pointer, expected)
     assert (got == expected).all(), np.flatnonzero(got != expected)[:8]
 
 
 def test_misaligned_pointers_are_refused() -> None:
-    from ddlfast import _cuda
+    from ddlfast import _testing_cuda
 
-    memory = _cuda.DeviceMemory(64)
+    memory = _testing_cuda.DeviceMemory(64)
     with pytest.raises(DdlfastError, match="aligned"):
-        _cuda.reduce(memory.pointer + 2, memory.pointer, 4, DTYPE_CODES["float32"])
+        _testing_cuda.reduce(memory.pointer + 2, memory.pointer, 4, DTYPE_CODES["float32"])
 
 
 def test_bits_helpers_cover_every_dtype() -> None:

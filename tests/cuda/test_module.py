@@ -50,9 +50,9 @@ def test_no_device_is_reported_not_raised() -> None:
 @needs_build
 @no_device
 def test_cuda_failures_are_ddlfast_errors_with_a_hint() -> None:
-    from ddlfast import _cuda
+    from ddlfast import _cuda, _testing_cuda
 
-    for attempt in (lambda: _cuda.DeviceMemory(16), lambda: _cuda.PinnedMemory(16),
+    for attempt in (lambda: _testing_cuda.DeviceMemory(16), lambda: _cuda.PinnedMemory(16),
                     lambda: _cuda.StreamFence.record(0, 0), lambda: _cuda.locate_pointer(0x1000)):
         with pytest.raises(DdlfastError, match=r"CUDA error in \w+.*: cudaError\w+ \(.*\)(; .+)?"):
             attempt()

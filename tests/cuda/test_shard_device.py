@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.cuda.support import needs_build, needs_device, run_program
+from tests.cuda.support import needs_device, run_program
 
 
-@needs_build
 @pytest.mark.mpi
 @pytest.mark.parametrize("ranks", [1, 3])
 def test_emulated_gpu_arrays_reduce_scatter_and_allgather(ranks: int) -> None:

@@ -1,6 +1,6 @@
 """min, max and product kernels against NumPy references, bit for bit, on every kernel path.
 
-`_core.combine_into(dst, src, n, dtype, op, path)` computes dst = op(dst, src) in place (op codes: 2 min,
+`_testing.combine_into(dst, src, n, dtype, op, path)` computes dst = op(dst, src) in place (op codes: 2 min,
 3 max, 4 product). The rules (docs/numerics.md): floating min/max propagate nan as np.minimum/np.maximum
 do, a nan result is the one canonical quiet nan (positive, zero payload) whichever nan came in, and
 min(-0, +0) is -0, max is +0, whatever the order; halves' product is the fp32 product rounded once (NumPy's
@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ddlfast import _core
+from ddlfast import _testing
 from ddlfast.dtypes import DTYPE_CODES
 from ddlfast.ops import OPS
 from tests.unit.test_kernels import (
@@ -69,7 +69,7 @@ def combine(dtype: str, op: str, dst: np.ndarray, src: np.ndarray, path: str) ->
     out = np.ascontiguousarray(dst).copy()
     src = np.ascontiguousarray(src)
     src_before = src.copy()
-    _core.combine_into(out.ctypes.data, src.ctypes.data, out.size, DTYPE_CODES[dtype], OPS[op], path)
+    _testing.combine_into(out.ctypes.data, src.ctypes.data, out.size, DTYPE_CODES[dtype], OPS[op], path)
     assert np.array_equal(as_bits(dtype, src), as_bits(dtype, src_before)), "the kernel modified src"
     return as_bits(dtype, out)
 
@@ -137,6 +137,6 @@ def test_paths_agree_on_large_random_input() -> None:
 def test_combine_into_refuses_bad_codes() -> None:
     buffer = np.zeros(4, dtype=np.float32)
     with pytest.raises(Exception, match="op code"):
-        _core.combine_into(buffer.ctypes.data, buffer.ctypes.data, 4, 0, 1)
+        _testing.combine_into(buffer.ctypes.data, buffer.ctypes.data, 4, 0, 1)
     with pytest.raises(Exception, match="dtype code"):
-        _core.combine_into(buffer.ctypes.data, buffer.ctypes.data, 4, 9, 2)
+        _testing.combine_into(buffer.ctypes.data, buffer.ctypes.data, 4, 9, 2)

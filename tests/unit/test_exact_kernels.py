@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import ddlfast
-from ddlfast import _core
+from ddlfast import _core, _testing
 from ddlfast.dtypes import DTYPE_CODES
 
 PATHS = _core.kernel_paths()
@@ -72,7 +72,7 @@ def test_split_matches_c_division_all_lengths_and_offsets(name: str, path: str) 
                 values = edge_and_random(dtype, n, rng)
                 value_buffer, value_view = guarded(values, value_offset)
                 remainder_buffer, remainder_view = guarded(np.zeros(n, dtype), remainder_offset)
-                _core.split_exact(value_view.ctypes.data, remainder_view.ctypes.data, n, DTYPE_CODES[name], divisor,
+                _testing.split_exact(value_view.ctypes.data, remainder_view.ctypes.data, n, DTYPE_CODES[name], divisor,
                                   path)
                 want_q = [trunc_div(int(v), divisor) for v in values]
                 want_r = [int(v) - q * divisor for v, q in zip(values, want_q, strict=True)]
@@ -94,7 +94,7 @@ def test_join_adds_floor_of_remainder_all_lengths_and_offsets(name: str, path: s
                 values, remainders = edge_and_random(dtype, n, rng), edge_and_random(dtype, n, rng)
                 value_buffer, value_view = guarded(values, value_offset)
                 remainder_buffer, remainder_view = guarded(remainders, remainder_offset)
-                _core.join_exact(value_view.ctypes.data, remainder_view.ctypes.data, n, DTYPE_CODES[name], divisor,
+                _testing.join_exact(value_view.ctypes.data, remainder_view.ctypes.data, n, DTYPE_CODES[name], divisor,
                                  path)
                 want = wrap([int(v) + int(r) // divisor for v, r in zip(values, remainders, strict=True)], dtype)
                 what = f"{name} path={path} divisor={divisor} n={n} offsets=({value_offset},{remainder_offset})"
@@ -120,11 +120,11 @@ def test_split_sum_join_is_numpy_floor_average(name: str, path: str) -> None:
         for values in inputs:
             values = values.copy()
             remainders = np.zeros(count, dtype)
-            _core.split_exact(values.ctypes.data, remainders.ctypes.data, count, DTYPE_CODES[name], world, path)
+            _testing.split_exact(values.ctypes.data, remainders.ctypes.data, count, DTYPE_CODES[name], world, path)
             with np.errstate(over="ignore"):
                 quotient_sum += values
                 remainder_sum += remainders
-        _core.join_exact(quotient_sum.ctypes.data, remainder_sum.ctypes.data, count, DTYPE_CODES[name], world, path)
+        _testing.join_exact(quotient_sum.ctypes.data, remainder_sum.ctypes.data, count, DTYPE_CODES[name], world, path)
         want = np.sum(np.stack(inputs).astype(object), axis=0) // world
         assert quotient_sum.tolist() == want.tolist(), f"{name} path={path} world={world}"
         assert quotient_sum.min() >= min(v.min() for v in inputs) and quotient_sum.max() <= max(v.max() for v in inputs)
@@ -134,18 +134,18 @@ def test_split_and_join_hand_checked() -> None:
     i64 = np.iinfo(np.int64)
     values = np.array([-7, 7, -1, i64.min, i64.max], np.int64)
     remainders = np.zeros(5, np.int64)
-    _core.split_exact(values.ctypes.data, remainders.ctypes.data, 5, DTYPE_CODES["int64"], 2)
+    _testing.split_exact(values.ctypes.data, remainders.ctypes.data, 5, DTYPE_CODES["int64"], 2)
     assert values.tolist() == [-3, 3, 0, i64.min // 2, i64.max // 2]
     assert remainders.tolist() == [-1, 1, -1, 0, 1]
     # int32 2**30 on two ranks: the average is 2**30 (the plain sum would wrap to -2**31 first).
     q, r = np.array([2**30, 2**30], np.int32), np.zeros(2, np.int32)
-    _core.split_exact(q.ctypes.data, r.ctypes.data, 2, DTYPE_CODES["int32"], 2)
+    _testing.split_exact(q.ctypes.data, r.ctypes.data, 2, DTYPE_CODES["int32"], 2)
     total_q, total_r = np.array([q.sum()], np.int32), np.array([r.sum()], np.int32)
-    _core.join_exact(total_q.ctypes.data, total_r.ctypes.data, 1, DTYPE_CODES["int32"], 2)
+    _testing.join_exact(total_q.ctypes.data, total_r.ctypes.data, 1, DTYPE_CODES["int32"], 2)
     assert total_q.tolist() == [2**30]
     # floor, not truncation: -3 // 2 == -2.
     q, r = np.array([-1], np.int32), np.array([-1], np.int32)
-    _core.join_exact(q.ctypes.data, r.ctypes.data, 1, DTYPE_CODES["int32"], 2)
+    _testing.join_exact(q.ctypes.data, r.ctypes.data, 1, DTYPE_CODES["int32"], 2)
     assert q.tolist() == [-2]
 
 
@@ -170,15 +170,15 @@ def test_any_nonfinite_all_lengths_offsets_and_positions(name: str, path: str) -
             for case in cases:
                 _, view = guarded(case.view(HALVES[name]), offset)
                 want = bool(np.any((case & exponent) == exponent))
-                got = _core.any_nonfinite(view.ctypes.data, n, DTYPE_CODES[name], path)
+                got = _testing.any_nonfinite(view.ctypes.data, n, DTYPE_CODES[name], path)
                 assert got is want, f"{name} path={path} n={n} offset={offset}"
 
 
 def test_bad_codes_raise() -> None:
     a = np.zeros(4, np.int32)
     with pytest.raises(ddlfast.DdlfastError, match="integer dtype"):
-        _core.split_exact(a.ctypes.data, a.ctypes.data, 4, DTYPE_CODES["float32"], 2)
+        _testing.split_exact(a.ctypes.data, a.ctypes.data, 4, DTYPE_CODES["float32"], 2)
     with pytest.raises(ddlfast.DdlfastError, match="divisor"):
-        _core.join_exact(a.ctypes.data, a.ctypes.data, 4, DTYPE_CODES["int32"], 0)
+        _testing.join_exact(a.ctypes.data, a.ctypes.data, 4, DTYPE_CODES["int32"], 0)
     with pytest.raises(ddlfast.DdlfastError, match="float16/bfloat16"):
-        _core.any_nonfinite(a.ctypes.data, 4, DTYPE_CODES["int32"])
+        _testing.any_nonfinite(a.ctypes.data, 4, DTYPE_CODES["int32"])

@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ddlfast import _core
+from ddlfast import _testing
 from tests.unit.test_kernels import BITS, DTYPES, PATHS, STORAGE, assert_same, reduce_guarded, reference
 
 
@@ -42,8 +42,8 @@ def test_wire_round_trip_is_the_nearest_half_value(values: list[float], wire: st
     data = np.array(values, dtype=np.float32)
     code = 0 if wire == "fp16" else 1
     encoded = np.empty(data.size, dtype=np.uint16)
-    _core.encode_wire(encoded.ctypes.data, data.ctypes.data, data.size, code)
+    _testing.encode_wire(encoded.ctypes.data, data.ctypes.data, data.size, code)
     decoded = np.empty(data.size, dtype=np.float32)
-    _core.decode_wire(decoded.ctypes.data, encoded.ctypes.data, data.size, code)
+    _testing.decode_wire(decoded.ctypes.data, encoded.ctypes.data, data.size, code)
     half = np.float16 if wire == "fp16" else ml_dtypes.bfloat16
     np.testing.assert_array_equal(decoded, data.astype(half).astype(np.float32))

@@ -1,6 +1,6 @@
 """The k-dimensional ring schedule, proved by simulating every rank in one process.
 
-`_core.ring_schedule(dims, rank, count)` gives one rank's phases; all ranks run phase i, step s together,
+`_testing.ring_schedule(dims, rank, count)` gives one rank's phases; all ranks run phase i, step s together,
 each sending its `send` range to its successor and receiving into its `recv` range from its predecessor
 (added in for reduce-scatter, copied for allgather). The simulation below executes that literally, with
 snapshot semantics (every send of a step is taken before any receive of that step is applied), on values
@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ddlfast
-from ddlfast import _core
+from ddlfast import _testing
 
 DIMS = [(8,), (2, 4), (4, 2), (2, 2, 2), (3, 5, 2), (1, 8), (8, 1), (7,), (1,), (2, 3), (6,), (7, 1), (1, 1, 3),
         (2, 1, 3), (5, 3), (16,), (2, 2, 2, 2), (4, 4), (1, 1)]
@@ -60,7 +60,7 @@ def neighbour(rank: int, dims: tuple[int, ...], dim: int, delta: int) -> int:
 
 def schedules(dims: tuple[int, ...], count: int,
               block_counts: list[int] | None = None) -> list[tuple[list[dict], tuple[int, int]]]:
-    return [_core.ring_schedule(dims, rank, count, block_counts) for rank in range(math.prod(dims))]
+    return [_testing.ring_schedule(dims, rank, count, block_counts) for rank in range(math.prod(dims))]
 
 
 def simulate(scheds, buffers: list[np.ndarray], stop_before_allgather: bool = False) -> list[np.ndarray]:
@@ -203,7 +203,7 @@ def test_one_dimension_is_the_classic_ring(p: int) -> None:
     blocks = [(b * base + min(b, extra), base + (b < extra)) for b in range(p)]  # larger blocks first
     assert blocks[0][1] == base + 1 and sum(n for _, n in blocks) == count
     for r in range(p):
-        phases, owned = _core.ring_schedule((p,), r, count)
+        phases, owned = _testing.ring_schedule((p,), r, count)
         assert [ph["kind"] for ph in phases] == ["reduce_scatter", "allgather"]
         assert phases[0]["successor"] == (r + 1) % p and phases[0]["predecessor"] == (r - 1) % p
         assert owned == blocks[r]
@@ -217,7 +217,7 @@ def test_one_dimension_is_the_classic_ring(p: int) -> None:
 def test_all_dimensions_two_is_recursive_halving_doubling(k: int) -> None:
     dims, count = (2,) * k, 3 * 2**k + 1
     for r in range(2**k):
-        phases, (_, owned_n) = _core.ring_schedule(dims, r, count)
+        phases, (_, owned_n) = _testing.ring_schedule(dims, r, count)
         assert len(phases) == 2 * k
         partners = [ph["successor"] for ph in phases]
         assert partners == [r ^ (1 << i) for i in range(k)] + [r ^ (1 << i) for i in reversed(range(k))]
@@ -232,7 +232,7 @@ def test_two_dimensions_rings_stay_inside_rows_and_columns() -> None:
     """2x4: dimension 1 rings are {0,1}, {2,3}, ...; dimension 2 rings are {0,2,4,6} and {1,3,5,7}."""
     dims = (2, 4)
     for r in range(8):
-        phases, _ = _core.ring_schedule(dims, r, 64)
+        phases, _ = _testing.ring_schedule(dims, r, 64)
         first, second = phases[0], phases[1]
         assert (first["dim"], second["dim"]) == (0, 1)
         assert first["successor"] == r ^ 1
@@ -243,7 +243,7 @@ def test_two_dimensions_rings_stay_inside_rows_and_columns() -> None:
 
 
 def test_schedule_is_deterministic_and_independent_of_the_caller() -> None:
-    assert _core.ring_schedule((3, 5, 2), 17, 1001) == _core.ring_schedule([3, 5, 2], 17, 1001)
+    assert _testing.ring_schedule((3, 5, 2), 17, 1001) == _testing.ring_schedule([3, 5, 2], 17, 1001)
 
 
 @pytest.mark.parametrize(
@@ -261,12 +261,12 @@ def test_schedule_is_deterministic_and_independent_of_the_caller() -> None:
 )
 def test_invalid_dims_or_rank_raise(dims: tuple[int, ...], rank: int, needle: str) -> None:
     with pytest.raises(ddlfast.DdlfastError, match=needle):
-        _core.ring_schedule(dims, rank, 10)
+        _testing.ring_schedule(dims, rank, 10)
 
 
 def test_huge_dims_raise_ddlfast_error() -> None:
     with pytest.raises(ddlfast.DdlfastError):
-        _core.ring_schedule((1 << 16, 1 << 16), 0, 10)
+        _testing.ring_schedule((1 << 16, 1 << 16), 0, 10)
 
 
 # -- explicit block sizes (reduce-scatter with counts=, and the rank-to-block mapping) ---------------------------
@@ -279,7 +279,7 @@ def block_order(dims: tuple[int, ...]) -> list[int]:
 
 @pytest.mark.parametrize("dims", DIMS, ids=lambda d: "x".join(map(str, d)))
 def test_block_order_is_coordinate_one_most_significant(dims: tuple[int, ...]) -> None:
-    assert _core.block_order(dims) == block_order(dims)
+    assert _testing.block_order(dims) == block_order(dims)
 
 
 def check_block_counts(dims: tuple[int, ...], block_counts: list[int], seed: int = 0) -> None:
@@ -289,7 +289,7 @@ def check_block_counts(dims: tuple[int, ...], block_counts: list[int], seed: int
     check_allreduce(dims, count, seed, block_counts)
     start = 0
     for position in block_order(dims):
-        _, owned = _core.ring_schedule(dims, position, count, block_counts)
+        _, owned = _testing.ring_schedule(dims, position, count, block_counts)
         assert owned == (start, block_counts[position]), f"position {position}"
         start += block_counts[position]
 
@@ -320,12 +320,12 @@ def test_near_equal_split_is_the_special_case(dims: tuple[int, ...]) -> None:
     """The count form gives the same schedule as the explicit form with the near-equal owned sizes."""
     p = math.prod(dims)
     for count in (0, 1, p + 3, 97):
-        owned = [_core.ring_schedule(dims, r, count)[1][1] for r in range(p)]
+        owned = [_testing.ring_schedule(dims, r, count)[1][1] for r in range(p)]
         for r in range(p):
-            assert _core.ring_schedule(dims, r, count) == _core.ring_schedule(dims, r, count, owned)
+            assert _testing.ring_schedule(dims, r, count) == _testing.ring_schedule(dims, r, count, owned)
 
 
 @pytest.mark.parametrize(("block_counts", "count"), [([1, 2], 4), ([1, 2, 3], 6), ([-1, 2, 2, 1], 4)])
 def test_bad_block_counts_raise(block_counts: list[int], count: int) -> None:
     with pytest.raises(ddlfast.DdlfastError, match="block_counts|negative"):
-        _core.ring_schedule((2, 2), 0, count, block_counts)
+        _testing.ring_schedule((2, 2), 0, count, block_counts)

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-from ddlfast import _core, _cuda
+from ddlfast import _core, _cuda, _testing_cuda
 from ddlfast.dtypes import DTYPE_CODES
 
 comm = MPI.COMM_WORLD
@@ -60,9 +60,9 @@ for case in range(40):
     for direct in modes:
         memories, pointers = [], []
         for a, offset in zip(inputs, offsets, strict=True):
-            memory = _cuda.DeviceMemory(a.nbytes + (offset + 4) * SIZES[dtype], device)
+            memory = _testing_cuda.DeviceMemory(a.nbytes + (offset + 4) * SIZES[dtype], device)
             pointer = memory.pointer + offset * SIZES[dtype]
-            _cuda.copy(pointer, a.ctypes.data, a.nbytes)
+            _testing_cuda.copy(pointer, a.ctypes.data, a.nbytes)
             memories.append(memory)
             pointers.append(pointer)
         gpu.allreduce_segments(device, pointers, [a.size for a in inputs], code, op, dims, chunk_bytes, slots,
@@ -71,7 +71,7 @@ for case in range(40):
         got = []
         for a, pointer in zip(inputs, pointers, strict=True):
             out = np.empty_like(a)
-            _cuda.copy(out.ctypes.data, pointer, out.nbytes)
+            _testing_cuda.copy(out.ctypes.data, pointer, out.nbytes)
             got.append(out)
         label = (f"case {case}: dims={dims} {dtype} segments={segments} chunk={chunk_bytes} slots={slots} "
                  f"small={small_bytes} op={op} order={order} direct={direct}")

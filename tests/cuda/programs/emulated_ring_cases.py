@@ -12,7 +12,7 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-from ddlfast import _core, _cuda
+from ddlfast import _core, _testing
 from ddlfast.dtypes import DTYPE_CODES
 
 comm = MPI.COMM_WORLD
@@ -79,7 +79,7 @@ for case in range(64):
     code = DTYPE_CODES[dtype]
     host.allreduce_segments([a.ctypes.data for a in expected], [a.size for a in expected], code, op, dims,
                             chunk_bytes, slots, small_bytes, order)
-    _cuda.emulated_allreduce(comm, [a.ctypes.data for a in got], [a.size for a in got], code, op, dims, chunk_bytes,
+    _testing.emulated_allreduce(comm, [a.ctypes.data for a in got], [a.size for a in got], code, op, dims, chunk_bytes,
                              slots, small_bytes, order, direct, seed + rank, 60.0)  # a stall fails after 60 s
     label = (f"case {case}: dims={dims} {dtype} segments={segments} chunk={chunk_bytes} slots={slots} "
              f"small={small_bytes} op={op} order={order} direct={direct}")

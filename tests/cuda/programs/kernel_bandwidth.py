@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from ddlfast import _cuda
+from ddlfast import _testing_cuda
 from ddlfast.dtypes import DTYPE_CODES
 
 KERNELS = [("copy", "float32"), ("reduce", "float32"), ("reduce", "float16"), ("reduce", "bfloat16"),
@@ -24,7 +24,7 @@ def measure(device: int = 0, mebibytes: int = 256, repeats: int = 20) -> dict[tu
     for kernel, dtype in KERNELS:
         cast = kernel in ("encode", "decode", "accumulate")
         elements = (mebibytes << 20) // (4 if cast else SIZES[dtype])
-        seconds, moved = _cuda.time_kernel(device, kernel, DTYPE_CODES[dtype], elements, repeats)
+        seconds, moved = _testing_cuda.time_kernel(device, kernel, DTYPE_CODES[dtype], elements, repeats)
         results[(kernel, dtype)] = moved / seconds
     return results
 
