@@ -14,7 +14,7 @@ Status Context::engine_for(const std::vector<int>& dims, const std::vector<int>&
   auto found = engines_.find(key);
   if (found == engines_.end()) {
     std::unique_ptr<RingAllreduce> engine;
-    DDLFAST_RETURN_IF_ERROR(RingAllreduce::create(transport_.get(), dims, order, &engine));
+    DDLFAST_RETURN_IF_ERROR(RingAllreduce::create(*transport_, dims, order, &engine));
     found = engines_.emplace(std::move(key), std::move(engine)).first;
   }
   *out = found->second.get();

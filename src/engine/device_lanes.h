@@ -39,8 +39,10 @@ class DeviceLanes {
   // Later work on `lane` waits until `marker`'s lane has passed it (as marked now).
   virtual Status lane_wait(Lane lane, int marker) = 0;
 
-  // Called on every turn of the executor's polling loop.
-  virtual void poll() {}
+  // Called on every turn of the executor's polling loop. True while the
+  // lanes advance only when polled and have work that can run: the executor
+  // then keeps polling instead of backing off (a real device runs on its own).
+  virtual bool poll() { return false; }
 };
 
 }  // namespace ddlfast

@@ -1,21 +1,14 @@
 #include "engine/device_ring_allreduce.h"
 
-#include <sched.h>
-
 #include <algorithm>
-#include <chrono>
 #include <climits>
 #include <cstdint>
-#include <cstdio>
 
-#include "engine/chunking.h"
+#include "engine/ring_phases.h"
 #include "kernels/cpu/cpu_kernels.h"
-#include "transport/mpi_transport.h"
 
 namespace ddlfast {
 namespace {
-
-using namespace chunking;  // NOLINT: the engine's chunk and tag helpers
 
 // Marker numbers: one shared "everything enqueued so far" marker, then one
 // per receive slot and one per send slot.
@@ -23,70 +16,109 @@ constexpr int kNowMarker = 0;
 int recv_marker(int slot) { return 1 + slot; }
 int send_marker(int slots, int slot) { return 1 + slots + slot; }
 
-constexpr int kSpinsBeforeYield = 64;
-
-double monotonic_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-Status mpi_status(int code, const char* what, int peer) {
-  if (code == MPI_SUCCESS) return Status::ok();
-  return Status(StatusCode::kMpiError,
-                std::string(what) + " with rank " + std::to_string(peer) + " failed: " + mpi_error_string(code));
-}
-
-// Turns of the polling loop that changed nothing: yield now and then, and let
-// the transport decide (its one stall limit and census) once nothing has moved.
-class Stall {
+// The GPU executor's step policy for the phase loop (engine/ring_phases.h).
+//
+// Receives and sends each rotate through `slots` slots; receive i+slots
+// reuses receive i's slot once the inbound lane has consumed it (its marker),
+// so a receive slot waits for the device only, never for MPI, and a send slot
+// is free again once its send completed. Holding a receive slot until its
+// forward completed could deadlock: every rank's slots would fill with
+// forwards the next rank has no room to receive.
+//
+// What an arrived chunk does: reduce-scatter staged: pinned slot -> device
+// scratch -> reduced into the data; direct: reduced from the device scratch
+// it was received into. Allgather staged: pinned slot -> its place in the
+// data; direct: received in place, nothing to do. A send is copied out to its
+// pinned slot on the outbound lane (staged; a forward after the inbound work
+// that put it in place) or only marked (direct: MPI reads device memory), and
+// posted once that marker has passed.
+class DeviceSteps {
  public:
-  explicit Stall(MpiTransport* transport) : transport_(transport), last_progress_(std::chrono::steady_clock::now()) {}
-  void progressed() {
-    idle_turns_ = 0;
-    last_progress_ = std::chrono::steady_clock::now();
+  DeviceSteps(const SegmentedBuffer& data, const RingPhase& phase, DType dtype, DeviceTransfer transfer,
+              DeviceLanes* lanes, const DeviceStaging& staging)
+      : data_(data),
+        reduces_(phase.kind == PhaseKind::kReduceScatter),
+        dtype_(dtype),
+        esize_(dtype_size(dtype)),
+        staged_(transfer == DeviceTransfer::kStaged),
+        lanes_(lanes),
+        staging_(staging),
+        slots_(staging.slots) {}
+
+  // Orders the phase after all work enqueued before it.
+  Status begin() {
+    DDLFAST_RETURN_IF_ERROR(lanes_->mark(kNowMarker, Lane::kInbound));
+    if (staged_) return lanes_->lane_wait(Lane::kOutbound, kNowMarker);  // copies of own data start after it
+    if (!reduces_) return lanes_->wait(kNowMarker);  // MPI will write the data in place: earlier kernels first
+    return Status::ok();
   }
-  Status idle(const char* what, int peer) {
-    if (++idle_turns_ % kSpinsBeforeYield != 0) return Status::ok();
-    sched_yield();
-    return transport_->idle(last_progress_, what, peer);
+
+  std::size_t receive_window() const { return static_cast<std::size_t>(slots_); }
+  std::size_t send_window() const { return static_cast<std::size_t>(slots_); }
+  std::size_t wire_bytes(std::size_t count) const { return count * esize_; }
+  bool poll() { return lanes_->poll(); }
+
+  Status receive_room(std::size_t index, bool* free) { return lanes_->passed(recv_marker(slot(index)), free); }
+
+  void* receive_buffer(std::size_t index, const ChunkItem& chunk) const {
+    char* target = data_.address(chunk.offset);
+    if (staged_) return host_recv(slot(index));
+    return reduces_ ? device_recv(slot(index), target) : target;
+  }
+
+  Status reduce(std::size_t index, const ChunkItem& chunk, int divisor) {
+    const int k = slot(index);
+    char* target = data_.address(chunk.offset);
+    char* scratch = device_recv(k, target);
+    if (staged_) DDLFAST_RETURN_IF_ERROR(lanes_->copy(scratch, host_recv(k), chunk.count * esize_, Lane::kInbound));
+    DDLFAST_RETURN_IF_ERROR(lanes_->reduce(dtype_, target, scratch, chunk.count, divisor, Lane::kInbound));
+    return lanes_->mark(recv_marker(k), Lane::kInbound);  // the slot is free once the lane consumed it
+  }
+
+  Status copy(std::size_t index, const ChunkItem& chunk) {
+    const int k = slot(index);
+    if (staged_) {
+      DDLFAST_RETURN_IF_ERROR(
+          lanes_->copy(data_.address(chunk.offset), host_recv(k), chunk.count * esize_, Lane::kInbound));
+    }
+    return lanes_->mark(recv_marker(k), Lane::kInbound);
+  }
+
+  Status stage(std::size_t index, const ChunkSend& send) {
+    const int k = slot(index);
+    if (!staged_) return lanes_->mark(send_marker(slots_, k), Lane::kInbound);
+    if (send.forward_of >= 0) {  // after the copy or reduce that put it in place
+      DDLFAST_RETURN_IF_ERROR(lanes_->mark(kNowMarker, Lane::kInbound));
+      DDLFAST_RETURN_IF_ERROR(lanes_->lane_wait(Lane::kOutbound, kNowMarker));
+    }
+    DDLFAST_RETURN_IF_ERROR(
+        lanes_->copy(host_send(k), data_.address(send.offset), send.count * esize_, Lane::kOutbound));
+    return lanes_->mark(send_marker(slots_, k), Lane::kOutbound);
+  }
+
+  Status staged(std::size_t index, bool* ready) { return lanes_->passed(send_marker(slots_, slot(index)), ready); }
+
+  const void* send_buffer(std::size_t index, const ChunkSend& send) const {
+    return staged_ ? static_cast<const void*>(host_send(slot(index))) : data_.address(send.offset);
   }
 
  private:
-  MpiTransport* transport_;
-  std::chrono::steady_clock::time_point last_progress_;
-  int idle_turns_ = 0;
-};
-
-// Requests a phase posted itself: on any early return the receives are
-// cancelled (nothing may land in device memory later) and sends released.
-struct PostedRequests {
-  std::vector<MPI_Request> receives, sent;
-  explicit PostedRequests(int slots) : receives(slots, MPI_REQUEST_NULL), sent(slots, MPI_REQUEST_NULL) {}
-  ~PostedRequests() {
-    for (MPI_Request& request : receives) {
-      if (request == MPI_REQUEST_NULL) continue;
-      MPI_Cancel(&request);
-      MPI_Wait(&request, MPI_STATUS_IGNORE);
-    }
-    for (MPI_Request& request : sent) {
-      if (request != MPI_REQUEST_NULL) MPI_Request_free(&request);
-    }
+  int slot(std::size_t index) const { return static_cast<int>(index % static_cast<std::size_t>(slots_)); }
+  char* host_recv(int k) const { return staging_.host_recv + k * staging_.slot_bytes; }
+  char* host_send(int k) const { return staging_.host_send + k * staging_.slot_bytes; }
+  // A device scratch slot at the same address mod 16 as `target`, so the reduce kernel can use 16-byte vectors.
+  char* device_recv(int k, const void* target) const {
+    return staging_.device_recv + k * staging_.slot_bytes + reinterpret_cast<std::uintptr_t>(target) % 16;
   }
-};
 
-Status check_bytes(std::size_t bytes) {
-  if (bytes > static_cast<std::size_t>(INT_MAX)) return Status::invalid("a chunk of more than 2 GiB");
-  return Status::ok();
-}
-
-enum SendState : int { kFree = 0, kCopying = 1, kInFlight = 2 };
-
-// One message this rank sends in a phase: its own data (step 0) or a
-// received chunk passed on once it is in place.
-struct Send {
-  std::size_t offset;
-  std::size_t count;
-  int step;
-  long long forward_of;  // index of the received chunk it forwards; -1 for own data
+  const SegmentedBuffer& data_;
+  bool reduces_;
+  DType dtype_;
+  std::size_t esize_;
+  bool staged_;
+  DeviceLanes* lanes_;
+  const DeviceStaging& staging_;
+  int slots_;
 };
 
 }  // namespace
@@ -96,32 +128,10 @@ std::size_t staging_slot_bytes(std::size_t chunk_bytes) {
   return (chunk + 16 + 255) / 256 * 256;
 }
 
-struct DeviceRingAllreduce::Phase {
-  const SegmentedBuffer& data;
-  const RingPhase& ring;
-  int tag_base;
-  DType dtype;
-  std::size_t chunk_elems;
-  DeviceTransfer transfer;
-  DeviceLanes* lanes;
-  const DeviceStaging& staging;
-  MPI_Comm comm;
-  int rank;
-
-  bool staged() const { return transfer == DeviceTransfer::kStaged; }
-  std::size_t esize() const { return dtype_size(dtype); }
-  char* host_recv(int slot) const { return staging.host_recv + slot * staging.slot_bytes; }
-  char* host_send(int slot) const { return staging.host_send + slot * staging.slot_bytes; }
-  // A device scratch slot at the same address mod 16 as `target`.
-  char* device_recv(int slot, const void* target) const {
-    return staging.device_recv + slot * staging.slot_bytes + reinterpret_cast<std::uintptr_t>(target) % 16;
-  }
-};
-
-Status DeviceRingAllreduce::create(MpiTransport* transport, const std::vector<int>& dims,
-                                   const std::vector<int>& order, std::unique_ptr<DeviceRingAllreduce>* out) {
+Status DeviceRingAllreduce::create(Transport& transport, const std::vector<int>& dims, const std::vector<int>& order,
+                                   std::unique_ptr<DeviceRingAllreduce>* out) {
   RankedTorus ring;
-  DDLFAST_RETURN_IF_ERROR(RankedTorus::make(dims, order, transport->size(), transport->rank(), &ring));
+  DDLFAST_RETURN_IF_ERROR(RankedTorus::make(dims, order, transport.size(), transport.rank(), &ring));
   out->reset(new DeviceRingAllreduce(transport, std::move(ring)));
   return Status::ok();
 }
@@ -141,7 +151,7 @@ Status DeviceRingAllreduce::run_small(const SegmentedBuffer& data, DType dtype, 
   }
   DDLFAST_RETURN_IF_ERROR(lanes->mark(kNowMarker, Lane::kInbound));
   DDLFAST_RETURN_IF_ERROR(lanes->wait(kNowMarker));
-  DDLFAST_RETURN_IF_ERROR(transport_->native_allreduce(host.data(), count, dtype));
+  DDLFAST_RETURN_IF_ERROR(transport_.native_allreduce(host.data(), count, dtype));
   if (divisor != 1) {
     std::vector<char> zeros(count * esize, 0);
     reduce_into(dtype, host.data(), zeros.data(), count, divisor);
@@ -177,179 +187,19 @@ Status DeviceRingAllreduce::run(const SegmentedBuffer& data, DType dtype, Reduce
   if (count * esize <= options.small_bytes) return run_small(data, dtype, divisor, lanes, options);
 
   const std::size_t chunk_elems = std::max<std::size_t>(1, options.chunk_bytes / esize);
-  DDLFAST_RETURN_IF_ERROR(check_bytes(chunk_elems * esize));
+  if (chunk_elems * esize > static_cast<std::size_t>(INT_MAX)) return Status::invalid("a chunk of more than 2 GiB");
   const bool staged = run.transfer == DeviceTransfer::kStaged;
   if (staging.slots < 2 || staging.slot_bytes < staging_slot_bytes(chunk_elems * esize) ||
       staging.device_recv == nullptr || (staged && (staging.host_recv == nullptr || staging.host_send == nullptr))) {
     return Status(StatusCode::kInternal, "GPU ring: staging slots missing or smaller than one chunk");
   }
-
-  const RingSchedule schedule = build_rank_schedule(ring_, count);
-  const int last_reduce_scatter = last_reduce_scatter_phase(schedule);
-  for (int i = 0; i < static_cast<int>(schedule.phases.size()); ++i) {
-    const RingPhase& ring = schedule.phases[i];
-    const Phase phase{data, ring, (i * kTagsPerPhase) % kTagSpace, dtype, chunk_elems, run.transfer,
-                      lanes, staging, transport_->comm(), transport_->rank()};
-    const double start = monotonic_seconds();
-    const bool reduce = ring.kind == PhaseKind::kReduceScatter;
-    DDLFAST_RETURN_IF_ERROR(run_phase(phase, reduce, reduce && i == last_reduce_scatter ? divisor : 1));
-    if (options.events) {
-      std::size_t phase_bytes = 0;
-      for (const RingStep& step : ring.steps) phase_bytes += step.send.count * esize;
-      options.events->push_back({static_cast<int>(ring.kind), ring.dim, start, monotonic_seconds(), phase_bytes});
-    }
-  }
-  return Status::ok();
-}
-
-// One phase, reduce-scatter or allgather, as a polling loop.
-//
-// Receives rotate through `slots` slots in chunk order; chunk j+slots reuses
-// chunk j's slot once the inbound lane has consumed it (its marker), so a
-// receive slot waits for the device only, never for MPI. Sends (own data
-// first, then every arrived chunk of every step but the last) rotate through
-// `slots` send slots and start strictly in that order, which is the order in
-// which the successor posts its receives, so the send slots always hold the
-// successor's next messages and the ring cannot deadlock (holding a receive
-// slot until its forward completed can: every rank's slots fill with
-// forwards that the next rank has no room to receive). A send is copied out
-// to its pinned slot (staged) or marked ready (direct), then posted in order,
-// since MPI matches same-tag messages in posting order.
-//
-// What an arrived chunk does: reduce-scatter staged: pinned slot -> device
-// scratch -> reduced into the data; direct: reduced from the device scratch
-// it was received into. Allgather staged: pinned slot -> its place in the
-// data; direct: received in place, nothing to do.
-Status DeviceRingAllreduce::run_phase(const Phase& p, bool reduce, int final_divisor) {
-  const RingPhase& ring = p.ring;
-  const std::size_t esize = p.esize();
-  const std::vector<ChunkItem> items = chunk_items(p.data, ring, p.chunk_elems);
-  const int last_step = static_cast<int>(ring.steps.size()) - 1;
-  std::vector<Send> sends;
-  {
-    std::vector<ChunkItem> own;
-    append_chunks(p.data, 0, ring.steps[0].send, p.chunk_elems, &own);
-    for (const ChunkItem& c : own) sends.push_back({c.offset, c.count, 0, -1});
-    for (std::size_t i = 0; i < items.size(); ++i) {
-      if (items[i].step < last_step) sends.push_back({items[i].offset, items[i].count, items[i].step + 1,
-                                                      static_cast<long long>(i)});
-    }
-  }
-  const int slots = p.staging.slots;
-  DeviceLanes* lanes = p.lanes;
-  DDLFAST_RETURN_IF_ERROR(lanes->mark(kNowMarker, Lane::kInbound));
-  if (p.staged()) {
-    // Copies of own data start after everything enqueued before this phase.
-    DDLFAST_RETURN_IF_ERROR(lanes->lane_wait(Lane::kOutbound, kNowMarker));
-  } else if (!reduce) {
-    // MPI will write the data in place: let every earlier kernel finish first.
-    DDLFAST_RETURN_IF_ERROR(lanes->wait(kNowMarker));
-  }
-  PostedRequests requests(slots);
-  std::vector<MPI_Request>& receives = requests.receives;
-  std::vector<MPI_Request>& sent = requests.sent;
-  std::vector<int> send_state(slots, kFree);
-  std::size_t posted = 0, arrived = 0, started = 0, posted_sends = 0, finished_sends = 0;
-  Stall stall(transport_);
-  while (arrived < items.size() || finished_sends < sends.size()) {
-    bool progress = false;
-    lanes->poll();
-    // 1. Post receives into slots the lanes are done with.
-    while (posted < items.size() && posted < arrived + slots) {
-      const int k = static_cast<int>(posted % slots);
-      bool free = true;
-      DDLFAST_RETURN_IF_ERROR(lanes->passed(recv_marker(k), &free));
-      if (!free) break;
-      const ChunkItem& item = items[posted];
-      char* target = p.data.address(item.offset);
-      void* buffer = p.staged() ? p.host_recv(k) : (reduce ? p.device_recv(k, target) : target);
-      DDLFAST_RETURN_IF_ERROR(mpi_status(
-          MPI_Irecv(buffer, static_cast<int>(item.count * esize), MPI_BYTE, ring.predecessor,
-                    step_tag(p.tag_base, item.step), p.comm, &receives[k]),
-          "MPI_Irecv", ring.predecessor));
-      ++posted;
-      progress = true;
-    }
-    // 2. Take arrived chunks, in order.
-    while (arrived < posted) {
-      const int k = static_cast<int>(arrived % slots);
-      int done = 0;
-      DDLFAST_RETURN_IF_ERROR(
-          mpi_status(MPI_Test(&receives[k], &done, MPI_STATUS_IGNORE), "MPI_Test", ring.predecessor));
-      if (!done) break;
-      const ChunkItem& item = items[arrived];
-      const std::size_t bytes = item.count * esize;
-      char* target = p.data.address(item.offset);
-      if (reduce) {
-        char* scratch = p.device_recv(k, target);
-        if (p.staged()) DDLFAST_RETURN_IF_ERROR(lanes->copy(scratch, p.host_recv(k), bytes, Lane::kInbound));
-        DDLFAST_RETURN_IF_ERROR(lanes->reduce(p.dtype, target, scratch, item.count,
-                                              item.step == last_step ? final_divisor : 1, Lane::kInbound));
-      } else if (p.staged()) {
-        DDLFAST_RETURN_IF_ERROR(lanes->copy(target, p.host_recv(k), bytes, Lane::kInbound));
-      }
-      // The slot is free again once the inbound lane has consumed it.
-      DDLFAST_RETURN_IF_ERROR(lanes->mark(recv_marker(k), Lane::kInbound));
-      ++arrived;
-      progress = true;
-    }
-    // 3. Start sends in order, once their slot is free and their data has arrived.
-    while (started < sends.size()) {
-      const int k = static_cast<int>(started % slots);
-      const Send& send = sends[started];
-      if (send_state[k] != kFree || (send.forward_of >= 0 && static_cast<std::size_t>(send.forward_of) >= arrived)) {
-        break;
-      }
-      if (p.staged()) {
-        if (send.forward_of >= 0) {  // after the copy or reduce that put it in place
-          DDLFAST_RETURN_IF_ERROR(lanes->mark(kNowMarker, Lane::kInbound));
-          DDLFAST_RETURN_IF_ERROR(lanes->lane_wait(Lane::kOutbound, kNowMarker));
-        }
-        DDLFAST_RETURN_IF_ERROR(
-            lanes->copy(p.host_send(k), p.data.address(send.offset), send.count * esize, Lane::kOutbound));
-        DDLFAST_RETURN_IF_ERROR(lanes->mark(send_marker(slots, k), Lane::kOutbound));
-      } else {
-        DDLFAST_RETURN_IF_ERROR(lanes->mark(send_marker(slots, k), Lane::kInbound));
-      }
-      send_state[k] = kCopying;
-      ++started;
-      progress = true;
-    }
-    // 4. Post, in order, the sends whose data is ready.
-    while (posted_sends < started) {
-      const int k = static_cast<int>(posted_sends % slots);
-      bool ready = false;
-      DDLFAST_RETURN_IF_ERROR(lanes->passed(send_marker(slots, k), &ready));
-      if (!ready) break;
-      const Send& send = sends[posted_sends];
-      const void* buffer = p.staged() ? static_cast<const void*>(p.host_send(k)) : p.data.address(send.offset);
-      DDLFAST_RETURN_IF_ERROR(mpi_status(
-          MPI_Isend(buffer, static_cast<int>(send.count * esize), MPI_BYTE, ring.successor,
-                    step_tag(p.tag_base, send.step), p.comm, &sent[k]),
-          "MPI_Isend", ring.successor));
-      send_state[k] = kInFlight;
-      ++posted_sends;
-      progress = true;
-    }
-    // 5. Free the slots of completed sends.
-    for (int k = 0; k < slots; ++k) {
-      if (send_state[k] != kInFlight) continue;
-      int done = 0;
-      DDLFAST_RETURN_IF_ERROR(mpi_status(MPI_Test(&sent[k], &done, MPI_STATUS_IGNORE), "MPI_Test", ring.successor));
-      if (done) {
-        send_state[k] = kFree;
-        ++finished_sends;
-        progress = true;
-      }
-    }
-    if (progress) {
-      stall.progressed();
-    } else {
-      DDLFAST_RETURN_IF_ERROR(stall.idle(reduce ? "GPU ring reduce-scatter chunks" : "GPU ring allgather chunks",
-                                         ring.predecessor));
-    }
-  }
-  return Status::ok();
+  return run_ring_schedule(
+      data, build_rank_schedule(ring_, count), RingHalves::kBoth, divisor, chunk_elems, options.events,
+      [&](const RingPhase& phase, const PhaseChunks& chunks, int tag_base, int final_divisor) {
+        DeviceSteps steps(data, phase, dtype, run.transfer, lanes, staging);
+        DDLFAST_RETURN_IF_ERROR(steps.begin());
+        return run_ring_phase(transport_, phase, chunks, tag_base, final_divisor, steps);
+      });
 }
 
 }  // namespace ddlfast

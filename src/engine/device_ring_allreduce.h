@@ -1,6 +1,8 @@
 // Executes the k-dimensional ring schedule (algo/ring_schedule.h) on data in
-// GPU memory: the GPU twin of engine/ring_allreduce.h, with the same chunks,
-// tags and reduction order, so it gives the host engine's bits.
+// GPU memory: the GPU twin of engine/ring_allreduce.h, running the same phase
+// loop (engine/ring_phases.h) over the same Transport with a step policy on
+// DeviceLanes, so it moves the same chunks with the same tags and reduces in
+// the same order: it gives the host engine's bits.
 //
 // Per chunk, staged (MPI without CUDA support): the received chunk lands in
 // a pinned host slot, is copied to a device scratch slot and reduced into the
@@ -23,12 +25,11 @@
 #include "algo/ring_schedule.h"
 #include "common/dtype.h"
 #include "engine/device_lanes.h"
-#include "engine/ring_allreduce.h"
+#include "engine/engine_options.h"
 #include "engine/segmented_buffer.h"
+#include "transport/transport.h"
 
 namespace ddlfast {
-
-class MpiTransport;
 
 // Memory the executor works in, owned by the caller and reused across runs.
 struct DeviceStaging {
@@ -52,7 +53,7 @@ struct DeviceRunOptions {
 class DeviceRingAllreduce {
  public:
   // As RingAllreduce::create: `order[v]` is the rank at torus position v.
-  static Status create(MpiTransport* transport, const std::vector<int>& dims, const std::vector<int>& order,
+  static Status create(Transport& transport, const std::vector<int>& dims, const std::vector<int>& order,
                        std::unique_ptr<DeviceRingAllreduce>* out);
 
   // In-place allreduce of device data, after all work already on the inbound
@@ -63,15 +64,11 @@ class DeviceRingAllreduce {
              const DeviceRunOptions& run, DeviceLanes* lanes, const DeviceStaging& staging);
 
  private:
-  struct Phase;
-  DeviceRingAllreduce(MpiTransport* transport, RankedTorus ring) : transport_(transport), ring_(std::move(ring)) {}
+  DeviceRingAllreduce(Transport& transport, RankedTorus ring) : transport_(transport), ring_(std::move(ring)) {}
 
   Status run_small(const SegmentedBuffer& data, DType dtype, int divisor, DeviceLanes* lanes,
                    const EngineOptions& options);
-  // One reduce-scatter (reduce) or allgather phase of the schedule.
-  Status run_phase(const Phase& phase, bool reduce, int final_divisor);
-
-  MpiTransport* transport_;
+  Transport& transport_;
   RankedTorus ring_;
 };
 

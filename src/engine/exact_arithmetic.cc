@@ -5,7 +5,7 @@
 #include <string>
 
 #include "kernels/cpu/cpu_kernels.h"
-#include "transport/mpi_transport.h"
+#include "transport/transport.h"
 
 namespace ddlfast {
 namespace {
@@ -113,7 +113,7 @@ Status ExactArithmetic::before(const SegmentedBuffer& data, DType dtype, ReduceO
   return Status::ok();
 }
 
-Status ExactArithmetic::after(MpiTransport* transport) {
+Status ExactArithmetic::after(Transport& transport) {
   switch (mode_) {
     case Mode::kNone:
       return Status::ok();
@@ -132,7 +132,7 @@ Status ExactArithmetic::after(MpiTransport* transport) {
   return Status::ok();
 }
 
-Status ExactArithmetic::finish_halves(MpiTransport* transport) {
+Status ExactArithmetic::finish_halves(Transport& transport) {
   const AnyNonFiniteFn any_nonfinite = best_kernels().any_nonfinite[half_index(dtype_)];
   bool any = false;
   for_each_run(*data_, [&](char* base, std::size_t, std::size_t n) { any = any || any_nonfinite(base, n); });
@@ -161,12 +161,12 @@ Status ExactArithmetic::finish_halves(MpiTransport* transport) {
                          "1/world size) or reduce in float32"));
 }
 
-Status ExactArithmetic::overflowed_positions(MpiTransport* transport, std::vector<std::size_t>* out) {
+Status ExactArithmetic::overflowed_positions(Transport& transport, std::vector<std::size_t>* out) {
   // The result's non-finite elements: the same on every rank (identical bits).
   std::vector<std::size_t> nonfinite;
   for_each_nonfinite(*data_, exponent_mask(dtype_), [&](std::size_t i) { nonfinite.push_back(i); });
   std::int64_t inputs_nonfinite = input_nonfinite_count_;
-  DDLFAST_RETURN_IF_ERROR(transport->native_allreduce(&inputs_nonfinite, 1, DType::kInt64));
+  DDLFAST_RETURN_IF_ERROR(transport.native_allreduce(&inputs_nonfinite, 1, DType::kInt64));
   if (inputs_nonfinite == 0) {
     *out = std::move(nonfinite);
     return Status::ok();
@@ -184,7 +184,7 @@ Status ExactArithmetic::overflowed_positions(MpiTransport* transport, std::vecto
       counts[k / per_word] += std::int64_t{1} << (width * (k % per_word));
     }
   }
-  DDLFAST_RETURN_IF_ERROR(transport->native_allreduce(counts.data(), counts.size(), DType::kInt64));
+  DDLFAST_RETURN_IF_ERROR(transport.native_allreduce(counts.data(), counts.size(), DType::kInt64));
   const std::int64_t field = (std::int64_t{1} << width) - 1;
   out->clear();
   for (std::size_t k = 0; k < nonfinite.size(); ++k) {

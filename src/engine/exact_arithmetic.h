@@ -39,7 +39,7 @@
 
 namespace ddlfast {
 
-class MpiTransport;
+class Transport;
 
 class ExactArithmetic {
  public:
@@ -51,14 +51,14 @@ class ExactArithmetic {
   const SegmentedBuffer& buffer() const { return widened_ ? *widened_ : *data_; }
   ReduceOp op() const { return reduce_op_; }
   // Finishes the result in place; collective (all ranks take the same branch).
-  Status after(MpiTransport* transport);
+  Status after(Transport& transport);
 
  private:
   enum class Mode { kNone, kIntegerAverage, kHalfChecked, kHalfAverage };
 
-  Status finish_halves(MpiTransport* transport);
+  Status finish_halves(Transport& transport);
   // Logical positions where the result is non-finite but no rank's input was.
-  Status overflowed_positions(MpiTransport* transport, std::vector<std::size_t>* out);
+  Status overflowed_positions(Transport& transport, std::vector<std::size_t>* out);
 
   Mode mode_ = Mode::kNone;
   const SegmentedBuffer* data_ = nullptr;

@@ -1,20 +1,15 @@
 #include "engine/ring_allreduce.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <optional>
 #include <string>
 
-#include "engine/chunking.h"
 #include "kernels/cpu/cpu_kernels.h"
-#include "transport/mpi_transport.h"
 
 namespace ddlfast {
 namespace {
-
-using namespace chunking;  // NOLINT: the engine's own helpers
 
 void prescale(const SegmentedBuffer& data, float scale) {
   for (std::size_t done = 0; done < data.count();) {
@@ -23,10 +18,6 @@ void prescale(const SegmentedBuffer& data, float scale) {
     for (std::size_t i = 0; i < n; ++i) values[i] *= scale;
     done += n;
   }
-}
-
-double monotonic_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 void append_runs(const SegmentedBuffer& from, ElementRange range, std::vector<char*>* bases,
@@ -85,10 +76,10 @@ Status check_counts(const std::vector<std::size_t>& counts, int world, std::size
 
 }  // namespace
 
-Status RingAllreduce::create(MpiTransport* transport, const std::vector<int>& dims, const std::vector<int>& order,
+Status RingAllreduce::create(Transport& transport, const std::vector<int>& dims, const std::vector<int>& order,
                              std::unique_ptr<RingAllreduce>* out) {
   RankedTorus ring;
-  DDLFAST_RETURN_IF_ERROR(RankedTorus::make(dims, order, transport->size(), transport->rank(), &ring));
+  DDLFAST_RETURN_IF_ERROR(RankedTorus::make(dims, order, transport.size(), transport.rank(), &ring));
   out->reset(new RingAllreduce(transport, std::move(ring)));
   return Status::ok();
 }
@@ -113,7 +104,7 @@ Status RingAllreduce::run_small(const SegmentedBuffer& data, DType dtype, Reduce
     contiguous = packed.data();
   }
   DDLFAST_RETURN_IF_ERROR(
-      transport_->native_allreduce(contiguous, count, dtype, op == ReduceOp::kAverage ? ReduceOp::kSum : op));
+      transport_.native_allreduce(contiguous, count, dtype, op == ReduceOp::kAverage ? ReduceOp::kSum : op));
   if (divisor != 1) {
     // One extra pass over a tiny buffer is cheaper than a custom MPI op per divisor.
     std::vector<char> zeros(count * esize, 0);
@@ -147,7 +138,7 @@ Status RingAllreduce::reduce(const SegmentedBuffer& data, DType dtype, ReduceOp 
   if (count * esize <= options.small_bytes) return run_small(data, dtype, op, divisor, options);
   bool compressed = false;
   DDLFAST_RETURN_IF_ERROR(prepare_wire(data, dtype == DType::kFloat32, op, options, &divisor, &compressed));
-  return run_phases(data, build_rank_schedule(ring_, count), dtype, op, divisor, compressed, options, Halves::kBoth);
+  return run_phases(data, build_rank_schedule(ring_, count), dtype, op, divisor, compressed, options, RingHalves::kBoth);
 }
 
 Status RingAllreduce::prepare_wire(const SegmentedBuffer& data, bool float32, ReduceOp op,
@@ -172,32 +163,25 @@ Status RingAllreduce::prepare_wire(const SegmentedBuffer& data, bool float32, Re
   return Status::ok();
 }
 
+// Every phase runs the one loop (engine/ring_phases.h): the host step policy with the plain wire, or with fp16/bf16
+// on the wire where options compress that phase's dimension.
 Status RingAllreduce::run_phases(const SegmentedBuffer& data, const RingSchedule& schedule, DType dtype, ReduceOp op,
-                                 int divisor, bool compressed, const EngineOptions& options, Halves halves) {
-  const int last_reduce_scatter = last_reduce_scatter_phase(schedule);
-  for (int i = 0; i < static_cast<int>(schedule.phases.size()); ++i) {
-    const RingPhase& phase = schedule.phases[i];
-    const bool reduces = phase.kind == PhaseKind::kReduceScatter;
-    if ((halves == Halves::kReduceScatter && !reduces) || (halves == Halves::kAllgather && reduces)) continue;
-    const int tag_base = (i * kTagsPerPhase) % kTagSpace;
-    const double start = monotonic_seconds();
-    const int wire = compressed ? options.wire_by_dim[phase.dim] : -1;
-    if (reduces) {
-      const int final_divisor = i == last_reduce_scatter ? divisor : 1;
-      DDLFAST_RETURN_IF_ERROR(
-          wire >= 0 ? compressed_reduce_scatter_phase(data, phase, tag_base, wire, op, final_divisor, options)
-                    : reduce_scatter_phase(data, phase, tag_base, dtype, op, final_divisor, options));
-    } else {
-      DDLFAST_RETURN_IF_ERROR(wire >= 0 ? compressed_allgather_phase(data, phase, tag_base, wire, options)
-                                        : allgather_phase(data, phase, tag_base, options));
-    }
-    if (options.events) {
-      std::size_t phase_bytes = 0;
-      for (const RingStep& step : phase.steps) phase_bytes += step.send.count * data.element_size();
-      options.events->push_back({static_cast<int>(phase.kind), phase.dim, start, monotonic_seconds(), phase_bytes});
-    }
-  }
-  return Status::ok();
+                                 int divisor, bool compressed, const EngineOptions& options, RingHalves halves) {
+  const std::size_t chunk_elems = std::max<std::size_t>(1, options.chunk_bytes / data.element_size());
+  const int slots = std::max(2, options.receives_in_flight);
+  return run_ring_schedule(
+      data, schedule, halves, divisor, chunk_elems, options.events,
+      [&](const RingPhase& phase, const PhaseChunks& chunks, int tag_base, int final_divisor) {
+        const int wire = compressed ? options.wire_by_dim[phase.dim] : -1;
+        if (wire >= 0) {
+          HostSteps<HalfWire> steps(data, phase, chunks, slots, chunk_elems,
+                                    HalfWire(wire, op, &scratch_.decoded, &overflows_), &scratch_);
+          return run_ring_phase(transport_, phase, chunks, tag_base, final_divisor, steps);
+        }
+        HostSteps<PlainWire> steps(data, phase, chunks, slots, chunk_elems, PlainWire(dtype, op, data.element_size()),
+                                   &scratch_);
+        return run_ring_phase(transport_, phase, chunks, tag_base, final_divisor, steps);
+      });
 }
 
 SegmentedBuffer RingAllreduce::in_block_order(const SegmentedBuffer& rank_ordered,
@@ -220,7 +204,7 @@ Status RingAllreduce::reduce_scatter(const SegmentedBuffer& input, const Segment
                                      const std::vector<std::size_t>& counts, DType dtype, ReduceOp op,
                                      const EngineOptions& options) {
   const int world = ring_.torus.world_size();
-  const int me = transport_->rank();
+  const int me = transport_.rank();
   DDLFAST_RETURN_IF_ERROR(check_counts(counts, world, input.count(), output.count(), me));
   const std::size_t esize = dtype_size(dtype);
   const std::size_t total = input.count();
@@ -268,7 +252,7 @@ Status RingAllreduce::reduce_scatter(const SegmentedBuffer& input, const Segment
     bool compressed = false;
     DDLFAST_RETURN_IF_ERROR(prepare_wire(data, dtype == DType::kFloat32, kernel_op, options, &divisor, &compressed));
     DDLFAST_RETURN_IF_ERROR(run_phases(data, build_rank_schedule(ring_, block_counts), dtype, kernel_op, divisor,
-                                       compressed, options, Halves::kReduceScatter));
+                                       compressed, options, RingHalves::kReduceScatter));
   }
   if (dtype == DType::kFloat16 || dtype == DType::kBFloat16) {
     return finish_half_reduce_scatter(input, output, counts, dtype, op);
@@ -298,8 +282,8 @@ Status RingAllreduce::reduce_scatter_small(const SegmentedBuffer& data, const st
   copy_elements(select_ranges(data, by_rank), contiguous(send.data(), data.count(), esize));
   const SegmentedBuffer own = select_ranges(data, {by_position[ring_.position]});
   std::vector<char> mine(own.count() * esize + 1);
-  DDLFAST_RETURN_IF_ERROR(transport_->native_reduce_scatter(send.data(), mine.data(), rank_counts, dtype,
-                                                         op == ReduceOp::kAverage ? ReduceOp::kSum : op));
+  DDLFAST_RETURN_IF_ERROR(transport_.native_reduce_scatter(send.data(), mine.data(), rank_counts, dtype,
+                                                          op == ReduceOp::kAverage ? ReduceOp::kSum : op));
   if (divisor != 1) {
     std::vector<char> zeros(own.count() * esize, 0);
     reduce_into(dtype, mine.data(), zeros.data(), own.count(), divisor);
@@ -325,13 +309,13 @@ Status RingAllreduce::finish_half_reduce_scatter(const SegmentedBuffer& input, c
     done += n;
   }
   // Each rank holds a different block: agree before anything that communicates depends on it.
-  DDLFAST_RETURN_IF_ERROR(transport_->native_allreduce(&found, 1, DType::kInt64));
+  DDLFAST_RETURN_IF_ERROR(transport_.native_allreduce(&found, 1, DType::kInt64));
   if (found == 0) return Status::ok();  // the common case
   // Rare: tell inf/nan that came in (kept, as IEEE says) from overflow, per element of each rank's block.
   std::vector<std::int32_t> inputs(input.count() + 1, 0);
   for (std::size_t i = 0; i < input.count(); ++i) inputs[i] = (bits_at(input, i) & exponent) == exponent;
   std::vector<std::int32_t> came_in(output.count() + 1, 0);
-  DDLFAST_RETURN_IF_ERROR(transport_->native_reduce_scatter(inputs.data(), came_in.data(), counts, DType::kInt32));
+  DDLFAST_RETURN_IF_ERROR(transport_.native_reduce_scatter(inputs.data(), came_in.data(), counts, DType::kInt32));
   std::int64_t overflowed = 0;
   for (std::size_t i = 0; i < output.count(); ++i) {
     const std::uint16_t bits = bits_at(output, i);
@@ -344,7 +328,7 @@ Status RingAllreduce::finish_half_reduce_scatter(const SegmentedBuffer& input, c
     }
   }
   if (op == ReduceOp::kAverage) return Status::ok();
-  DDLFAST_RETURN_IF_ERROR(transport_->native_allreduce(&overflowed, 1, DType::kInt64));
+  DDLFAST_RETURN_IF_ERROR(transport_.native_allreduce(&overflowed, 1, DType::kInt64));
   if (overflowed == 0) return Status::ok();
   return Status::consistent(std::string(dtype_name(dtype)) + " reduce-scatter " + reduce_op_name(op) + " overflowed: " +
                             std::to_string(overflowed) + " elements went past the largest " + dtype_name(dtype) +
@@ -355,7 +339,7 @@ Status RingAllreduce::finish_half_reduce_scatter(const SegmentedBuffer& input, c
 Status RingAllreduce::allgather(const SegmentedBuffer& input, const SegmentedBuffer& output,
                                 const std::vector<std::size_t>& counts, bool float32, const EngineOptions& options) {
   const int world = ring_.torus.world_size();
-  const int me = transport_->rank();
+  const int me = transport_.rank();
   DDLFAST_RETURN_IF_ERROR(check_counts(counts, world, output.count(), input.count(), me));
   const std::size_t esize = output.element_size();
   if (world > 1 && output.count() * esize <= options.small_bytes) {  // latency-bound: MPI_Allgather
@@ -365,7 +349,7 @@ Status RingAllreduce::allgather(const SegmentedBuffer& input, const SegmentedBuf
     std::vector<char> all(output.count() * esize + 1);
     std::vector<std::size_t> bytes;
     for (std::size_t count : counts) bytes.push_back(count * esize);
-    DDLFAST_RETURN_IF_ERROR(transport_->native_allgather(send.data(), all.data(), bytes));
+    DDLFAST_RETURN_IF_ERROR(transport_.native_allgather(send.data(), all.data(), bytes));
     copy_elements(contiguous(all.data(), output.count(), esize), output);
     if (options.events) options.events->push_back({2, -1, start, monotonic_seconds(), output.count() * esize});
     return Status::ok();
@@ -378,75 +362,7 @@ Status RingAllreduce::allgather(const SegmentedBuffer& input, const SegmentedBuf
   DDLFAST_RETURN_IF_ERROR(
       prepare_wire(ordered, float32 && esize == sizeof(float), ReduceOp::kSum, options, &divisor, &compressed));
   return run_phases(ordered, build_rank_schedule(ring_, counts_by_position(counts)), DType::kFloat32, ReduceOp::kSum,
-                    1, compressed, options, Halves::kAllgather);
-}
-
-// Receives land in a ring of scratch slots; slot j is re-posted for chunk
-// j+W as soon as chunk j has been added into the data, and the reduced
-// chunk goes straight on to the successor as part of the next step.
-Status RingAllreduce::reduce_scatter_phase(const SegmentedBuffer& data, const RingPhase& phase, int tag_base, DType dtype,
-                                           ReduceOp op, int final_divisor, const EngineOptions& options) {
-  const std::size_t esize = dtype_size(dtype);
-  const std::size_t chunk_elems = std::max<std::size_t>(1, options.chunk_bytes / esize);
-  const std::vector<ChunkItem> items = chunk_items(data, phase, chunk_elems);
-  const int slots = std::max(2, options.receives_in_flight);
-  const std::size_t slot_bytes = chunk_elems * esize;
-  if (scratch_.size() < slots * slot_bytes) scratch_.resize(slots * slot_bytes);
-  const int last_step = static_cast<int>(phase.steps.size()) - 1;
-
-  std::vector<RequestId> receives(items.size());
-  auto post_receive = [&](std::size_t index) {
-    const ChunkItem& item = items[index];
-    unsigned char* slot = scratch_.data() + (index % slots) * slot_bytes;
-    return transport_->irecv(slot, item.count * esize, phase.predecessor, step_tag(tag_base, item.step),
-                             &receives[index]);
-  };
-  for (std::size_t i = 0; i < items.size() && i < static_cast<std::size_t>(slots); ++i) {
-    DDLFAST_RETURN_IF_ERROR(post_receive(i));
-  }
-  // Step 0 sends this rank's own data, all of it at once.
-  DDLFAST_RETURN_IF_ERROR(send_first_step(transport_, data, phase, step_tag(tag_base, 0), chunk_elems));
-  for (std::size_t i = 0; i < items.size(); ++i) {
-    const ChunkItem& item = items[i];
-    DDLFAST_RETURN_IF_ERROR(transport_->wait(receives[i]));
-    unsigned char* slot = scratch_.data() + (i % slots) * slot_bytes;
-    char* target = data.address(item.offset);
-    reduce_into(dtype, op, target, slot, item.count, item.step == last_step ? final_divisor : 1);
-    if (i + slots < items.size()) DDLFAST_RETURN_IF_ERROR(post_receive(i + slots));
-    if (item.step < last_step) {
-      RequestId ignored;
-      DDLFAST_RETURN_IF_ERROR(transport_->isend(target, item.count * esize, phase.successor,
-                                                step_tag(tag_base, item.step + 1), &ignored));
-    }
-  }
-  return transport_->wait_all();
-}
-
-// Receives go straight into their final place; each received chunk is
-// forwarded to the successor as part of the next step.
-Status RingAllreduce::allgather_phase(const SegmentedBuffer& data, const RingPhase& phase, int tag_base,
-                                      const EngineOptions& options) {
-  const std::size_t esize = data.element_size();
-  const std::size_t chunk_elems = std::max<std::size_t>(1, options.chunk_bytes / esize);
-  const std::vector<ChunkItem> items = chunk_items(data, phase, chunk_elems);
-  const int last_step = static_cast<int>(phase.steps.size()) - 1;
-  std::vector<RequestId> receives(items.size());
-  for (std::size_t i = 0; i < items.size(); ++i) {
-    const ChunkItem& item = items[i];
-    DDLFAST_RETURN_IF_ERROR(transport_->irecv(data.address(item.offset), item.count * esize, phase.predecessor,
-                                              step_tag(tag_base, item.step), &receives[i]));
-  }
-  DDLFAST_RETURN_IF_ERROR(send_first_step(transport_, data, phase, step_tag(tag_base, 0), chunk_elems));
-  for (std::size_t i = 0; i < items.size(); ++i) {
-    const ChunkItem& item = items[i];
-    DDLFAST_RETURN_IF_ERROR(transport_->wait(receives[i]));
-    if (item.step < last_step) {
-      RequestId ignored;
-      DDLFAST_RETURN_IF_ERROR(transport_->isend(data.address(item.offset), item.count * esize, phase.successor,
-                                                step_tag(tag_base, item.step + 1), &ignored));
-    }
-  }
-  return transport_->wait_all();
+                    1, compressed, options, RingHalves::kAllgather);
 }
 
 }  // namespace ddlfast

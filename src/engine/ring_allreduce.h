@@ -1,6 +1,7 @@
-// Executes a RingSchedule on a Transport: each step is cut into chunks, a
-// window of receives stays in flight so reducing chunk j overlaps receiving
-// chunk j+1, and every reduced chunk is forwarded at once to the next step.
+// The host executor: runs a RingSchedule on host memory through the phase
+// loop (engine/ring_phases.h) with the host step policy and its wire codecs
+// (engine/host_steps.h), plus the small-message path and the two halves on
+// their own. Its GPU twin is DeviceRingAllreduce, over the same Transport.
 #pragma once
 
 #include <cstddef>
@@ -10,42 +11,21 @@
 
 #include "algo/ring_schedule.h"
 #include "common/dtype.h"
+#include "engine/engine_options.h"
 #include "engine/exact_arithmetic.h"
+#include "engine/host_steps.h"
+#include "engine/ring_phases.h"
 #include "engine/segmented_buffer.h"
 #include "transport/transport.h"
 
 namespace ddlfast {
-
-// One executed phase, for the timeline (seconds on the monotonic clock, the
-// same clock as Python's time.perf_counter on Linux).
-struct PhaseEvent {
-  int kind;  // 0 reduce-scatter, 1 allgather, 2 MPI_Allreduce handoff
-  int dim;
-  double start_s;
-  double end_s;
-  std::size_t bytes;
-};
-
-struct EngineOptions {
-  std::size_t chunk_bytes = 1024 * 1024;
-  int receives_in_flight = 4;  // scratch slots per reduce-scatter phase (>= 2)
-  // Buffers of at most this many bytes go to MPI_Allreduce (latency-bound
-  // sizes, where log(p) steps beat 2(p-1)). 0 disables the handoff.
-  std::size_t small_bytes = 0;
-  std::vector<PhaseEvent>* events = nullptr;  // append phase events here when set
-  // Wire type per torus dimension for float32 data: -1 sends float32, 0 fp16,
-  // 1 bf16 (WireType). Empty: no compression anywhere.
-  std::vector<int> wire_by_dim;
-};
-
-class MpiTransport;
 
 class RingAllreduce {
  public:
   // `order[v]` is the communicator rank that plays torus position v, so a
   // topology-aware caller can keep each dimension-1 ring on one host even when
   // the launcher did not place ranks host-contiguously. Empty: identity.
-  static Status create(MpiTransport* transport, const std::vector<int>& dims, const std::vector<int>& order,
+  static Status create(Transport& transport, const std::vector<int>& dims, const std::vector<int>& order,
                        std::unique_ptr<RingAllreduce>* out);
 
   // In-place allreduce of several arrays treated as one buffer (no packing);
@@ -72,8 +52,6 @@ class RingAllreduce {
                    bool float32, const EngineOptions& options);
 
  private:
-  enum class Halves { kBoth, kReduceScatter, kAllgather };
-
   // run() without the exact-arithmetic wrapping.
   Status reduce(const SegmentedBuffer& data, DType dtype, ReduceOp op, const EngineOptions& options);
   Status run_small(const SegmentedBuffer& data, DType dtype, ReduceOp op, int divisor, const EngineOptions& options);
@@ -81,10 +59,10 @@ class RingAllreduce {
   // `data` and leaves *divisor at 1, so partial sums stay within the inputs' range.
   Status prepare_wire(const SegmentedBuffer& data, bool float32, ReduceOp op, const EngineOptions& options,
                       int* divisor, bool* compressed);
-  // Executes the schedule's phases of `halves`, in order (the one phase loop of the host engine); `op` reaches
-  // the reduce kernel as it is (divisor: average's, on the last reduce-scatter step).
+  // Executes the schedule's phases of `halves` through the one phase loop; `op` reaches the reduce kernel as it
+  // is (divisor: average's, on the last reduce-scatter step).
   Status run_phases(const SegmentedBuffer& data, const RingSchedule& schedule, DType dtype, ReduceOp op, int divisor,
-                    bool compressed, const EngineOptions& options, Halves halves);
+                    bool compressed, const EngineOptions& options, RingHalves halves);
   // A rank-order buffer (block q: counts[q] elements) seen in the schedule's block order, and the owned-block
   // size of each torus position.
   SegmentedBuffer in_block_order(const SegmentedBuffer& rank_ordered, const std::vector<std::size_t>& counts) const;
@@ -96,26 +74,12 @@ class RingAllreduce {
   // per rank, so the ranks agree on what they found before any branch that communicates.
   Status finish_half_reduce_scatter(const SegmentedBuffer& input, const SegmentedBuffer& output,
                                     const std::vector<std::size_t>& counts, DType dtype, ReduceOp op);
-  Status reduce_scatter_phase(const SegmentedBuffer& data, const RingPhase& phase, int tag_base, DType dtype,
-                              ReduceOp op, int final_divisor, const EngineOptions& options);
-  // Compressed variants: the wire carries fp16/bf16, accumulation stays fp32.
-  // min/max decode each received chunk and combine in float32: rounding is
-  // monotonic, so the result is the wire rounding of the exact min/max.
-  Status compressed_reduce_scatter_phase(const SegmentedBuffer& data, const RingPhase& phase, int tag_base,
-                                         int wire, ReduceOp op, int final_divisor, const EngineOptions& options);
-  Status compressed_allgather_phase(const SegmentedBuffer& data, const RingPhase& phase, int tag_base, int wire,
-                                    const EngineOptions& options);
-  Status allgather_phase(const SegmentedBuffer& data, const RingPhase& phase, int tag_base,
-                         const EngineOptions& options);
 
-  RingAllreduce(MpiTransport* transport, RankedTorus ring) : transport_(transport), ring_(std::move(ring)) {}
+  RingAllreduce(Transport& transport, RankedTorus ring) : transport_(transport), ring_(std::move(ring)) {}
 
-  MpiTransport* transport_;
+  Transport& transport_;
   RankedTorus ring_;
-  std::vector<unsigned char> scratch_;  // persistent across calls
-  std::vector<unsigned char> send_stage_;  // encoded chunks until their sends complete
-  std::vector<unsigned char> recv_stage_;  // encoded allgather chunks, kept for forwarding
-  std::vector<float> decoded_;  // a received chunk decoded for compressed min/max
+  HostScratch scratch_;  // persistent across calls
   std::vector<char> work_;  // reduce-scatter's working copy of the other ranks' blocks
   ExactArithmetic exact_;
 

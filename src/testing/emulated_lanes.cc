@@ -66,13 +66,15 @@ bool EmulatedLanes::step(bool force) {
   return true;
 }
 
-void EmulatedLanes::poll() {
+bool EmulatedLanes::poll() {
   ++turn_;
   if (random_() % 32 == 0) stalled_until_[random_() & 1u] = turn_ + random_() % 400;
   // Usually some work happens between two turns of the executor, sometimes none.
   const unsigned steps = static_cast<unsigned>(random_() % 3);
   for (unsigned i = 0; i < steps && step(); ++i) {
   }
+  // Work that can run (now, or once a stall ends) runs only on later polls: a busy device, not an idle one.
+  return runnable(0, true) || runnable(1, true);
 }
 
 Status EmulatedLanes::passed(int marker, bool* done) {
@@ -117,7 +119,7 @@ Status emulated_device_allreduce(MPI_Comm comm, const std::vector<char*>& bases,
   std::unique_ptr<MpiTransport> transport;
   DDLFAST_RETURN_IF_ERROR(MpiTransport::create(comm, timeout_s, &transport));
   std::unique_ptr<DeviceRingAllreduce> engine;
-  DDLFAST_RETURN_IF_ERROR(DeviceRingAllreduce::create(transport.get(), dims, order, &engine));
+  DDLFAST_RETURN_IF_ERROR(DeviceRingAllreduce::create(*transport, dims, order, &engine));
   DeviceStaging staging;
   staging.slots = std::max(2, options.receives_in_flight);
   staging.slot_bytes = staging_slot_bytes(options.chunk_bytes);

@@ -33,7 +33,7 @@ class EmulatedLanes final : public DeviceLanes {
   Status passed(int marker, bool* done) override;
   Status wait(int marker) override;
   Status lane_wait(Lane lane, int marker) override;
-  void poll() override;
+  bool poll() override;
 
   // Runs everything still queued (end of a test).
   Status drain();

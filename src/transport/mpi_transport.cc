@@ -283,15 +283,22 @@ Status MpiTransport::wait_all() {
   return Status::ok();
 }
 
-// The one poll loop (see the file comment of the header).
+Status MpiTransport::test(RequestId request, bool* done) {
+  int flag = 0;
+  DDLFAST_RETURN_IF_ERROR(check(MPI_Test(&requests_[request], &flag, MPI_STATUS_IGNORE), "MPI_Test", peers_[request]));
+  *done = flag != 0;
+  if (*done) free_ids_.push_back(request);
+  return Status::ok();
+}
+
+// Every single wait (see the file comment of the header); the executors poll many requests the same way.
 Status MpiTransport::wait_request(MPI_Request* request, const char* what, int peer) {
-  PollBackoff backoff(spin_us_);  // spin, then yield, then sleep (poll_backoff.h)
+  StallWatch watch(*this);  // spin, then yield, then sleep (poll_backoff.h), then the stall check
   while (*request != MPI_REQUEST_NULL) {
     int done = 0;
     DDLFAST_RETURN_IF_ERROR(check(MPI_Test(request, &done, MPI_STATUS_IGNORE), "MPI_Test", peer));
     if (done) break;
-    if (!backoff.idle()) continue;
-    DDLFAST_RETURN_IF_ERROR(idle(backoff.started(), what, peer));
+    DDLFAST_RETURN_IF_ERROR(watch.idle(what, peer));
   }
   return Status::ok();
 }

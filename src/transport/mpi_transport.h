@@ -1,8 +1,9 @@
 // Transport over MPI on a private duplicate of the caller's communicator, so
 // ddlfast's messages never match the application's. Every wait in ddlfast —
-// ring messages, the small-message collective, the per-call agreement and the
-// Python side's control collectives — goes through one stall-limited poll
-// loop here (wait_request), which also answers the stall census (below).
+// both ring executors' phase loops, the small-message collectives, the
+// per-call agreement and the Python side's control collectives — polls
+// through one stall check here (idle, reached through StallWatch), which also
+// answers the stall census (below).
 //
 // Stall census. When a wait passes DDLFAST_TIMEOUT_S, the rank asks every
 // other rank "are you there?" on a census communicator of its own. A rank that
@@ -53,10 +54,11 @@ class MpiTransport final : public Transport {
   // place of the automatic choice made at creation. Rank-local. Set it before
   // any collective: the waits read it unsynchronized.
   void set_spin_us(double microseconds) { spin_us_ = microseconds; }
-  double spin_us() const { return spin_us_; }
+  double spin_us() const override { return spin_us_; }
 
   Status isend(const void* data, std::size_t bytes, int peer, int tag, RequestId* request) override;
   Status irecv(void* data, std::size_t bytes, int peer, int tag, RequestId* request) override;
+  Status test(RequestId request, bool* done) override;
   Status wait(RequestId request) override;
   Status wait_all() override;
 
@@ -65,11 +67,11 @@ class MpiTransport final : public Transport {
   // request_stop() is called (kAborted). `what` names the wait in messages;
   // peer < 0: a collective.
   Status wait_request(MPI_Request* request, const char* what, int peer = -1);
-  // What wait_request does between polls, for executors that poll several
-  // requests themselves (the GPU ring): fails when the context is being
-  // closed, answers a census, and runs one (kTimeout) once nothing has moved
-  // since `since` for the stall limit.
-  Status idle(std::chrono::steady_clock::time_point since, const char* what, int peer);
+  // What every wait does between polls (Transport::idle, through
+  // StallWatch): fails when the context is being closed, answers a census,
+  // and runs one (kTimeout) once nothing has moved since `since` for the
+  // stall limit.
+  Status idle(std::chrono::steady_clock::time_point since, const char* what, int peer) override;
 
   // The per-call agreement: true when every rank passed the same digest in
   // the same collective (this transport's sequence number, counted here and
@@ -85,16 +87,16 @@ class MpiTransport final : public Transport {
   // fp16/bf16 sums and every min, max and product use ddlfast's kernels as
   // user-defined MPI ops (created with the transport, freed with it), so the
   // nan and signed-zero rules are the ring's. `op` is not kAverage.
-  Status native_allreduce(void* data, std::size_t count, DType dtype, ReduceOp op = ReduceOp::kSum);
+  Status native_allreduce(void* data, std::size_t count, DType dtype, ReduceOp op = ReduceOp::kSum) override;
   // MPI's reduce-scatter (the small-message path of reduce_scatter): `send`
   // holds counts[q] elements for each rank q in rank order, `recv` gets this
   // rank's counts[rank] reduced elements. Stall-limited, through internal
   // copies like native_allreduce; ops as native_allreduce.
   Status native_reduce_scatter(const void* send, void* recv, const std::vector<std::size_t>& counts, DType dtype,
-                               ReduceOp op = ReduceOp::kSum);
+                               ReduceOp op = ReduceOp::kSum) override;
   // MPI's allgather of bytes: `send` is this rank's bytes[rank] bytes, `recv`
   // gets every rank's bytes in rank order (MPI_Allgatherv when they differ).
-  Status native_allgather(const void* send, void* recv, const std::vector<std::size_t>& bytes);
+  Status native_allgather(const void* send, void* recv, const std::vector<std::size_t>& bytes) override;
 
   // After a failed collective: cancel receives, release sends, refuse all
   // later work with the failure's message, and tell the other ranks (a

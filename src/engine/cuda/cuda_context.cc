@@ -131,7 +131,7 @@ Status CudaContext::allreduce(int device, const SegmentedBuffer& data, DType dty
   auto found = engines_.find(key);
   if (found == engines_.end()) {
     std::unique_ptr<DeviceRingAllreduce> engine;
-    DDLFAST_RETURN_IF_ERROR(DeviceRingAllreduce::create(transport_.get(), dims, order, &engine));
+    DDLFAST_RETURN_IF_ERROR(DeviceRingAllreduce::create(*transport_, dims, order, &engine));
     found = engines_.emplace(std::move(key), std::move(engine)).first;
   }
   const bool direct = transfer == DeviceTransfer::kDirect;

@@ -1,0 +1,37 @@
+// What a caller sets for one collective on either executor, and the phase
+// events they report for the timeline.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <vector>
+
+namespace ddlfast {
+
+// One executed phase, for the timeline (seconds on the monotonic clock, the
+// same clock as Python's time.perf_counter on Linux).
+struct PhaseEvent {
+  int kind;  // 0 reduce-scatter, 1 allgather, 2 MPI_Allreduce handoff
+  int dim;
+  double start_s;
+  double end_s;
+  std::size_t bytes;
+};
+
+struct EngineOptions {
+  std::size_t chunk_bytes = 1024 * 1024;
+  int receives_in_flight = 4;  // scratch slots per reduce-scatter phase (>= 2)
+  // Buffers of at most this many bytes go to MPI_Allreduce (latency-bound
+  // sizes, where log(p) steps beat 2(p-1)). 0 disables the handoff.
+  std::size_t small_bytes = 0;
+  std::vector<PhaseEvent>* events = nullptr;  // append phase events here when set
+  // Wire type per torus dimension for float32 data: -1 sends float32, 0 fp16,
+  // 1 bf16 (WireType). Empty: no compression anywhere.
+  std::vector<int> wire_by_dim;
+};
+
+inline double monotonic_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace ddlfast

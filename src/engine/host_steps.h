@@ -1,0 +1,179 @@
+// The host executor's step policy for the phase loop (engine/ring_phases.h):
+// data in host memory, each arrived chunk reduced or placed at once with the
+// CPU kernels, sends posted as soon as their data is in place (no send
+// window; the phase ends with wait_all). The wire codec is a policy of its
+// own, so the compiler sees every kernel call:
+//
+//   PlainWire  elements travel as they are: reduce-scatter chunks land in a
+//              window of receive slots and are reduced into the data;
+//              allgather chunks land in place; sends read the data itself.
+//   HalfWire   float32 data travels as fp16 or bf16 (DESIGN §2): every send
+//              is encoded into a stage kept until it completes, received
+//              chunks accumulate in float32. The owner of each reduced block
+//              rounds it through the wire type before the allgather sends it,
+//              and forwards what arrived as it arrived (no second rounding),
+//              so every rank ends with the same bits.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "common/dtype.h"
+#include "engine/ring_phases.h"
+#include "engine/segmented_buffer.h"
+#include "kernels/cpu/cpu_kernels.h"
+
+namespace ddlfast {
+
+// Memory the host steps work in: owned by the executor, grown, never shrunk.
+struct HostScratch {
+  std::vector<unsigned char> receive_slots;  // reduce-scatter's window of receive slots
+  std::vector<unsigned char> send_stage;     // encoded chunks until their sends complete
+  std::vector<unsigned char> receive_stage;  // encoded allgather chunks, kept for forwarding
+  std::vector<float> decoded;                // a received chunk decoded for compressed min/max
+};
+
+class PlainWire {
+ public:
+  static constexpr bool kInPlace = true;  // the wire carries the data's own bytes
+  PlainWire(DType dtype, ReduceOp op, std::size_t element_size) : dtype_(dtype), op_(op), esize_(element_size) {}
+  std::size_t bytes(std::size_t count) const { return count * esize_; }
+  void reduce(char* target, const unsigned char* wire, std::size_t count, int divisor) const {
+    reduce_into(dtype_, op_, target, wire, count, divisor);
+  }
+  void encode(unsigned char*, const char*, std::size_t) const {}
+  void decode(char*, const unsigned char*, std::size_t) const {}
+
+ private:
+  DType dtype_;
+  ReduceOp op_;
+  std::size_t esize_;
+};
+
+class HalfWire {
+ public:
+  static constexpr bool kInPlace = false;
+  // `overflows` counts finite values encoded to inf (wire overflow).
+  HalfWire(int wire, ReduceOp op, std::vector<float>* decoded, std::size_t* overflows)
+      : kernels_(best_kernels()), wire_(wire), op_(op), decoded_(decoded), overflows_(overflows) {}
+  std::size_t bytes(std::size_t count) const { return count * wire_size(static_cast<WireType>(wire_)); }
+  // min/max decode and combine in float32: rounding is monotonic, so the
+  // result is the wire rounding of the exact min/max.
+  void reduce(char* target, const unsigned char* wire, std::size_t count, int divisor) const {
+    float* values = reinterpret_cast<float*>(target);
+    if (op_ == ReduceOp::kMin || op_ == ReduceOp::kMax) {
+      if (decoded_->size() < count) decoded_->resize(count);
+      kernels_.decode[wire_](decoded_->data(), wire, count);
+      reduce_into(DType::kFloat32, op_, values, decoded_->data(), count, 1);
+    } else {
+      kernels_.accumulate[wire_](values, wire, count, divisor);
+    }
+  }
+  void encode(unsigned char* wire, const char* values, std::size_t count) const {
+    *overflows_ += kernels_.encode[wire_](wire, reinterpret_cast<const float*>(values), count);
+  }
+  void decode(char* values, const unsigned char* wire, std::size_t count) const {
+    kernels_.decode[wire_](reinterpret_cast<float*>(values), wire, count);
+  }
+
+ private:
+  const KernelTable& kernels_;
+  int wire_;
+  ReduceOp op_;
+  std::vector<float>* decoded_;
+  std::size_t* overflows_;
+};
+
+template <class Wire>
+class HostSteps {
+ public:
+  HostSteps(const SegmentedBuffer& data, const RingPhase& phase, const PhaseChunks& chunks, int slots,
+            std::size_t chunk_elems, Wire wire, HostScratch* scratch)
+      : data_(data), reduces_(phase.kind == PhaseKind::kReduceScatter), slots_(slots), wire_(wire) {
+    if (reduces_) {
+      slot_bytes_ = wire_.bytes(chunk_elems);
+      if (scratch->receive_slots.size() < slots_ * slot_bytes_) scratch->receive_slots.resize(slots_ * slot_bytes_);
+      receive_slots_ = scratch->receive_slots.data();
+    }
+    if constexpr (!Wire::kInPlace) {
+      // Sized before the phase: no stage may move while MPI reads or writes it.
+      std::size_t stage_bytes = 0;
+      for (const ChunkSend& send : chunks.sends) {
+        if (reduces_ || send.forward_of < 0) stage_bytes += wire_.bytes(send.count);
+      }
+      if (scratch->send_stage.size() < stage_bytes) scratch->send_stage.resize(stage_bytes);
+      stage_cursor_ = scratch->send_stage.data();
+      send_from_.resize(chunks.sends.size());
+      if (!reduces_) {
+        std::size_t landing_bytes = 0;
+        for (const ChunkItem& chunk : chunks.receives) landing_bytes += wire_.bytes(chunk.count);
+        if (scratch->receive_stage.size() < landing_bytes) scratch->receive_stage.resize(landing_bytes);
+        unsigned char* cursor = scratch->receive_stage.data();
+        landing_.reserve(chunks.receives.size());
+        for (const ChunkItem& chunk : chunks.receives) {
+          landing_.push_back(cursor);
+          cursor += wire_.bytes(chunk.count);
+        }
+      }
+    }
+  }
+
+  // Reduce-scatter receives rotate through the slots; allgather chunks all land where they stay.
+  std::size_t receive_window() const { return reduces_ ? static_cast<std::size_t>(slots_) : kUnbounded; }
+  std::size_t send_window() const { return kUnbounded; }
+  Status receive_room(std::size_t, bool*) const { return Status::ok(); }
+  std::size_t wire_bytes(std::size_t count) const { return wire_.bytes(count); }
+  bool poll() const { return false; }
+
+  void* receive_buffer(std::size_t index, const ChunkItem& chunk) const {
+    if (reduces_) return slot(index);
+    if constexpr (Wire::kInPlace) return data_.address(chunk.offset);
+    return landing_[index];
+  }
+
+  Status reduce(std::size_t index, const ChunkItem& chunk, int divisor) {
+    wire_.reduce(data_.address(chunk.offset), slot(index), chunk.count, divisor);
+    return Status::ok();
+  }
+
+  Status copy(std::size_t index, const ChunkItem& chunk) {
+    if constexpr (!Wire::kInPlace) wire_.decode(data_.address(chunk.offset), landing_[index], chunk.count);
+    return Status::ok();
+  }
+
+  Status stage(std::size_t index, const ChunkSend& send) {
+    if constexpr (!Wire::kInPlace) {
+      if (!reduces_ && send.forward_of >= 0) {  // an allgather chunk goes on as it arrived
+        send_from_[index] = landing_[send.forward_of];
+        return Status::ok();
+      }
+      char* values = data_.address(send.offset);
+      wire_.encode(stage_cursor_, values, send.count);
+      if (!reduces_) wire_.decode(values, stage_cursor_, send.count);  // the owner keeps what the others get
+      send_from_[index] = stage_cursor_;
+      stage_cursor_ += wire_.bytes(send.count);
+    }
+    return Status::ok();
+  }
+  Status staged(std::size_t, bool*) const { return Status::ok(); }
+
+  const void* send_buffer(std::size_t index, const ChunkSend& send) const {
+    if constexpr (Wire::kInPlace) return data_.address(send.offset);
+    return send_from_[index];
+  }
+
+ private:
+  unsigned char* slot(std::size_t index) const { return receive_slots_ + (index % slots_) * slot_bytes_; }
+
+  const SegmentedBuffer& data_;
+  bool reduces_;
+  std::size_t slots_;
+  Wire wire_;
+  unsigned char* receive_slots_ = nullptr;
+  std::size_t slot_bytes_ = 0;
+  unsigned char* stage_cursor_ = nullptr;
+  std::vector<const unsigned char*> send_from_;  // encoded wire: what each send carries
+  std::vector<unsigned char*> landing_;          // encoded allgather: where each receive lands
+};
+
+}  // namespace ddlfast

@@ -1,0 +1,232 @@
+// The ring's phase loop, written once for every executor: the host with a
+// plain or an fp16/bf16 wire (HostSteps, engine/host_steps.h) and the GPU on
+// its device lanes (DeviceSteps, engine/device_ring_allreduce.cc) run this
+// same loop; only the step policy that says where bytes land and how they
+// are reduced differs.
+//
+// One phase is one dimension's ring (algo/ring_schedule.h: d ranks, d-1
+// steps). In NCCL's step verbs, a rank does, chunk by chunk:
+//
+//   send(chunk)                       every chunk of its own step-0 range
+//   reduce-scatter, step s < d-2:     receive_reduce_forward(chunk)  add the predecessor's chunk into ours,
+//                                                                     pass the sum on as step s+1
+//                   step d-2:         receive_reduce_keep(chunk)     the last addition (average divides here)
+//   allgather,      step s < d-2:     receive_copy_forward(chunk)    place the predecessor's chunk, pass it on
+//                   step d-2:         receive_copy(chunk)
+//
+// The range received in step s is the range sent in step s+1, so a chunk goes
+// on as soon as it is in place. Chunks are at most chunk_elems long and never
+// cross a segment boundary (sender and receiver cut alike); step s carries tag
+// tag_base + s, and MPI matches same-tag messages in posting order, so sends
+// and receives are each posted in chunk order. Each element is added in the
+// same order on every executor, so they give the same bits.
+//
+// How it runs: one polling loop, never blocking. Receives are posted as far
+// ahead as the policy has room (a window of receive slots, or every chunk at
+// once when chunks land in place); arrived chunks are taken strictly in order;
+// sends (own chunks first, then each forward) start strictly in order once
+// their data is in place and a send slot is free (a GPU policy first copies or
+// marks them, and posts once that is done). Sends never wait for a receive
+// slot of their own rank, so bounded slots cannot deadlock the ring: the
+// successor posts its receives in the same order we send. Idle turns back off
+// and let the transport check the stall limit (StallWatch), in one place.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <limits>
+#include <vector>
+
+#include "algo/ring_schedule.h"
+#include "engine/engine_options.h"
+#include "engine/segmented_buffer.h"
+#include "transport/transport.h"
+
+namespace ddlfast {
+
+// One chunk of one step: the unit that is received, reduced and forwarded.
+struct ChunkItem {
+  int step;
+  std::size_t offset;  // elements
+  std::size_t count;
+};
+
+// Cuts `range` into chunks of at most chunk_elems that never cross a segment
+// boundary; sender and receiver cut the same range identically.
+inline void append_chunks(const SegmentedBuffer& data, int step, ElementRange range, std::size_t chunk_elems,
+                          std::vector<ChunkItem>* items) {
+  for (std::size_t done = 0; done < range.count;) {
+    const std::size_t offset = range.offset + done;
+    const std::size_t n = std::min({chunk_elems, range.count - done, data.contiguous_from(offset)});
+    items->push_back({step, offset, n});
+    done += n;
+  }
+}
+
+// Tags separate phases and steps so a fast rank's next-step chunks can never
+// match a slow rank's current-step receives.
+constexpr int kTagsPerPhase = 1 << 12;
+constexpr int kTagSpace = 1 << 15;  // MPI guarantees tags up to 32767
+inline int step_tag(int tag_base, int step) { return (tag_base + step) % kTagSpace; }
+
+// One message a rank sends in a phase: its own data (step 0) or a received
+// chunk passed on once it is in place.
+struct ChunkSend {
+  std::size_t offset;  // elements
+  std::size_t count;
+  int step;
+  long long forward_of;  // index of the received chunk it forwards; -1 for own data
+};
+
+// What moves in one phase: every chunk received, and every chunk sent, each
+// in the order it is posted.
+struct PhaseChunks {
+  std::vector<ChunkItem> receives;
+  std::vector<ChunkSend> sends;
+  int last_step = 0;
+};
+
+inline PhaseChunks phase_chunks(const SegmentedBuffer& data, const RingPhase& phase, std::size_t chunk_elems) {
+  PhaseChunks chunks;
+  chunks.last_step = static_cast<int>(phase.steps.size()) - 1;
+  for (int s = 0; s <= chunks.last_step; ++s) append_chunks(data, s, phase.steps[s].recv, chunk_elems, &chunks.receives);
+  std::vector<ChunkItem> own;
+  append_chunks(data, 0, phase.steps[0].send, chunk_elems, &own);
+  chunks.sends.reserve(own.size() + chunks.receives.size());
+  for (const ChunkItem& c : own) chunks.sends.push_back({c.offset, c.count, 0, -1});
+  for (std::size_t i = 0; i < chunks.receives.size(); ++i) {
+    const ChunkItem& c = chunks.receives[i];
+    if (c.step < chunks.last_step) chunks.sends.push_back({c.offset, c.count, c.step + 1, static_cast<long long>(i)});
+  }
+  return chunks;
+}
+
+// No bound on posted receives or sends.
+constexpr std::size_t kUnbounded = std::numeric_limits<std::size_t>::max();
+
+// Runs one phase. `Steps` (a policy, so no call per chunk is virtual) provides:
+//   receive_window(), send_window()   how many receives / sends may be in flight (kUnbounded: all at once;
+//                                     unbounded sends are completed by wait_all at the end)
+//   receive_room(i, &free)           whether receive i's slot is free of earlier work (the GPU's lanes)
+//   receive_buffer(i, chunk)         where receive i lands
+//   wire_bytes(count)                bytes on the wire for `count` elements
+//   reduce(i, chunk, divisor)        receive-reduce: add arrived chunk i into the data
+//   copy(i, chunk)                   receive-copy: put arrived chunk i in its place
+//   stage(j, send), staged(j, &ok)   prepare send j (encode, copy out) and whether it may be posted
+//   send_buffer(j, send)             what send j carries
+//   poll()                           once per turn: lets device work advance; true while it is busy (no backoff)
+template <class Steps>
+Status run_ring_phase(Transport& transport, const RingPhase& phase, const PhaseChunks& chunks, int tag_base,
+                      int final_divisor, Steps& steps) {
+  const bool reduces = phase.kind == PhaseKind::kReduceScatter;
+  const std::vector<ChunkItem>& receives = chunks.receives;
+  const std::vector<ChunkSend>& sends = chunks.sends;
+  const std::size_t receive_window = steps.receive_window();
+  const std::size_t send_window = steps.send_window();
+  std::vector<RequestId> receive_ids(receives.size());
+  std::vector<RequestId> send_ids(send_window == kUnbounded ? 0 : sends.size());
+  std::size_t posted = 0, arrived = 0;                      // receives
+  std::size_t started = 0, sent = 0, completed = 0;        // sends
+  StallWatch watch(transport);
+  while (arrived < receives.size() || completed < sends.size()) {
+    bool progress = steps.poll();
+    // Post receives while there is room.
+    while (posted < receives.size() && posted - arrived < receive_window) {
+      bool free = true;
+      DDLFAST_RETURN_IF_ERROR(steps.receive_room(posted, &free));
+      if (!free) break;
+      const ChunkItem& chunk = receives[posted];
+      DDLFAST_RETURN_IF_ERROR(transport.irecv(steps.receive_buffer(posted, chunk), steps.wire_bytes(chunk.count),
+                                              phase.predecessor, step_tag(tag_base, chunk.step),
+                                              &receive_ids[posted]));
+      ++posted;
+      progress = true;
+    }
+    // Start sends in order: own chunks at once, a forward once its chunk is in place.
+    while (started < sends.size() && started - completed < send_window &&
+           (sends[started].forward_of < 0 || static_cast<std::size_t>(sends[started].forward_of) < arrived)) {
+      DDLFAST_RETURN_IF_ERROR(steps.stage(started, sends[started]));
+      ++started;
+      progress = true;
+    }
+    // Post started sends in order, each once it is staged.
+    while (sent < started) {
+      bool ready = true;
+      DDLFAST_RETURN_IF_ERROR(steps.staged(sent, &ready));
+      if (!ready) break;
+      const ChunkSend& send = sends[sent];
+      RequestId id;
+      DDLFAST_RETURN_IF_ERROR(transport.isend(steps.send_buffer(sent, send), steps.wire_bytes(send.count),
+                                              phase.successor, step_tag(tag_base, send.step), &id));
+      if (send_window == kUnbounded) {
+        ++completed;  // wait_all below completes it
+      } else {
+        send_ids[sent] = id;
+      }
+      ++sent;
+      progress = true;
+    }
+    // Take the next chunk if it arrived: the step verb for its step (a forward was queued above).
+    if (arrived < posted) {
+      bool done = false;
+      DDLFAST_RETURN_IF_ERROR(transport.test(receive_ids[arrived], &done));
+      if (done) {
+        const ChunkItem& chunk = receives[arrived];
+        const bool keeps = chunk.step == chunks.last_step;
+        if (reduces) {
+          DDLFAST_RETURN_IF_ERROR(steps.reduce(arrived, chunk, keeps ? final_divisor : 1));
+        } else {
+          DDLFAST_RETURN_IF_ERROR(steps.copy(arrived, chunk));
+        }
+        ++arrived;
+        progress = true;
+      }
+    }
+    // Free the send slots of completed sends, in order.
+    while (send_window != kUnbounded && completed < sent) {
+      bool done = false;
+      DDLFAST_RETURN_IF_ERROR(transport.test(send_ids[completed], &done));
+      if (!done) break;
+      ++completed;
+      progress = true;
+    }
+    if (progress) {
+      watch.progressed();
+    } else {
+      DDLFAST_RETURN_IF_ERROR(
+          watch.idle(reduces ? "ring reduce-scatter chunks" : "ring allgather chunks", phase.predecessor));
+    }
+  }
+  return transport.wait_all();
+}
+
+// Which halves of the schedule to run: allreduce both, reduce_scatter and allgather one each.
+enum class RingHalves { kBoth, kReduceScatter, kAllgather };
+
+// Runs the schedule's phases of `halves` in order, each as
+// run_phase(phase, chunks, tag_base, final_divisor): average's divisor applies
+// on the last step of the last reduce-scatter phase. Each phase gets its own
+// band of tags, so a fast rank's next phase never matches a slow rank's
+// current one. One timeline event per phase when `events` is set.
+template <class RunPhase>
+Status run_ring_schedule(const SegmentedBuffer& data, const RingSchedule& schedule, RingHalves halves, int divisor,
+                         std::size_t chunk_elems, std::vector<PhaseEvent>* events, RunPhase&& run_phase) {
+  const int last_reduce_scatter = last_reduce_scatter_phase(schedule);
+  for (int i = 0; i < static_cast<int>(schedule.phases.size()); ++i) {
+    const RingPhase& phase = schedule.phases[i];
+    const bool reduces = phase.kind == PhaseKind::kReduceScatter;
+    if ((halves == RingHalves::kReduceScatter && !reduces) || (halves == RingHalves::kAllgather && reduces)) continue;
+    const double start = monotonic_seconds();
+    const PhaseChunks chunks = phase_chunks(data, phase, chunk_elems);
+    const int tag_base = (i * kTagsPerPhase) % kTagSpace;
+    DDLFAST_RETURN_IF_ERROR(run_phase(phase, chunks, tag_base, i == last_reduce_scatter ? divisor : 1));
+    if (events) {
+      std::size_t phase_bytes = 0;
+      for (const RingStep& step : phase.steps) phase_bytes += step.send.count * data.element_size();
+      events->push_back({static_cast<int>(phase.kind), phase.dim, start, monotonic_seconds(), phase_bytes});
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace ddlfast
