@@ -141,3 +141,18 @@ cdef extern from "engine/context.h" namespace "ddlfast" nogil:
 cdef extern from "common/cuda_info.h" namespace "ddlfast" nogil:
     bool cuda_compiled()
     string cuda_version_string()
+
+
+# The Python face of the C++ Context (ddlfast/_core.pyx), declared here so that the other modules can take it.
+cdef class Engine:
+    cdef unique_ptr[Context] context
+    cdef vector[PhaseEvent] events
+    cdef public bint record_events
+    cdef Context* get(self) except NULL
+    cdef int _options(self, dims, order, size_t chunk_bytes, int receives_in_flight, size_t small_bytes, wire,
+                      vector[int]* dims_vector, vector[int]* order_vector, EngineOptions* options) except -1
+    cdef int _run(self, const vector[char*]& bases, const vector[size_t]& sizes, int dtype, int op, dims,
+                  size_t chunk_bytes, int receives_in_flight, size_t small_bytes, order, wire) except -1
+    cdef int _half(self, bint reduce, list in_pointers, list in_counts, list out_pointers, list out_counts, counts,
+                   size_t element_size, int dtype, int op, dims, size_t chunk_bytes, int receives_in_flight,
+                   size_t small_bytes, order, wire) except -1

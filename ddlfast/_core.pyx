@@ -79,12 +79,8 @@ def build_facts():
     }
 
 
-cdef class CoreContext:
+cdef class Engine:
     """Owns the C++ Context: a private duplicate of `comm` and its engines."""
-
-    cdef unique_ptr[Context] context
-    cdef vector[PhaseEvent] events
-    cdef public bint record_events
 
     def __cinit__(self, MPI.Comm comm not None, double timeout_s=0):
         check_comm(comm)

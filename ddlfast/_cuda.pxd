@@ -4,12 +4,10 @@
 from libc.stddef cimport size_t
 from libc.stdint cimport uint32_t, uint64_t
 from libcpp cimport bool
-from libcpp.memory cimport unique_ptr
 from libcpp.string cimport string
 from libcpp.vector cimport vector
-from mpi4py.libmpi cimport MPI_Comm
 
-from ddlfast._core cimport DType, EngineOptions, ReduceOp, SegmentedBuffer, Status
+from ddlfast._core cimport Context, DType, EngineOptions, ReduceOp, SegmentedBuffer, Status
 
 
 cdef extern from "cuda_runtime_api.h" nogil:
@@ -41,7 +39,7 @@ cdef extern from "common/cuda/cuda_device.h" namespace "ddlfast" nogil:
 cdef extern from "common/cuda/cuda_resources.h" namespace "ddlfast" nogil:
     cdef cppclass DeviceGuard:
         Status set(int device)
-    cdef cppclass DeviceBuffer:
+    cdef cppclass DeviceAllocation:
         Status allocate(size_t nbytes, cudaStream_t stream, bool pooled)
         char* data()
         size_t bytes()
@@ -83,14 +81,10 @@ cdef extern from "engine/device_ring_allreduce.h" namespace "ddlfast" nogil:
         pass
 
 
-cdef extern from "engine/cuda/cuda_context.h" namespace "ddlfast" nogil:
+cdef extern from "engine/cuda/device_runtime.h" namespace "ddlfast" nogil:
     bool mpi_cuda_aware(string* how)
-    cdef cppclass CudaContext:
-        @staticmethod
-        Status create(MPI_Comm comm, double timeout_s, unique_ptr[CudaContext]* out)
-        int rank()
-        int size()
-        void set_timeout(double seconds)
+    cdef cppclass DeviceRuntime:
+        DeviceRuntime(Context& context)
         Status wait_for(int device, const Fence& fence)
         Status bucket(int device, DType dtype, size_t nbytes, char** out)
         Status copy_batch(int device, const vector[CopySpec]& specs)

@@ -1,7 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 # distutils: language = c++
 """Bindings over the CUDA side of the core (built only where nvcc was found):
-device facts, fences, pinned memory, and GpuContext, which runs collectives on
+device facts, fences, pinned memory, and DeviceEngine, which runs collectives on
 device memory. Pointers and streams arrive as integers; ddlfast/cuda.py adapts
 user arrays to them. Every call into CUDA returns a Status, raised here as
 DdlfastError. The test-only entries (kernels one by one, device memory, the
@@ -16,9 +16,11 @@ from libcpp.string cimport string
 from libcpp.vector cimport vector
 from mpi4py cimport MPI
 
-from ddlfast._core cimport DType, EngineOptions, PhaseEvent, ReduceOp, SegmentedBuffer, Status, cuda_version_string
+from ddlfast._core cimport (
+    DType, Engine, EngineOptions, PhaseEvent, ReduceOp, SegmentedBuffer, Status, cuda_version_string,
+)
 from ddlfast._cuda cimport (
-    CopySpec, CudaContext, DeviceTransfer, Fence, MemoryKind, PinnedBuffer, cuda_device_count, cudaStream_t,
+    CopySpec, DeviceRuntime, DeviceTransfer, Fence, MemoryKind, PinnedBuffer, cuda_device_count, cudaStream_t,
     mpi_cuda_aware, pointer_location, stream_device,
 )
 
@@ -150,40 +152,32 @@ cdef class StreamFence:
 
 # ---------------------------------------------------------------- the context
 
-cdef class GpuContext:
-    """The GPU side of a ddlfast context: a private duplicate of `comm` and per-device streams, staging
-    slots, fused buckets and ring executors. Creating it is collective over `comm`."""
+cdef class DeviceEngine:
+    """The GPU side of a ddlfast Engine: per-device streams, staging slots and fused buckets; its collectives
+    run on the Engine's one transport with the Engine's GPU ring executors. Not collective to create."""
 
-    cdef unique_ptr[CudaContext] context
+    cdef unique_ptr[DeviceRuntime] runtime
+    cdef Engine engine  # the runtime borrows its C++ context: keep it alive
     cdef vector[PhaseEvent] events
     cdef public bint record_events
 
-    def __cinit__(self, MPI.Comm comm not None, double timeout_s=0.0):
-        check_comm(comm)
-        cdef Status status
-        with nogil:
-            status = CudaContext.create(comm.ob_mpi, timeout_s, &self.context)
-        raise_on_error(status)
+    def __cinit__(self, Engine engine not None):
+        self.runtime.reset(new DeviceRuntime(engine.get()[0]))
+        self.engine = engine
 
-    cdef CudaContext* get(self) except NULL:
-        if not self.context:
+    cdef DeviceRuntime* get(self) except NULL:
+        if not self.runtime:
             raise DdlfastError("this ddlfast context is closed")
-        return self.context.get()
-
-    @property
-    def rank(self) -> int:
-        return self.get().rank()
-
-    @property
-    def size(self) -> int:
-        return self.get().size()
+        engine = self.engine
+        engine.get()  # raises when the Engine was closed
+        return self.runtime.get()
 
     def set_timeout(self, double seconds) -> None:
-        self.get().set_timeout(seconds)
+        self.engine.set_timeout(seconds)
 
     def wait_for(self, int device, StreamFence fence not None) -> None:
         """ddlfast's work on `device` enqueued from now on waits for `fence`."""
-        cdef CudaContext* context = self.get()
+        cdef DeviceRuntime* context = self.get()
         cdef Status status
         with nogil:
             status = context.wait_for(device, fence.fence.get()[0])
@@ -192,7 +186,7 @@ cdef class GpuContext:
     def bucket(self, int device, int dtype, size_t nbytes) -> int:
         """Address of the persistent fused bucket for `dtype` on `device` (at least nbytes)."""
         dtype_size(dtype)
-        cdef CudaContext* context = self.get()
+        cdef DeviceRuntime* context = self.get()
         cdef char* data = NULL
         cdef Status status
         with nogil:
@@ -203,7 +197,7 @@ cdef class GpuContext:
     def copy_batch(self, int device, list dsts, list srcs, list sizes) -> None:
         """Fused pack/unpack on ddlfast's stream."""
         cdef vector[CopySpec] specs = copy_specs(dsts, srcs, sizes)
-        cdef CudaContext* context = self.get()
+        cdef DeviceRuntime* context = self.get()
         cdef Status status
         with nogil:
             status = context.copy_batch(device, specs)
@@ -211,7 +205,7 @@ cdef class GpuContext:
 
     def copy(self, int device, uintptr_t dst, uintptr_t src, size_t nbytes) -> None:
         """One asynchronous copy (any direction) on ddlfast's stream."""
-        cdef CudaContext* context = self.get()
+        cdef DeviceRuntime* context = self.get()
         cdef Status status
         with nogil:
             status = context.copy(device, <void*>dst, <const void*>src, nbytes)
@@ -229,7 +223,7 @@ cdef class GpuContext:
         fill_options(&options, chunk_bytes, receives_in_flight, small_bytes,
                      &self.events if self.record_events else NULL, ())
         cdef DeviceTransfer transfer = <DeviceTransfer>(1 if direct else 0)
-        cdef CudaContext* context = self.get()
+        cdef DeviceRuntime* context = self.get()
         cdef Status status
         with nogil:
             status = context.allreduce(device, data.get()[0], <DType>dtype, <ReduceOp>op, dims_vector, order_vector,
@@ -239,7 +233,7 @@ cdef class GpuContext:
     def record(self, int device) -> StreamFence:
         """A fence after all work ddlfast has enqueued on `device` so far."""
         cdef StreamFence done = StreamFence()
-        cdef CudaContext* context = self.get()
+        cdef DeviceRuntime* context = self.get()
         cdef Status status
         with nogil:
             status = context.record(device, done.fence.get())
@@ -248,7 +242,7 @@ cdef class GpuContext:
 
     def synchronize(self, int device) -> None:
         """The host waits for ddlfast's streams on `device` (not for the whole device)."""
-        cdef CudaContext* context = self.get()
+        cdef DeviceRuntime* context = self.get()
         cdef Status status
         with nogil:
             status = context.synchronize(device)
@@ -256,7 +250,7 @@ cdef class GpuContext:
 
     def stream(self, int device) -> int:
         """ddlfast's stream on `device` (its cudaStream_t as an integer)."""
-        cdef CudaContext* context = self.get()
+        cdef DeviceRuntime* context = self.get()
         cdef cudaStream_t handle = NULL
         cdef Status status
         with nogil:
@@ -269,4 +263,4 @@ cdef class GpuContext:
         return take_events(&self.events)
 
     def close(self) -> None:
-        self.context.reset()
+        self.runtime.reset()

@@ -10,7 +10,7 @@ from libcpp.vector cimport vector
 from mpi4py cimport MPI
 
 from ddlfast._core cimport (
-    DType, ElementRange, EngineOptions, KernelTable, PhaseKind, ReduceOp, RingPhase, RingSchedule, RingStep,
+    Context, DType, Engine, ElementRange, EngineOptions, KernelTable, PhaseKind, ReduceOp, RingPhase, RingSchedule, RingStep,
     Status, Torus, build_ring_schedule, positions_in_block_order,
 )
 from ddlfast._testing cimport emulated_device_allreduce
@@ -161,18 +161,18 @@ def block_order(dims):
 
 # ---------------------------------------------------------------- the GPU executor on emulated lanes
 
-def emulated_allreduce(MPI.Comm comm not None, list pointers, list counts, int dtype, int op, dims,
+def emulated_allreduce(Engine engine not None, list pointers, list counts, int dtype, int op, dims,
                        size_t chunk_bytes, int receives_in_flight, size_t small_bytes, order=(), bint direct=False,
-                       uint64_t seed=0, double timeout_s=0.0) -> None:
-    """The GPU ring executor over host memory on emulated lanes (work deferred and interleaved at random):
-    checks the executor's ordering on machines without a GPU. Collective over `comm`."""
+                       uint64_t seed=0) -> None:
+    """The Engine's GPU ring executor over host memory on emulated lanes (work deferred and interleaved at
+    random): checks the executor's ordering on machines without a GPU. Collective over the Engine's ranks."""
     cdef vector[char*] bases
     cdef vector[size_t] sizes = to_sizes(counts)
     if len(pointers) != len(counts):
         raise DdlfastError(f"{len(pointers)} pointers but {len(counts)} counts")
     dtype_size(dtype)
     check_op(op)
-    check_comm(comm)
+    cdef Context* context = engine.get()
     for pointer in pointers:
         bases.push_back(<char*><uintptr_t>pointer)
     cdef vector[int] dims_vector = to_dims(dims)
@@ -181,6 +181,6 @@ def emulated_allreduce(MPI.Comm comm not None, list pointers, list counts, int d
     fill_options(&options, chunk_bytes, receives_in_flight, small_bytes, NULL, ())
     cdef Status status
     with nogil:
-        status = emulated_device_allreduce(comm.ob_mpi, bases, sizes, <DType>dtype, <ReduceOp>op, dims_vector,
-                                           order_vector, options, direct, seed, timeout_s)
+        status = emulated_device_allreduce(context[0], bases, sizes, <DType>dtype, <ReduceOp>op, dims_vector,
+                                           order_vector, options, direct, seed)
     raise_on_error(status)

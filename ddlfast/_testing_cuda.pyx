@@ -11,7 +11,7 @@ from libcpp.vector cimport vector
 
 from ddlfast._core cimport DType, Status
 from ddlfast._cuda cimport (
-    CopySpec, DeviceBuffer, DeviceGuard, NanRule, WireType, copy_blocking, cuda_accumulate, cuda_copy_batch,
+    CopySpec, DeviceAllocation, DeviceGuard, NanRule, WireType, copy_blocking, cuda_accumulate, cuda_copy_batch,
     cuda_decode, cuda_encode, cuda_reduce, cudaStream_t, host_nan_rule, host_twin_accumulate, host_twin_decode,
     host_twin_encode, host_twin_reduce,
 )
@@ -26,7 +26,7 @@ include "_cuda_common.pxi"
 cdef class DeviceMemory:
     """A cudaMalloc'd block on `device`, freed with the object (tests and tools)."""
 
-    cdef DeviceBuffer buffer
+    cdef DeviceAllocation buffer
     cdef readonly int device
 
     def __cinit__(self, size_t nbytes, int device=0):

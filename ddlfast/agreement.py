@@ -52,7 +52,7 @@ class Agreement:
     """The per-call check of one context: `check(layout)` before every collective (see the module doc)."""
 
     def __init__(self, core: Any, control: Any) -> None:
-        self._core = core  # ddlfast._core.CoreContext: agree() is the 16-byte collective, and counts them
+        self._core = core  # ddlfast._core.Engine: agree() is the 16-byte collective, and counts them
         self._control = control  # ddlfast.control.Control: descriptions on a mismatch
         self._digests: dict[tuple, int] = {}  # the core counts collectives: its sequence is in every fingerprint
 

@@ -140,7 +140,7 @@ class Context:
             raise DdlfastError(f"comm must be an mpi4py communicator, not {type(comm).__name__}")
         check_variable_names()
         settings = load_settings()
-        self._core = _core.CoreContext(comm, settings.timeout_s)
+        self._core = _core.Engine(comm, settings.timeout_s)
         self._core_timeout_s: float | None = settings.timeout_s  # what the core was last told
         control, created = comm.Idup()  # agreement descriptions and Python-side collectives
         self._core.wait_requests([created], "the other ranks to create their ddlfast context")
@@ -752,7 +752,7 @@ class Context:
         """The GPU side, created at the first GPU collective: every rank gets here in the same order, after
         an agreement on a GPU layout, so the collective creation cannot meet a host-only rank."""
         if self._cuda_path is None:
-            self._cuda_path = cuda.CudaPath(self._control.comm, load_settings().timeout_s)
+            self._cuda_path = cuda.CudaPath(self._core)
             self._cuda_path.record_events = self._timeline is not None
         return self._cuda_path
 

@@ -1,7 +1,7 @@
 """Collectives on a context's control communicator, every one of them stall-limited.
 
 Each is the non-blocking MPI call (`Iallgather`, `Ibcast`, `Iallreduce`, ...)
-completed through the compiled core's one poll loop (`CoreContext.wait_requests`,
+completed through the compiled core's one poll loop (`Engine.wait_requests`,
 `MpiTransport::wait_request`): the same stall limit (DDLFAST_TIMEOUT_S), stall
 census and broken-context refusal as the ring itself, for the host and the GPU
 paths alike. Data a caller owns is never handed to MPI directly: a collective
@@ -22,7 +22,7 @@ _ABANDONED: list[Any] = []
 
 
 class Control:
-    """Stall-limited collectives over `comm`, waited for by `core` (a ddlfast._core.CoreContext)."""
+    """Stall-limited collectives over `comm`, waited for by `core` (a ddlfast._core.Engine)."""
 
     def __init__(self, comm: MPI.Intracomm, core: Any) -> None:
         self.comm = comm

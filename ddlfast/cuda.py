@@ -356,13 +356,13 @@ def submit(buffers: list[DeviceBuffer]) -> Submission:
 
 
 class CudaPath:
-    """The GPU side of one ddlfast Context. Creating it is collective over `comm` (a private duplicate is
-    made), so the Context creates it at the first GPU collective, after the ranks agreed on the layout."""
+    """The GPU side of one ddlfast Context, on its core Engine (one transport for host and GPU collectives).
+    The Context creates it at the first GPU collective."""
 
-    def __init__(self, comm: Any, timeout_s: float = 0.0) -> None:
+    def __init__(self, core: Any) -> None:
         if _cuda is None:
             raise DdlfastError("this ddlfast build has no CUDA support")
-        self._gpu = _cuda.GpuContext(comm, timeout_s)
+        self._gpu = _cuda.DeviceEngine(core)
         self._pinned: Any = None  # _cuda.PinnedMemory for the host path, grown as needed
         self.mpi_reports_cuda, self.mpi_cuda_query = _cuda.mpi_cuda_support()
 

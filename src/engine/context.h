@@ -1,12 +1,14 @@
-// The one context object: owns the private communicator (transport) and one
-// engine per ring shape. The GPU side (src/kernels/cuda/cuda_context.h) is the
-// other context object; nothing else in the C++ core holds mutable state.
+// The one context object: owns the private communicator (its one transport)
+// and, per ring shape, the host engine and the GPU engine, both on that
+// transport. The GPU side's per-device resources (streams, staging, buckets:
+// engine/cuda/device_runtime.h) borrow this context and run its GPU engines.
 #pragma once
 
 #include <map>
 #include <memory>
 #include <vector>
 
+#include "engine/device_ring_allreduce.h"
 #include "engine/ring_allreduce.h"
 #include "transport/mpi_transport.h"
 
@@ -40,12 +42,23 @@ class Context {
                    bool float32, const std::vector<int>& dims, const std::vector<int>& order,
                    const EngineOptions& options);
 
+  // In-place allreduce of device data with the GPU engine (DeviceRingAllreduce::run) on `lanes` and
+  // `staging`, which the caller owns: CUDA streams (DeviceRuntime) or emulated lanes (tests). A failure
+  // breaks the transport as above.
+  Status device_allreduce(const SegmentedBuffer& data, DType dtype, ReduceOp op, const std::vector<int>& dims,
+                          const std::vector<int>& order, const EngineOptions& options, const DeviceRunOptions& run,
+                          DeviceLanes* lanes, const DeviceStaging& staging);
+
  private:
+  using RingKey = std::pair<std::vector<int>, std::vector<int>>;  // (dims, order)
+
   Status engine_for(const std::vector<int>& dims, const std::vector<int>& order, RingAllreduce** out);
+  Status device_engine_for(const std::vector<int>& dims, const std::vector<int>& order, DeviceRingAllreduce** out);
   Status finish(const Status& status);
 
   std::unique_ptr<MpiTransport> transport_;
-  std::map<std::pair<std::vector<int>, std::vector<int>>, std::unique_ptr<RingAllreduce>> engines_;
+  std::map<RingKey, std::unique_ptr<RingAllreduce>> engines_;
+  std::map<RingKey, std::unique_ptr<DeviceRingAllreduce>> device_engines_;
 };
 
 }  // namespace ddlfast

@@ -6,7 +6,6 @@
 #include "engine/device_ring_allreduce.h"
 #include "engine/segmented_buffer.h"
 #include "kernels/cpu/cpu_kernels.h"
-#include "transport/mpi_transport.h"
 
 namespace ddlfast {
 
@@ -113,13 +112,10 @@ Status EmulatedLanes::drain() {
   return Status::ok();
 }
 
-Status emulated_device_allreduce(MPI_Comm comm, const std::vector<char*>& bases, const std::vector<std::size_t>& counts,
-                                 DType dtype, ReduceOp op, const std::vector<int>& dims, const std::vector<int>& order,
-                                 const EngineOptions& options, bool direct, std::uint64_t seed, double timeout_s) {
-  std::unique_ptr<MpiTransport> transport;
-  DDLFAST_RETURN_IF_ERROR(MpiTransport::create(comm, timeout_s, &transport));
-  std::unique_ptr<DeviceRingAllreduce> engine;
-  DDLFAST_RETURN_IF_ERROR(DeviceRingAllreduce::create(*transport, dims, order, &engine));
+Status emulated_device_allreduce(Context& context, const std::vector<char*>& bases,
+                                 const std::vector<std::size_t>& counts, DType dtype, ReduceOp op,
+                                 const std::vector<int>& dims, const std::vector<int>& order,
+                                 const EngineOptions& options, bool direct, std::uint64_t seed) {
   DeviceStaging staging;
   staging.slots = std::max(2, options.receives_in_flight);
   staging.slot_bytes = staging_slot_bytes(options.chunk_bytes);
@@ -138,7 +134,7 @@ Status emulated_device_allreduce(MPI_Comm comm, const std::vector<char*>& bases,
   const SegmentedBuffer data(bases, counts, dtype_size(dtype));
   DeviceRunOptions run;
   run.transfer = direct ? DeviceTransfer::kDirect : DeviceTransfer::kStaged;
-  const Status status = engine->run(data, dtype, op, options, run, &lanes, staging);
+  const Status status = context.device_allreduce(data, dtype, op, dims, order, options, run, &lanes, staging);
   const Status drained = lanes.drain();
   return status.is_ok() ? drained : status;
 }

@@ -15,8 +15,7 @@
 #include <random>
 #include <vector>
 
-#include <mpi.h>
-
+#include "engine/context.h"
 #include "engine/device_lanes.h"
 #include "engine/ring_allreduce.h"
 
@@ -67,10 +66,11 @@ class EmulatedLanes final : public DeviceLanes {
   std::vector<Point> markers_;
 };
 
-// Test entry: allreduces host arrays with the GPU executor on emulated lanes
-// over a fresh duplicate of `comm`, staged (pinned-copy path) or direct.
-Status emulated_device_allreduce(MPI_Comm comm, const std::vector<char*>& bases, const std::vector<std::size_t>& counts,
-                                 DType dtype, ReduceOp op, const std::vector<int>& dims, const std::vector<int>& order,
-                                 const EngineOptions& options, bool direct, std::uint64_t seed, double timeout_s);
+// Test entry: allreduces host arrays with the context's GPU engine on
+// emulated lanes, staged (pinned-copy path) or direct.
+Status emulated_device_allreduce(Context& context, const std::vector<char*>& bases,
+                                 const std::vector<std::size_t>& counts, DType dtype, ReduceOp op,
+                                 const std::vector<int>& dims, const std::vector<int>& order,
+                                 const EngineOptions& options, bool direct, std::uint64_t seed);
 
 }  // namespace ddlfast

@@ -24,7 +24,7 @@ Status bench_kernel(int device, const std::string& kernel, DType dtype, std::siz
   DDLFAST_RETURN_IF_ERROR(start.create(true));
   DDLFAST_RETURN_IF_ERROR(stop.create(true));
   const std::size_t wide = elements * (cast ? 4 : esize);  // float32 side of the casts
-  DeviceBuffer a, b;
+  DeviceAllocation a, b;
   DDLFAST_RETURN_IF_ERROR(a.allocate(wide, stream.get(), false));
   DDLFAST_RETURN_IF_ERROR(b.allocate(wide, stream.get(), false));
   DDLFAST_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(a.data(), 0, wide, stream.get()));

@@ -59,18 +59,18 @@ class _PinnedMemory(bytearray):
         return len(self)
 
 
-class _GpuContext:
-    def __init__(self, comm, timeout_s: float = 0.0) -> None:
+class _DeviceEngine:
+    def __init__(self, core) -> None:
         from ddlfast import _testing
 
         self._real = _testing
-        self.comm, self.timeout_s = comm, timeout_s
+        self.core = core
         self.buckets: dict[int, np.ndarray] = {}
         self.record_events = False
-        self.seeds = itertools.count(comm.Get_rank() * 1000)
+        self.seeds = itertools.count(core.rank * 1000)
 
     def set_timeout(self, seconds: float) -> None:
-        self.timeout_s = seconds
+        self.core.set_timeout(seconds)
 
     def wait_for(self, device: int, fence: object) -> None:
         pass
@@ -90,8 +90,8 @@ class _GpuContext:
 
     def allreduce_segments(self, device, pointers, counts, dtype, op, dims, chunk_bytes, receives_in_flight,
                            small_bytes, order=(), direct=False) -> None:
-        self._real.emulated_allreduce(self.comm, list(pointers), list(counts), dtype, op, dims, chunk_bytes,
-                                      receives_in_flight, small_bytes, order, direct, next(self.seeds), self.timeout_s)
+        self._real.emulated_allreduce(self.core, list(pointers), list(counts), dtype, op, dims, chunk_bytes,
+                                      receives_in_flight, small_bytes, order, direct, next(self.seeds))
 
     def record(self, device: int) -> _Fence:
         return _Fence()
@@ -112,7 +112,7 @@ class _GpuContext:
 class _Module:
     StreamFence = _StreamFence
     PinnedMemory = _PinnedMemory
-    GpuContext = _GpuContext
+    DeviceEngine = _DeviceEngine
 
     def device_count(self) -> int:
         return 1

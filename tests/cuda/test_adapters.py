@@ -275,7 +275,7 @@ def test_gpu_arrays_without_a_cuda_build_get_a_clear_error(monkeypatch: pytest.M
                                            r"has no CUDA support .*DDLFAST_CUDA=on.*cupy.asnumpy"):
         cuda.device_buffer(FakeCudaArray(), WHERE)
     with pytest.raises(DdlfastError, match="no CUDA support"):
-        cuda.CudaPath(comm=None)
+        cuda.CudaPath(core=None)
 
 
 def test_gpu_arrays_without_a_device_get_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:

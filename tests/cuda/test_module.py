@@ -61,10 +61,9 @@ def test_cuda_failures_are_ddlfast_errors_with_a_hint() -> None:
 @needs_build
 @no_device
 def test_a_gpu_context_without_a_device_fails_cleanly_at_first_use() -> None:
-    from ddlfast import _cuda
+    from ddlfast import _core, _cuda
 
-    context = _cuda.GpuContext(MPI.COMM_SELF)  # creating it only duplicates the communicator
-    assert (context.rank, context.size) == (0, 1)
+    context = _cuda.DeviceEngine(_core.Engine(MPI.COMM_SELF))  # creating it touches no device
     with pytest.raises(DdlfastError, match="CUDA error"):
         context.allreduce_segments(0, [0x1000], [4], 0, 0, (1,), 1 << 20, 4, 0)
     with pytest.raises(DdlfastError, match="CUDA error"):
@@ -105,7 +104,9 @@ def test_pinned_memory_is_a_buffer_when_a_device_exists() -> None:
 def test_cuda_path_on_empty_arrays_does_nothing() -> None:
     if not BUILT:
         pytest.skip("built without CUDA")
-    path = cuda.CudaPath(MPI.COMM_SELF)
+    from ddlfast import _core
+
+    path = cuda.CudaPath(_core.Engine(MPI.COMM_SELF))
     submission = cuda.Submission([], None, [], [])
     path.run(submission, "sum", (1,), settings=None)  # no device touched, no settings read
     path.close()

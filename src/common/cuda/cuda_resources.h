@@ -115,22 +115,22 @@ class PinnedBuffer {
 // and freeing are ordered on `stream` and never synchronize the device (as
 // cudaFree does). Not pooled: cudaMalloc, for memory that CUDA-aware MPI may
 // share with other processes (CUDA IPC does not cover default-pool memory).
-class DeviceBuffer {
+class DeviceAllocation {
  public:
-  DeviceBuffer() = default;
-  DeviceBuffer(DeviceBuffer&& other) noexcept
+  DeviceAllocation() = default;
+  DeviceAllocation(DeviceAllocation&& other) noexcept
       : data_(std::exchange(other.data_, nullptr)),
         bytes_(std::exchange(other.bytes_, 0)),
         stream_(other.stream_),
         pooled_(other.pooled_) {}
-  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
+  DeviceAllocation& operator=(DeviceAllocation&& other) noexcept {
     std::swap(data_, other.data_);
     std::swap(bytes_, other.bytes_);
     std::swap(stream_, other.stream_);
     std::swap(pooled_, other.pooled_);
     return *this;
   }
-  ~DeviceBuffer() { release(); }
+  ~DeviceAllocation() { release(); }
   Status allocate(std::size_t bytes, cudaStream_t stream, bool pooled) {
     release();
     void* data = nullptr;

@@ -1,5 +1,5 @@
 // DeviceLanes on one CUDA device: two non-blocking streams and a pool of
-// events. Owned per device by CudaContext; the inbound stream is "ddlfast's
+// events. Owned per device by DeviceRuntime; the inbound stream is "ddlfast's
 // stream" that callers order against.
 #pragma once
 

@@ -10,14 +10,14 @@ import sys
 import cupy as cp
 from mpi4py import MPI
 
-from ddlfast import cuda
+from ddlfast import _core, cuda
 from ddlfast.config import load_settings
 
 comm = MPI.COMM_WORLD
 rank, world = comm.Get_rank(), comm.Get_size()
 cp.cuda.Device(rank % cp.cuda.runtime.getDeviceCount()).use()
 failures: list[str] = []
-path = cuda.CudaPath(comm, 120.0)
+path = cuda.CudaPath(_core.Engine(comm, 120.0))
 stream = cp.cuda.Stream(non_blocking=True)
 for repeat in range(5):
     with stream:

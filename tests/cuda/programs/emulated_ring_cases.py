@@ -47,7 +47,7 @@ def storage(dtype: str) -> np.dtype:
 # A hang anywhere (not only in the executor, which has its own stall limit) prints every thread's stack and
 # ends this rank, so the test fails with a trace instead of running into pytest's timeout.
 faulthandler.dump_traceback_later(120, exit=True)
-host = _core.CoreContext(comm, 60.0)
+host = _core.Engine(comm, 60.0)
 host.set_timeout(60.0)
 case_rng = np.random.default_rng(1234)  # the same cases on every rank
 shapes = factorizations(world)
@@ -79,8 +79,8 @@ for case in range(64):
     code = DTYPE_CODES[dtype]
     host.allreduce_segments([a.ctypes.data for a in expected], [a.size for a in expected], code, op, dims,
                             chunk_bytes, slots, small_bytes, order)
-    _testing.emulated_allreduce(comm, [a.ctypes.data for a in got], [a.size for a in got], code, op, dims, chunk_bytes,
-                             slots, small_bytes, order, direct, seed + rank, 60.0)  # a stall fails after 60 s
+    _testing.emulated_allreduce(host, [a.ctypes.data for a in got], [a.size for a in got], code, op, dims,
+                                chunk_bytes, slots, small_bytes, order, direct, seed + rank)  # stalls fail at 60 s
     label = (f"case {case}: dims={dims} {dtype} segments={segments} chunk={chunk_bytes} slots={slots} "
              f"small={small_bytes} op={op} order={order} direct={direct}")
     for i, (g, e) in enumerate(zip(got, expected, strict=True)):

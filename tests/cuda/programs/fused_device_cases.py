@@ -70,7 +70,8 @@ def check(case: int, op: str, got: list[np.ndarray], label: str) -> None:
         failures.append(f"rank {rank} {label}: ranks hold different bits")
 
 
-path = cuda.CudaPath(comm, 120.0)
+host = _core.Engine(comm, 120.0)
+path = cuda.CudaPath(host)
 settings_list = [("64KiB", "4KiB"), ("1MiB", "64KiB"), ("64MiB", "512KiB"), ("300000", "5000")]
 for case in range(12):
     bucket, chunk = settings_list[case % len(settings_list)]
@@ -85,7 +86,6 @@ for case in range(12):
     check(case, op, [a.get() for a in arrays], f"device path case {case} ({bucket}, {chunk}, {op})")
 
 # The host path: float32 arrays with fp16 wire compression, through pinned copies.
-host = _core.CoreContext(comm)
 for case in (1, 3, 5):
     arrays = [DeviceArray(a.astype(np.float32), device) for a in arrays_for(rank, case)]
     submission = cuda.submit(cuda.device_buffers(arrays, rank))

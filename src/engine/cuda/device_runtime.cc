@@ -1,4 +1,4 @@
-#include "engine/cuda/cuda_context.h"
+#include "engine/cuda/device_runtime.h"
 
 #include <algorithm>
 
@@ -32,14 +32,7 @@ bool mpi_cuda_aware(std::string* how) {
 #endif
 }
 
-Status CudaContext::create(MPI_Comm comm, double timeout_s, std::unique_ptr<CudaContext>* out) {
-  std::unique_ptr<CudaContext> context(new CudaContext());
-  DDLFAST_RETURN_IF_ERROR(MpiTransport::create(comm, timeout_s, &context->transport_));
-  *out = std::move(context);
-  return Status::ok();
-}
-
-Status CudaContext::state_for(int device, DeviceState** out) {
+Status DeviceRuntime::state_for(int device, DeviceState** out) {
   auto found = devices_.find(device);
   if (found == devices_.end()) {
     std::unique_ptr<DeviceState> state(new DeviceState());
@@ -51,7 +44,7 @@ Status CudaContext::state_for(int device, DeviceState** out) {
   return Status::ok();
 }
 
-Status CudaContext::ensure_staging(DeviceState* state, int slots, std::size_t slot_bytes, bool direct) {
+Status DeviceRuntime::ensure_staging(DeviceState* state, int slots, std::size_t slot_bytes, bool direct) {
   const bool pooled = !direct;  // MPI may open device slots over CUDA IPC
   const std::size_t bytes = static_cast<std::size_t>(slots) * slot_bytes;
   const bool device_fits = state->device_recv.data() && state->device_recv.bytes() >= bytes &&
@@ -73,7 +66,7 @@ Status CudaContext::ensure_staging(DeviceState* state, int slots, std::size_t sl
   return Status::ok();
 }
 
-Status CudaContext::wait_for(int device, const Fence& fence) {
+Status DeviceRuntime::wait_for(int device, const Fence& fence) {
   DeviceGuard guard;
   DDLFAST_RETURN_IF_ERROR(guard.set(device));
   DeviceState* state = nullptr;
@@ -85,12 +78,12 @@ Status CudaContext::wait_for(int device, const Fence& fence) {
   return fence.make_wait(state->lanes.stream(Lane::kInbound));
 }
 
-Status CudaContext::bucket(int device, DType dtype, std::size_t bytes, char** out) {
+Status DeviceRuntime::bucket(int device, DType dtype, std::size_t bytes, char** out) {
   DeviceGuard guard;
   DDLFAST_RETURN_IF_ERROR(guard.set(device));
   DeviceState* state = nullptr;
   DDLFAST_RETURN_IF_ERROR(state_for(device, &state));
-  DeviceBuffer& buffer = state->buckets[static_cast<int>(dtype)];
+  DeviceAllocation& buffer = state->buckets[static_cast<int>(dtype)];
   if (!buffer.data() || buffer.bytes() < bytes) {
     const cudaStream_t stream = state->lanes.stream(Lane::kInbound);
     // Grow by half again, so a slowly growing bucket is not reallocated every step.
@@ -104,7 +97,7 @@ Status CudaContext::bucket(int device, DType dtype, std::size_t bytes, char** ou
   return Status::ok();
 }
 
-Status CudaContext::copy_batch(int device, const std::vector<CopySpec>& specs) {
+Status DeviceRuntime::copy_batch(int device, const std::vector<CopySpec>& specs) {
   DeviceGuard guard;
   DDLFAST_RETURN_IF_ERROR(guard.set(device));
   DeviceState* state = nullptr;
@@ -112,7 +105,7 @@ Status CudaContext::copy_batch(int device, const std::vector<CopySpec>& specs) {
   return cuda_copy_batch(specs.data(), specs.size(), state->lanes.stream(Lane::kInbound));
 }
 
-Status CudaContext::copy(int device, void* dst, const void* src, std::size_t bytes) {
+Status DeviceRuntime::copy(int device, void* dst, const void* src, std::size_t bytes) {
   DeviceGuard guard;
   DDLFAST_RETURN_IF_ERROR(guard.set(device));
   DeviceState* state = nullptr;
@@ -120,20 +113,13 @@ Status CudaContext::copy(int device, void* dst, const void* src, std::size_t byt
   return state->lanes.copy(dst, src, bytes, Lane::kInbound);
 }
 
-Status CudaContext::allreduce(int device, const SegmentedBuffer& data, DType dtype, ReduceOp op,
-                              const std::vector<int>& dims, const std::vector<int>& order,
-                              const EngineOptions& options, DeviceTransfer transfer) {
+Status DeviceRuntime::allreduce(int device, const SegmentedBuffer& data, DType dtype, ReduceOp op,
+                                const std::vector<int>& dims, const std::vector<int>& order,
+                                const EngineOptions& options, DeviceTransfer transfer) {
   DeviceGuard guard;
   DDLFAST_RETURN_IF_ERROR(guard.set(device));
   DeviceState* state = nullptr;
   DDLFAST_RETURN_IF_ERROR(state_for(device, &state));
-  auto key = std::make_pair(dims, order);
-  auto found = engines_.find(key);
-  if (found == engines_.end()) {
-    std::unique_ptr<DeviceRingAllreduce> engine;
-    DDLFAST_RETURN_IF_ERROR(DeviceRingAllreduce::create(*transport_, dims, order, &engine));
-    found = engines_.emplace(std::move(key), std::move(engine)).first;
-  }
   const bool direct = transfer == DeviceTransfer::kDirect;
   const int slots = std::max(2, options.receives_in_flight);
   DDLFAST_RETURN_IF_ERROR(ensure_staging(state, slots, staging_slot_bytes(options.chunk_bytes), direct));
@@ -145,13 +131,10 @@ Status CudaContext::allreduce(int device, const SegmentedBuffer& data, DType dty
   staging.host_send = direct ? nullptr : state->host_send.data();
   DeviceRunOptions run;
   run.transfer = transfer;
-  const Status status = found->second->run(data, dtype, op, options, run, &state->lanes, staging);
-  // The phase cancelled its own receives; ranks still in the ring are told (a census), and this transport refuses.
-  if (!status.is_ok()) transport_->abandon(status, /*force=*/true);
-  return status;
+  return context_.device_allreduce(data, dtype, op, dims, order, options, run, &state->lanes, staging);
 }
 
-Status CudaContext::record(int device, Fence* done) {
+Status DeviceRuntime::record(int device, Fence* done) {
   DeviceGuard guard;
   DDLFAST_RETURN_IF_ERROR(guard.set(device));
   DeviceState* state = nullptr;
@@ -161,7 +144,7 @@ Status CudaContext::record(int device, Fence* done) {
   return done->record(device, state->lanes.stream(Lane::kInbound));
 }
 
-Status CudaContext::synchronize(int device) {
+Status DeviceRuntime::synchronize(int device) {
   DeviceGuard guard;
   DDLFAST_RETURN_IF_ERROR(guard.set(device));
   DeviceState* state = nullptr;
@@ -171,7 +154,7 @@ Status CudaContext::synchronize(int device) {
   return Status::ok();
 }
 
-Status CudaContext::stream(int device, cudaStream_t* out) {
+Status DeviceRuntime::stream(int device, cudaStream_t* out) {
   DeviceGuard guard;
   DDLFAST_RETURN_IF_ERROR(guard.set(device));
   DeviceState* state = nullptr;

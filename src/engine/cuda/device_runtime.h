@@ -1,9 +1,9 @@
-// The GPU side of one ddlfast context: a private duplicate of the
-// communicator, and per device ddlfast's two streams (CudaLanes; the inbound
-// one is "ddlfast's stream"), the staging slots, one fused bucket per dtype,
-// and one GPU ring executor per (dims, order). Every method makes its device
-// current for the call and restores the caller's. Not thread-safe: the Python
-// context runs one collective at a time.
+// The GPU side of one ddlfast context, per device: ddlfast's two streams
+// (CudaLanes; the inbound one is "ddlfast's stream"), the staging slots and
+// one fused bucket per dtype. It borrows the context (engine/context.h), whose
+// one transport and GPU engines run its collectives. Every method makes its
+// device current for the call and restores the caller's. Not thread-safe: the
+// Python context runs one collective at a time.
 #pragma once
 
 #include <mpi.h>
@@ -11,14 +11,13 @@
 #include <map>
 #include <memory>
 #include <string>
-#include <utility>
 #include <vector>
 
+#include "engine/context.h"
 #include "engine/cuda/cuda_lanes.h"
 #include "engine/cuda/fence.h"
 #include "engine/device_ring_allreduce.h"
 #include "kernels/cuda/cuda_kernels.h"
-#include "transport/mpi_transport.h"
 
 namespace ddlfast {
 
@@ -27,16 +26,10 @@ namespace ddlfast {
 // the query used, or why none exists in this MPI.
 bool mpi_cuda_aware(std::string* how);
 
-class CudaContext {
+class DeviceRuntime {
  public:
-  // Collective over `comm` (duplicates it; gives up after timeout_s > 0).
-  static Status create(MPI_Comm comm, double timeout_s, std::unique_ptr<CudaContext>* out);
-
-  int rank() const { return transport_->rank(); }
-  int size() const { return transport_->size(); }
-  void set_timeout(double seconds) {
-    transport_->set_timeout(seconds);
-  }
+  // `context` must outlive the runtime. Not collective: device state is made at first use.
+  explicit DeviceRuntime(Context& context) : context_(context) {}
 
   // Work ddlfast enqueues on `device` from now on waits for `fence`.
   Status wait_for(int device, const Fence& fence);
@@ -47,7 +40,7 @@ class CudaContext {
   Status copy_batch(int device, const std::vector<CopySpec>& specs);
   // One copy on ddlfast's stream (any direction).
   Status copy(int device, void* dst, const void* src, std::size_t bytes);
-  // In-place allreduce of device memory on `device`; see DeviceRingAllreduce.
+  // In-place allreduce of device memory on `device` with the context's GPU engine; see DeviceRingAllreduce.
   Status allreduce(int device, const SegmentedBuffer& data, DType dtype, ReduceOp op, const std::vector<int>& dims,
                    const std::vector<int>& order, const EngineOptions& options, DeviceTransfer transfer);
   // Records `done` after all work ddlfast enqueued on `device` so far.
@@ -61,19 +54,17 @@ class CudaContext {
     CudaLanes lanes;  // declared first: destroyed last, after the buffers freed on its stream
     PinnedBuffer host_recv;
     PinnedBuffer host_send;
-    DeviceBuffer device_recv;
+    DeviceAllocation device_recv;
     int slots = 0;
     std::size_t slot_bytes = 0;
-    DeviceBuffer buckets[kNumDTypes];
+    DeviceAllocation buckets[kNumDTypes];
   };
 
-  CudaContext() = default;
   Status state_for(int device, DeviceState** out);
   Status ensure_staging(DeviceState* state, int slots, std::size_t slot_bytes, bool direct);
 
-  std::unique_ptr<MpiTransport> transport_;
+  Context& context_;
   std::map<int, std::unique_ptr<DeviceState>> devices_;
-  std::map<std::pair<std::vector<int>, std::vector<int>>, std::unique_ptr<DeviceRingAllreduce>> engines_;
 };
 
 }  // namespace ddlfast
