@@ -12,7 +12,7 @@ wait, the host does not block); an asynchronous collective's handle completes
 only after the host has waited for that one event.
 
 A bucket runs on one of two paths:
-  device  the GPU ring (src/kernels/cuda/device_ring_allreduce.*): chunks are
+  device  the GPU ring (src/engine/device_ring_allreduce.*): chunks are
           staged through pinned host memory, or handed to MPI as device
           pointers when MPI is CUDA-aware; the reductions are CUDA kernels.
   host    the bucket is copied to pinned host memory, reduced by the host

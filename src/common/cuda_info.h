@@ -1,5 +1,5 @@
 // Whether this build carries the CUDA kernels; implemented once per device
-// kind (kernels/cuda/cuda_info.cu or common/cuda_info_none.cc).
+// kind (common/cuda/cuda_info.cu or common/cuda_info_none.cc).
 #pragma once
 
 #include <string>

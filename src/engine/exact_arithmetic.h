@@ -25,7 +25,7 @@
 // some were, which ones, to tell overflow from propagated inf/nan.
 //
 // min and max need nothing here: they are exact in every type (the kernels
-// pick one of the inputs' bits, kernels/combine_generic.h).
+// pick one of the inputs' bits, kernels/cpu/combine_generic.h).
 #pragma once
 
 #include <cstddef>

@@ -1,5 +1,5 @@
 """The kernels behind exact integer average and the half types' range check, against NumPy/Python ints,
-on every kernel path (src/kernels/exact_generic.h; the method is in src/engine/exact_arithmetic.h).
+on every kernel path (src/kernels/cpu/exact_generic.h; the method is in src/engine/exact_arithmetic.h).
 
 - split: values = trunc(v / p) in place, remainders = v - trunc(v / p) * p (C's / and %);
 - join: values += floor(remainders / p), wrapping like the integer sum;

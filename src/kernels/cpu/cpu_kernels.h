@@ -13,7 +13,7 @@ namespace ddlfast {
 // fp16/bf16 add in fp32 and round once.
 using ReduceFn = void (*)(void* dst, const void* src, std::size_t n, int divisor);
 
-// dst[i] = op(dst[i], src[i]) for min, max and product (kernels/combine_generic.h
+// dst[i] = op(dst[i], src[i]) for min, max and product (kernels/cpu/combine_generic.h
 // gives their exact rules: nan, signed zeros, wrapping).
 using CombineFn = void (*)(void* dst, const void* src, std::size_t n);
 constexpr int kNumCombineOps = 3;  // index: op - ReduceOp::kMin

@@ -1,4 +1,4 @@
-// CUDA kernels: the GPU twins of kernels/cpu_kernels.h, with the same
+// CUDA kernels: the GPU twins of kernels/cpu/cpu_kernels.h, with the same
 // semantics and the same bits (see elementwise.cuh), plus the fused copy that
 // packs many arrays into a bucket in one launch.
 //

@@ -1,7 +1,7 @@
 // Per-element arithmetic of the CUDA kernels, written once for device and
 // host. The host instantiation (cuda_reduce.cu, host_* entry points) lets
 // CPU-only machines check these functions bit for bit against the CPU
-// kernels (kernels/cpu_kernels.h); on the device the same code runs with
+// kernels (kernels/cpu/cpu_kernels.h); on the device the same code runs with
 // IEEE round-to-nearest intrinsics that the compiler may not contract.
 //
 // Semantics, identical to the CPU kernels:
