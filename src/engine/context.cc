@@ -9,29 +9,33 @@ Status Context::create(MPI_Comm comm, double timeout_s, std::unique_ptr<Context>
   return Status::ok();
 }
 
-Status Context::engine_for(const std::vector<int>& dims, const std::vector<int>& order, RingAllreduce** out) {
+namespace {
+
+// The engine of `Engine` type for (dims, order) from `cache`, made on first use.
+template <typename Engine>
+Status cached_engine(std::map<std::pair<std::vector<int>, std::vector<int>>, std::unique_ptr<Engine>>& cache,
+                     Transport& transport, const std::vector<int>& dims, const std::vector<int>& order,
+                     Engine** out) {
   auto key = std::make_pair(dims, order);
-  auto found = engines_.find(key);
-  if (found == engines_.end()) {
-    std::unique_ptr<RingAllreduce> engine;
-    DDLFAST_RETURN_IF_ERROR(RingAllreduce::create(*transport_, dims, order, &engine));
-    found = engines_.emplace(std::move(key), std::move(engine)).first;
+  auto found = cache.find(key);
+  if (found == cache.end()) {
+    std::unique_ptr<Engine> engine;
+    DDLFAST_RETURN_IF_ERROR(Engine::create(transport, dims, order, &engine));
+    found = cache.emplace(std::move(key), std::move(engine)).first;
   }
   *out = found->second.get();
   return Status::ok();
 }
 
+}  // namespace
+
+Status Context::engine_for(const std::vector<int>& dims, const std::vector<int>& order, RingAllreduce** out) {
+  return cached_engine(engines_, *transport_, dims, order, out);
+}
+
 Status Context::device_engine_for(const std::vector<int>& dims, const std::vector<int>& order,
                                   DeviceRingAllreduce** out) {
-  auto key = std::make_pair(dims, order);
-  auto found = device_engines_.find(key);
-  if (found == device_engines_.end()) {
-    std::unique_ptr<DeviceRingAllreduce> engine;
-    DDLFAST_RETURN_IF_ERROR(DeviceRingAllreduce::create(*transport_, dims, order, &engine));
-    found = device_engines_.emplace(std::move(key), std::move(engine)).first;
-  }
-  *out = found->second.get();
-  return Status::ok();
+  return cached_engine(device_engines_, *transport_, dims, order, out);
 }
 
 Status Context::finish(const Status& status) {
