@@ -66,7 +66,7 @@ class DeviceSteps {
     return reduces_ ? device_recv(slot(index), target) : target;
   }
 
-  Status reduce(std::size_t index, const ChunkItem& chunk, int divisor) {
+  Status receive_reduce(std::size_t index, const ChunkItem& chunk, int divisor) {
     const int k = slot(index);
     char* target = data_.address(chunk.offset);
     char* scratch = device_recv(k, target);
@@ -75,7 +75,7 @@ class DeviceSteps {
     return lanes_->mark(recv_marker(k), Lane::kInbound);  // the slot is free once the lane consumed it
   }
 
-  Status copy(std::size_t index, const ChunkItem& chunk) {
+  Status receive_copy(std::size_t index, const ChunkItem& chunk) {
     const int k = slot(index);
     if (staged_) {
       DDLFAST_RETURN_IF_ERROR(

@@ -131,12 +131,12 @@ class HostSteps {
     return landing_[index];
   }
 
-  Status reduce(std::size_t index, const ChunkItem& chunk, int divisor) {
+  Status receive_reduce(std::size_t index, const ChunkItem& chunk, int divisor) {
     wire_.reduce(data_.address(chunk.offset), slot(index), chunk.count, divisor);
     return Status::ok();
   }
 
-  Status copy(std::size_t index, const ChunkItem& chunk) {
+  Status receive_copy(std::size_t index, const ChunkItem& chunk) {
     if constexpr (!Wire::kInPlace) wire_.decode(data_.address(chunk.offset), landing_[index], chunk.count);
     return Status::ok();
   }

@@ -110,8 +110,8 @@ constexpr std::size_t kUnbounded = std::numeric_limits<std::size_t>::max();
 //   receive_room(i, &free)           whether receive i's slot is free of earlier work (the GPU's lanes)
 //   receive_buffer(i, chunk)         where receive i lands
 //   wire_bytes(count)                bytes on the wire for `count` elements
-//   reduce(i, chunk, divisor)        receive-reduce: add arrived chunk i into the data
-//   copy(i, chunk)                   receive-copy: put arrived chunk i in its place
+//   receive_reduce(i, chunk, divisor)  add arrived chunk i into the data (divisor 1 but on the last step)
+//   receive_copy(i, chunk)             put arrived chunk i in its place
 //   stage(j, send), staged(j, &ok)   prepare send j (encode, copy out) and whether it may be posted
 //   send_buffer(j, send)             what send j carries
 //   poll()                           once per turn: lets device work advance; true while it is busy (no backoff)
@@ -142,41 +142,45 @@ Status run_ring_phase(Transport& transport, const RingPhase& phase, const PhaseC
       ++posted;
       progress = true;
     }
-    // Start sends in order: own chunks at once, a forward once its chunk is in place.
-    while (started < sends.size() && started - completed < send_window &&
-           (sends[started].forward_of < 0 || static_cast<std::size_t>(sends[started].forward_of) < arrived)) {
+    // Sends, strictly in order: post each once it is staged, and start (stage) the next one once it may go:
+    // an own chunk at once, a forward once its chunk is in place, each within the send window.
+    for (;;) {
+      while (sent < started) {
+        bool ready = true;
+        DDLFAST_RETURN_IF_ERROR(steps.staged(sent, &ready));
+        if (!ready) break;
+        const ChunkSend& send = sends[sent];
+        RequestId id;
+        DDLFAST_RETURN_IF_ERROR(transport.isend(steps.send_buffer(sent, send), steps.wire_bytes(send.count),
+                                                phase.successor, step_tag(tag_base, send.step), &id));
+        if (send_window == kUnbounded) {
+          ++completed;  // wait_all below completes it
+        } else {
+          send_ids[sent] = id;
+        }
+        ++sent;
+        progress = true;
+      }
+      if (started == sends.size() || started - completed >= send_window ||
+          (sends[started].forward_of >= 0 && static_cast<std::size_t>(sends[started].forward_of) >= arrived)) {
+        break;
+      }
       DDLFAST_RETURN_IF_ERROR(steps.stage(started, sends[started]));
       ++started;
       progress = true;
     }
-    // Post started sends in order, each once it is staged.
-    while (sent < started) {
-      bool ready = true;
-      DDLFAST_RETURN_IF_ERROR(steps.staged(sent, &ready));
-      if (!ready) break;
-      const ChunkSend& send = sends[sent];
-      RequestId id;
-      DDLFAST_RETURN_IF_ERROR(transport.isend(steps.send_buffer(sent, send), steps.wire_bytes(send.count),
-                                              phase.successor, step_tag(tag_base, send.step), &id));
-      if (send_window == kUnbounded) {
-        ++completed;  // wait_all below completes it
-      } else {
-        send_ids[sent] = id;
-      }
-      ++sent;
-      progress = true;
-    }
-    // Take the next chunk if it arrived: the step verb for its step (a forward was queued above).
+    // Take the next chunk if it arrived: the step verb for its step. Its forward, if any, goes out on the
+    // next turn, after the receive that reuses its slot is posted.
     if (arrived < posted) {
       bool done = false;
       DDLFAST_RETURN_IF_ERROR(transport.test(receive_ids[arrived], &done));
       if (done) {
         const ChunkItem& chunk = receives[arrived];
-        const bool keeps = chunk.step == chunks.last_step;
+        const bool keeps = chunk.step == chunks.last_step;  // receive_reduce_keep: the last step divides
         if (reduces) {
-          DDLFAST_RETURN_IF_ERROR(steps.reduce(arrived, chunk, keeps ? final_divisor : 1));
+          DDLFAST_RETURN_IF_ERROR(steps.receive_reduce(arrived, chunk, keeps ? final_divisor : 1));
         } else {
-          DDLFAST_RETURN_IF_ERROR(steps.copy(arrived, chunk));
+          DDLFAST_RETURN_IF_ERROR(steps.receive_copy(arrived, chunk));
         }
         ++arrived;
         progress = true;
