@@ -22,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddlfast.torch as dt
 from bench.overlap_torch import model_25m
-from ddlfast import torch_backend
+from ddlfast.integrations import torch_backend
 from ddlfast.overlap import median_times
 
 

@@ -35,12 +35,13 @@ from ddlfast.api import (
     reduce_scatter,
     reduce_scatter_async,
     size,
+    topology,
 )
 from ddlfast.context import Context
+from ddlfast.engine.worker import Handle
 from ddlfast.errors import DdlfastBrokenError, DdlfastConsistentError, DdlfastError, DdlfastTimeoutError
-from ddlfast.fusion import FusedBuffer
-from ddlfast.topology import TopologyWarning, topology  # noqa: E402  (the function shadows the submodule)
-from ddlfast.worker import Handle
+from ddlfast.fused_buffer import FusedBuffer
+from ddlfast.topology.placement import TopologyWarning
 
 _abort.install()
 

@@ -17,8 +17,6 @@ from ddlfast.errors import DdlfastBrokenError, DdlfastConsistentError, DdlfastEr
 _STATUS_TIMEOUT = 3
 _STATUS_BROKEN = 5
 _STATUS_CONSISTENT = 6
-# Bytes per element of each DType code (src/common/dtype.h; ddlfast/dtypes.py has the Python side).
-_ELEMENT_SIZES = (4, 8, 2, 2, 4, 8)
 _NUM_OPS = 5  # ReduceOp codes (ddlfast/ops.py)
 _EVENT_NAMES = ("reduce_scatter", "allgather", "mpi_allreduce")
 
@@ -56,10 +54,10 @@ cdef vector[int] to_dims(dims) except *:
 
 
 cdef size_t dtype_size(int dtype) except 0:
-    """Bytes per element of a DType code; refuses unknown codes."""
-    if dtype < 0 or dtype >= 6:
+    """Bytes per element of a DType code (src/common/dtype.h); refuses unknown codes."""
+    if not dtype_valid(dtype):
         raise DdlfastError(f"unknown dtype code {dtype}")
-    return _ELEMENT_SIZES[dtype]
+    return element_size(<DType>dtype)
 
 
 cdef int check_op(int op) except -1:

@@ -20,6 +20,8 @@ cdef extern from "common/dtype.h" namespace "ddlfast" nogil:
         pass
     cdef enum class ReduceOp(int):
         pass
+    bint dtype_valid(int value)
+    size_t element_size "ddlfast::dtype_size"(DType dtype)  # the one table of element sizes
 
 
 cdef extern from "kernels/cpu/cpu_kernels.h" namespace "ddlfast" nogil:

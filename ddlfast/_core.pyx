@@ -15,7 +15,8 @@ from mpi4py.libmpi cimport MPI_Comm
 
 from ddlfast._core cimport (
     Context, DType, EngineOptions, KernelTable, PhaseEvent, ReduceOp, SegmentedBuffer, Status, avx2_kernels,
-    best_kernels, cuda_compiled, cuda_version_string, mpi_library_version, pack, scalar_kernels, unpack,
+    best_kernels, cuda_compiled, cuda_version_string, dtype_valid, element_size, mpi_library_version, pack,
+    scalar_kernels, unpack,
 )
 
 from ddlfast import config

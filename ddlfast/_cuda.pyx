@@ -2,7 +2,7 @@
 # distutils: language = c++
 """Bindings over the CUDA side of the core (built only where nvcc was found):
 device facts, fences, pinned memory, and DeviceEngine, which runs collectives on
-device memory. Pointers and streams arrive as integers; ddlfast/cuda.py adapts
+device memory. Pointers and streams arrive as integers; ddlfast/buffers/device.py adapts
 user arrays to them. Every call into CUDA returns a Status, raised here as
 DdlfastError. The test-only entries (kernels one by one, device memory, the
 host twins, the kernel bench) are in ddlfast._testing_cuda."""
@@ -17,7 +17,8 @@ from libcpp.vector cimport vector
 from mpi4py cimport MPI
 
 from ddlfast._core cimport (
-    DType, Engine, EngineOptions, PhaseEvent, ReduceOp, SegmentedBuffer, Status, cuda_version_string,
+    DType, Engine, EngineOptions, PhaseEvent, ReduceOp, SegmentedBuffer, Status, cuda_version_string, dtype_valid,
+    element_size,
 )
 from ddlfast._cuda cimport (
     CopySpec, DeviceRuntime, DeviceTransfer, Fence, MemoryKind, PinnedBuffer, cuda_device_count, cudaStream_t,

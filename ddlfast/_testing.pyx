@@ -11,7 +11,7 @@ from mpi4py cimport MPI
 
 from ddlfast._core cimport (
     Context, DType, Engine, ElementRange, EngineOptions, KernelTable, PhaseKind, ReduceOp, RingPhase, RingSchedule, RingStep,
-    Status, Torus, build_ring_schedule, positions_in_block_order,
+    Status, Torus, build_ring_schedule, dtype_valid, element_size, positions_in_block_order,
 )
 from ddlfast._testing cimport emulated_device_allreduce
 

@@ -9,7 +9,7 @@ from libc.stddef cimport size_t
 from libcpp.string cimport string
 from libcpp.vector cimport vector
 
-from ddlfast._core cimport DType, Status
+from ddlfast._core cimport DType, Status, dtype_valid, element_size
 from ddlfast._cuda cimport (
     CopySpec, DeviceAllocation, DeviceGuard, NanRule, WireType, copy_blocking, cuda_accumulate, cuda_copy_batch,
     cuda_decode, cuda_encode, cuda_reduce, cudaStream_t, host_nan_rule, host_twin_accumulate, host_twin_decode,

@@ -14,8 +14,9 @@ from mpi4py import MPI
 
 from ddlfast import _core, config
 from ddlfast.context import Context
+from ddlfast.engine.worker import Handle
 from ddlfast.errors import DdlfastError
-from ddlfast.worker import Handle
+from ddlfast.topology.placement import Topology
 
 _default: Context | None = None
 # Contexts for other communicators. mpi4py 4 communicators are unhashable (and equal by handle, not identity),
@@ -237,6 +238,16 @@ def broadcast_object(obj: object, root: int = 0, comm: MPI.Comm | None = None) -
 def allgather_object(obj: object, comm: MPI.Comm | None = None) -> list:
     """Every rank's picklable object (sizes may differ), as a list in rank order (e.g. metrics)."""
     return _context_for(comm).allgather_object(obj)
+
+
+def topology(comm: MPI.Comm | None = None, *, probe_every_tier: bool = False) -> Topology:
+    """What ddlfast detected and chose for `comm` (default COMM_WORLD).
+
+    Collective on the first call for a communicator (it is what the first allreduce would do anyway): call it
+    on every rank. `probe_every_tier` measures links even where auto would not need them (one host); it only
+    matters when this is the communicator's first collective.
+    """
+    return _context_for(comm).topology(probe_every_tier)
 
 
 def rank(comm: MPI.Comm | None = None) -> int:

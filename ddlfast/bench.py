@@ -40,7 +40,7 @@ from ddlfast.errors import DdlfastError
 
 DEFAULT_SIZES = "4KiB,64KiB,1MiB,16MiB,64MiB"
 DTYPES = ("float32", "float64", "float16", "int32", "int64")
-OPS = ("sum", "average")
+BENCHED_OPS = ("sum", "average")  # the ops the bench times (MPI's baseline is SUM either way)
 # Auto iteration count: about this many bytes reduced per row and per library, clamped to [MIN, MAX] iterations.
 AUTO_BYTES_PER_ROW = 512 << 20
 AUTO_MIN_ITERS = 5
@@ -255,8 +255,8 @@ def run_bench(
     with check=True, "check" ("ok"/"FAIL") and "check_errors" (messages naming rank, index and values).
     """
     comm = MPI.COMM_WORLD if comm is None else comm
-    if op not in OPS:
-        raise DdlfastError(f"op={op!r} is not one of {', '.join(OPS)}")
+    if op not in BENCHED_OPS:
+        raise DdlfastError(f"op={op!r} is not one of {', '.join(BENCHED_OPS)}")
     if dtype not in DTYPES:
         raise DdlfastError(f"dtype={dtype!r} is not one of {', '.join(DTYPES)}")
     if collective not in COLLECTIVES:
@@ -450,7 +450,8 @@ def _parser() -> argparse.ArgumentParser:
                         help=f"timed iterations per size (default auto: {AUTO_MIN_ITERS}..{AUTO_MAX_ITERS}, "
                         f"about {format_bytes(AUTO_BYTES_PER_ROW)} per size)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed iterations first (default auto: 2..10)")
-    parser.add_argument("--op", default="sum", choices=OPS, help="sum or average (MPI baseline is SUM either way)")
+    parser.add_argument("--op", default="sum", choices=BENCHED_OPS,
+                        help="sum or average (MPI baseline is SUM either way)")
     parser.add_argument("--compression", default="none",
                         help="ddlfast wire codec: none, fp16, bf16, or per dimension e.g. none,fp16 (float32 only)")
     parser.add_argument("--json", action="store_true", help="print one JSON document (rank 0) instead of the table")

@@ -19,9 +19,9 @@ import numpy as np
 from mpi4py import MPI
 
 import ddlfast
+from ddlfast import topology
 from ddlfast.config import parse_dims
-from ddlfast.plan import link_bound, parse_bytes, predict
-from ddlfast.topology import topology
+from ddlfast.topology.cost_model import link_bound, parse_bytes, predict
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench.emulation.netns import EmulatedCluster, available
-from ddlfast.plan import parse_rate
+from ddlfast.topology.cost_model import parse_rate
 
 MEASURE = Path(__file__).with_name("measure.py")
 

@@ -6,7 +6,7 @@
 
 namespace ddlfast {
 
-// Values are part of the Python binding (ddlfast/dtypes.py mirrors them).
+// Values are part of the Python binding (ddlfast/buffers/dtypes.py mirrors them).
 enum class DType : int {
   kFloat32 = 0,
   kFloat64 = 1,

@@ -172,7 +172,7 @@ Status DeviceRingAllreduce::run(const SegmentedBuffer& data, DType dtype, Reduce
   const int world = ring_.torus.world_size();
   const std::size_t count = data.count();
   if (count == 0 || world == 1) return Status::ok();
-  // min, max and product run in the host engine on pinned copies (ddlfast/context.py, _HOST_ARITHMETIC): its
+  // min, max and product run in the host engine on pinned copies (ddlfast/engine/device.py, _HOST_ARITHMETIC): its
   // kernels alone carry their nan and signed-zero rules.
   if (op != ReduceOp::kSum && op != ReduceOp::kAverage) {
     return Status::invalid(std::string("op='") + reduce_op_name(op) + "' is not implemented in the GPU ring; stage "

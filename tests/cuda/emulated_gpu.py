@@ -1,4 +1,4 @@
-"""A stand-in for ddlfast._cuda on machines without a GPU, for running ddlfast.cuda.CudaPath end to end:
+"""A stand-in for ddlfast._cuda on machines without a GPU, for running the GPU executor end to end:
 "device" arrays are host memory exported through __cuda_array_interface__, copies are memmoves, fences
 do nothing, and the collective itself runs the real GPU ring executor on emulated lanes
 (_testing.emulated_allreduce). What it cannot check: anything CUDA does (kernels, streams, events)."""
@@ -10,7 +10,7 @@ import itertools
 
 import numpy as np
 
-from ddlfast import cuda
+from ddlfast.buffers import device as device_arrays
 from tests.cuda.device_array import TYPESTRS
 
 
@@ -131,5 +131,5 @@ class _Module:
 
 
 def install() -> None:
-    """Make ddlfast.cuda use the stand-in (any build: the emulated executor is in ddlfast._testing)."""
-    cuda._cuda = _Module()
+    """Make the GPU adapters and executor use the stand-in (any build: the emulated executor is in ddlfast._testing)."""
+    device_arrays._cuda = _Module()  # the adapters and the GPU executor both ask it (cuda_module())

@@ -10,14 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from ddlfast import cuda
+from ddlfast.buffers import device as device_arrays
 from tests.mpi.launcher import mpi_command
 
 PROGRAMS = Path(__file__).parent / "programs"
 
-BUILT = cuda.built_with_cuda()
-DEVICES = cuda.device_count()
-NO_DEVICE_REASON = "" if DEVICES else (cuda._cuda.no_device_reason() if BUILT else "ddlfast was built without CUDA")
+BUILT = device_arrays.built_with_cuda()
+DEVICES = device_arrays.device_count()
+NO_DEVICE_REASON = "" if DEVICES else (device_arrays.cuda_module().no_device_reason() if BUILT
+                                       else "ddlfast was built without CUDA")
 
 needs_build = pytest.mark.skipif(not BUILT, reason="ddlfast was built without CUDA (no nvcc at build time)")
 needs_device = pytest.mark.skipif(DEVICES == 0, reason=f"no CUDA device: {NO_DEVICE_REASON}")

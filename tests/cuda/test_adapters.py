@@ -1,4 +1,4 @@
-"""ddlfast.cuda's adapters and checks, without a GPU: what a GPU array says about itself, how arrays of a
+"""ddlfast.buffers.device's adapters and checks, without a GPU: what a GPU array says about itself, how arrays of a
 call are validated together, bucket layout and settings. A fake `_cuda` module stands in for the device
 queries where a test needs devices."""
 
@@ -7,8 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ddlfast import cuda
+from ddlfast import config
+from ddlfast.buffers import device as device_arrays
+from ddlfast.engine import device as gpu_executor
 from ddlfast.errors import DdlfastError
+from ddlfast.fusion.pack_policy import DEVICE_ALIGN_BYTES, aligned_offsets
 
 WHERE = "array 2 on rank 1"
 
@@ -78,15 +81,15 @@ def on_device(device: int, offset: int = 0x1000, **kwargs) -> FakeCudaArray:
 
 
 def test_is_device_array() -> None:
-    assert cuda.is_device_array(FakeCudaArray())
-    assert not cuda.is_device_array(np.zeros(3))
-    assert not cuda.is_device_array(RaisingInterface())
-    assert not cuda.is_device_array([1, 2])
-    assert cuda.is_device_array(FakeDLPack(np.zeros(3, np.float32)))
-    assert not cuda.is_device_array(FakeDLPack(np.zeros(3, np.float32), device=(1, 0)))  # kDLCPU
-    assert cuda.any_device_array([np.zeros(2), FakeCudaArray()])
-    assert not cuda.any_device_array([np.zeros(2)])
-    assert not cuda.any_device_array("not arrays")
+    assert device_arrays.is_device_array(FakeCudaArray())
+    assert not device_arrays.is_device_array(np.zeros(3))
+    assert not device_arrays.is_device_array(RaisingInterface())
+    assert not device_arrays.is_device_array([1, 2])
+    assert device_arrays.is_device_array(FakeDLPack(np.zeros(3, np.float32)))
+    assert not device_arrays.is_device_array(FakeDLPack(np.zeros(3, np.float32), device=(1, 0)))  # kDLCPU
+    assert device_arrays.any_device_array([np.zeros(2), FakeCudaArray()])
+    assert not device_arrays.any_device_array([np.zeros(2)])
+    assert not device_arrays.any_device_array("not arrays")
 
 
 # ---------------------------------------------------------------- __cuda_array_interface__
@@ -95,7 +98,7 @@ def test_is_device_array() -> None:
 @pytest.mark.parametrize(("typestr", "name"), [("<f4", "float32"), ("<f8", "float64"), ("<f2", "float16"),
                                                ("<i4", "int32"), ("<i8", "int64"), ("=f4", "float32")])
 def test_interface_dtypes(typestr: str, name: str) -> None:
-    described = cuda.describe_interface(FakeCudaArray(typestr=typestr), WHERE)
+    described = device_arrays.describe_interface(FakeCudaArray(typestr=typestr), WHERE)
     assert described.dtype_name == name
     assert described.shape == (2, 3)
     assert described.pointer == 0x7F0000001000
@@ -105,47 +108,48 @@ def test_interface_dtypes(typestr: str, name: str) -> None:
 @pytest.mark.parametrize("typestr", ["<u1", "<i2", "<c8", ">f4", "|b1"])
 def test_interface_unsupported_dtype_names_the_array_and_the_supported_ones(typestr: str) -> None:
     with pytest.raises(DdlfastError, match=rf"{WHERE} has typestr .*supported: float32, float64"):
-        cuda.describe_interface(FakeCudaArray(typestr=typestr), WHERE)
+        device_arrays.describe_interface(FakeCudaArray(typestr=typestr), WHERE)
 
 
 def test_interface_bfloat16_hint() -> None:
     with pytest.raises(DdlfastError, match="DLPack"):
-        cuda.describe_interface(FakeCudaArray(typestr="<V2"), WHERE)
+        device_arrays.describe_interface(FakeCudaArray(typestr="<V2"), WHERE)
 
 
 def test_interface_read_only_masked_and_malformed() -> None:
     with pytest.raises(DdlfastError, match=f"{WHERE} is read-only"):
-        cuda.describe_interface(FakeCudaArray(readonly=True), WHERE)
+        device_arrays.describe_interface(FakeCudaArray(readonly=True), WHERE)
     with pytest.raises(DdlfastError, match="masked"):
-        cuda.describe_interface(FakeCudaArray(mask=object()), WHERE)
+        device_arrays.describe_interface(FakeCudaArray(mask=object()), WHERE)
     broken = FakeCudaArray()
     del broken.__cuda_array_interface__["data"]
     with pytest.raises(DdlfastError, match="malformed"):
-        cuda.describe_interface(broken, WHERE)
+        device_arrays.describe_interface(broken, WHERE)
 
 
 def test_interface_strides() -> None:
-    assert cuda.describe_interface(FakeCudaArray(strides=(12, 4)), WHERE).shape == (2, 3)
+    assert device_arrays.describe_interface(FakeCudaArray(strides=(12, 4)), WHERE).shape == (2, 3)
     # Extent-1 dimensions may carry any stride; empty arrays are contiguous.
-    cuda.describe_interface(FakeCudaArray(shape=(1, 3), strides=(999, 4)), WHERE)
-    cuda.describe_interface(FakeCudaArray(shape=(0, 3), strides=(4, 8)), WHERE)
+    device_arrays.describe_interface(FakeCudaArray(shape=(1, 3), strides=(999, 4)), WHERE)
+    device_arrays.describe_interface(FakeCudaArray(shape=(0, 3), strides=(4, 8)), WHERE)
     with pytest.raises(DdlfastError, match=rf"{WHERE} is not C-contiguous .*strides \(4, 8\)"):
-        cuda.describe_interface(FakeCudaArray(strides=(4, 8)), WHERE)
+        device_arrays.describe_interface(FakeCudaArray(strides=(4, 8)), WHERE)
     with pytest.raises(DdlfastError, match="not C-contiguous"):
-        cuda.describe_interface(FakeCudaArray(shape=(6,), strides=(8,)), WHERE)
+        device_arrays.describe_interface(FakeCudaArray(shape=(6,), strides=(8,)), WHERE)
 
 
 def test_interface_streams_by_version() -> None:
-    assert cuda.describe_interface(FakeCudaArray(stream=0x55AA), WHERE).stream == 0x55AA
-    assert cuda.describe_interface(FakeCudaArray(stream=None), WHERE).stream is None
-    assert cuda.describe_interface(FakeCudaArray(version=2, stream=7), WHERE).stream is None  # no stream before v3
+    assert device_arrays.describe_interface(FakeCudaArray(stream=0x55AA), WHERE).stream == 0x55AA
+    assert device_arrays.describe_interface(FakeCudaArray(stream=None), WHERE).stream is None
+    # no stream before version 3
+    assert device_arrays.describe_interface(FakeCudaArray(version=2, stream=7), WHERE).stream is None
     with pytest.raises(DdlfastError, match="stream 0"):
-        cuda.describe_interface(FakeCudaArray(stream=0), WHERE)
+        device_arrays.describe_interface(FakeCudaArray(stream=0), WHERE)
 
 
 def test_interface_scalar_and_empty() -> None:
-    assert cuda.describe_interface(FakeCudaArray(shape=()), WHERE).shape == ()
-    assert cuda.describe_interface(FakeCudaArray(shape=(0,), pointer=0), WHERE).pointer == 0
+    assert device_arrays.describe_interface(FakeCudaArray(shape=()), WHERE).shape == ()
+    assert device_arrays.describe_interface(FakeCudaArray(shape=(0,), pointer=0), WHERE).pointer == 0
 
 
 # ---------------------------------------------------------------- DLPack
@@ -154,20 +158,20 @@ def test_interface_scalar_and_empty() -> None:
 def test_dlpack_view() -> None:
     host = np.arange(6, dtype=np.float32).reshape(2, 3)
     exporter = FakeDLPack(host)
-    described = cuda.describe_dlpack(exporter, WHERE, stream=None)
+    described = device_arrays.describe_dlpack(exporter, WHERE, stream=None)
     assert (described.pointer, described.shape, described.dtype_name) == (host.ctypes.data, (2, 3), "float32")
     assert described.stream == 1 and exporter.streams == [1]  # legacy default stream, as DLPack says
     assert described.keepalive is not None  # the capsule stays alive with the buffer
-    assert cuda.describe_dlpack(FakeDLPack(host), WHERE, stream=0x1234).stream == 0x1234
+    assert device_arrays.describe_dlpack(FakeDLPack(host), WHERE, stream=0x1234).stream == 0x1234
 
 
 def test_dlpack_refusals() -> None:
     with pytest.raises(DdlfastError, match="not C-contiguous"):
-        cuda.describe_dlpack(FakeDLPack(np.zeros((3, 4), np.float32).T), WHERE, None)
+        device_arrays.describe_dlpack(FakeDLPack(np.zeros((3, 4), np.float32).T), WHERE, None)
     with pytest.raises(DdlfastError, match="DLPack dtype .* cannot reduce"):
-        cuda.describe_dlpack(FakeDLPack(np.zeros(4, np.int8)), WHERE, None)
+        device_arrays.describe_dlpack(FakeDLPack(np.zeros(4, np.int8)), WHERE, None)
     with pytest.raises(DdlfastError, match="not a CUDA DLPack array"):
-        cuda.describe_dlpack(FakeDLPack(np.zeros(4, np.float32), device=(1, 0)), WHERE, None)
+        device_arrays.describe_dlpack(FakeDLPack(np.zeros(4, np.float32), device=(1, 0)), WHERE, None)
 
 
 # ---------------------------------------------------------------- streams, layout, settings
@@ -180,37 +184,37 @@ def test_stream_handles() -> None:
     class TorchStream:
         cuda_stream = 0xDEF
 
-    assert cuda.stream_handle(None) is None
-    assert cuda.stream_handle(0x10) == 0x10
-    assert cuda.stream_handle(CupyStream()) == 0xABC
-    assert cuda.stream_handle(TorchStream()) == 0xDEF
+    assert device_arrays.stream_handle(None) is None
+    assert device_arrays.stream_handle(0x10) == 0x10
+    assert device_arrays.stream_handle(CupyStream()) == 0xABC
+    assert device_arrays.stream_handle(TorchStream()) == 0xDEF
     for bad in (-1, True, "stream", 1.5):
         with pytest.raises(DdlfastError, match="not a CUDA stream"):
-            cuda.stream_handle(bad)
+            device_arrays.stream_handle(bad)
 
 
 def test_bucket_layout_aligns_every_array() -> None:
-    assert cuda.bucket_layout([5, 16, 0, 17]) == ([0, 16, 32, 32], 64)
-    assert cuda.bucket_layout([]) == ([], 0)
-    offsets, total = cuda.bucket_layout([3, 3, 3], 8)
+    assert aligned_offsets([5, 16, 0, 17], DEVICE_ALIGN_BYTES) == ([0, 16, 32, 32], 64)
+    assert aligned_offsets([], DEVICE_ALIGN_BYTES) == ([], 0)
+    offsets, total = aligned_offsets([3, 3, 3], 8)
     assert offsets == [0, 8, 16] and total == 24
 
 
 def test_cuda_aware_setting() -> None:
-    assert cuda.cuda_aware_setting({}) == "auto"
-    assert cuda.cuda_aware_setting({cuda.CUDA_AWARE_ENV: " ON "}) == "on"
-    assert cuda.cuda_aware_setting({cuda.CUDA_AWARE_ENV: ""}) == "auto"
-    with pytest.raises(DdlfastError, match=cuda.CUDA_AWARE_ENV):
-        cuda.cuda_aware_setting({cuda.CUDA_AWARE_ENV: "yes"})
-    assert cuda.use_direct_transfers("on", False) and cuda.use_direct_transfers("auto", True)
-    assert not cuda.use_direct_transfers("auto", False) and not cuda.use_direct_transfers("off", True)
+    assert config.cuda_aware_mpi({}) == "auto"
+    assert config.cuda_aware_mpi({"DDLFAST_CUDA_AWARE_MPI": " ON "}) == "on"
+    assert config.cuda_aware_mpi({"DDLFAST_CUDA_AWARE_MPI": ""}) == "auto"
+    with pytest.raises(DdlfastError, match="DDLFAST_CUDA_AWARE_MPI"):
+        config.cuda_aware_mpi({"DDLFAST_CUDA_AWARE_MPI": "yes"})
+    assert gpu_executor.use_direct_transfers("on", False) and gpu_executor.use_direct_transfers("auto", True)
+    assert not gpu_executor.use_direct_transfers("auto", False) and not gpu_executor.use_direct_transfers("off", True)
 
 
 def test_layout_marks_gpu_arrays() -> None:
-    from ddlfast.context import _gpu_arrays
+    from ddlfast.engine.device import layout_arrays
 
-    buffer = cuda.DeviceBuffer(None, 1, 6, 24, 0, "float32", (2, 3), 0, None)
-    assert _gpu_arrays([buffer]) == (("cuda float32", (2, 3)),)
+    buffer = device_arrays.DeviceBuffer(None, 1, 6, 24, 0, "float32", (2, 3), 0, None)
+    assert layout_arrays([buffer]) == (("cuda float32", (2, 3)),)
 
 
 # ---------------------------------------------------------------- a call's arrays together (fake devices)
@@ -218,68 +222,68 @@ def test_layout_marks_gpu_arrays() -> None:
 
 def test_buffers_on_one_device(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeModule()
-    monkeypatch.setattr(cuda, "_cuda", fake)
-    buffers = cuda.device_buffers([on_device(1), on_device(1, 0x2000, shape=(5,), typestr="<i8")], rank=1)
+    monkeypatch.setattr(device_arrays, "_cuda", fake)
+    buffers = device_arrays.device_buffers([on_device(1), on_device(1, 0x2000, shape=(5,), typestr="<i8")], rank=1)
     assert [b.device for b in buffers] == [1, 1]
     assert [(b.count, b.nbytes, b.dtype_code) for b in buffers] == [(6, 24, 0), (5, 40, 5)]
     assert buffers[0].stream == 1  # exported by the array
 
 
 def test_arrays_on_different_devices_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cuda, "_cuda", FakeModule())
+    monkeypatch.setattr(device_arrays, "_cuda", FakeModule())
     with pytest.raises(DdlfastError, match=r"arrays 0 and 2 on rank 3 are on different GPUs \(cuda:0 and cuda:1\)"):
-        cuda.device_buffers([on_device(0), on_device(0, 0x2000), on_device(1)], rank=3)
+        device_arrays.device_buffers([on_device(0), on_device(0, 0x2000), on_device(1)], rank=3)
 
 
 def test_host_and_gpu_arrays_mixed_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cuda, "_cuda", FakeModule())
+    monkeypatch.setattr(device_arrays, "_cuda", FakeModule())
     with pytest.raises(DdlfastError, match="array 1 on rank 0 is a numpy.ndarray .*all on the GPU or all in host"):
-        cuda.device_buffers([on_device(0), np.zeros(3)], rank=0)
+        device_arrays.device_buffers([on_device(0), np.zeros(3)], rank=0)
 
 
 def test_a_stream_of_another_device_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cuda, "_cuda", FakeModule(stream_devices={0x5000: 1}))
+    monkeypatch.setattr(device_arrays, "_cuda", FakeModule(stream_devices={0x5000: 1}))
     with pytest.raises(DdlfastError, match=r"stream 0x5000 on rank 2 belongs to cuda:1 but the arrays are on cuda:0"):
-        cuda.device_buffers([on_device(0)], rank=2, stream=0x5000)
+        device_arrays.device_buffers([on_device(0)], rank=2, stream=0x5000)
     # The default streams follow the current device: accepted, and they override the exported stream.
-    assert cuda.device_buffers([on_device(0)], rank=2, stream=2)[0].stream == 2
+    assert device_arrays.device_buffers([on_device(0)], rank=2, stream=2)[0].stream == 2
 
 
 def test_memory_that_is_not_device_memory_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cuda, "_cuda", FakeModule(kind="host (pinned)"))
+    monkeypatch.setattr(device_arrays, "_cuda", FakeModule(kind="host (pinned)"))
     with pytest.raises(DdlfastError, match="host \\(pinned\\) memory"):
-        cuda.device_buffers([on_device(0)], rank=0)
+        device_arrays.device_buffers([on_device(0)], rank=0)
 
 
 def test_empty_arrays_need_no_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeModule()
-    monkeypatch.setattr(cuda, "_cuda", fake)
-    buffers = cuda.device_buffers([FakeCudaArray(shape=(0,), pointer=0), on_device(1)], rank=0)
+    monkeypatch.setattr(device_arrays, "_cuda", fake)
+    buffers = device_arrays.device_buffers([FakeCudaArray(shape=(0,), pointer=0), on_device(1)], rank=0)
     assert buffers[0].device is None and buffers[1].device == 1
     assert fake.located == [(1 << 40) + 0x1000]
 
 
 def test_misaligned_pointer_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cuda, "_cuda", FakeModule())
+    monkeypatch.setattr(device_arrays, "_cuda", FakeModule())
     with pytest.raises(DdlfastError, match="not aligned"):
-        cuda.device_buffers([on_device(0, 0x1002)], rank=0)
+        device_arrays.device_buffers([on_device(0, 0x1002)], rank=0)
 
 
 # ---------------------------------------------------------------- builds without CUDA, machines without GPUs
 
 
 def test_gpu_arrays_without_a_cuda_build_get_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cuda, "_cuda", None)
-    assert not cuda.built_with_cuda() and cuda.device_count() == 0
+    monkeypatch.setattr(device_arrays, "_cuda", None)
+    assert not device_arrays.built_with_cuda() and device_arrays.device_count() == 0
     with pytest.raises(DdlfastError, match=rf"{WHERE} is a .*FakeCudaArray on a CUDA device, but this ddlfast build "
                                            r"has no CUDA support .*DDLFAST_CUDA=on.*cupy.asnumpy"):
-        cuda.device_buffer(FakeCudaArray(), WHERE)
+        device_arrays.device_buffer(FakeCudaArray(), WHERE)
     with pytest.raises(DdlfastError, match="no CUDA support"):
-        cuda.CudaPath(core=None)
+        gpu_executor.DeviceExecutor(core=None)
 
 
 def test_gpu_arrays_without_a_device_get_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cuda, "_cuda", FakeModule(devices=0))
+    monkeypatch.setattr(device_arrays, "_cuda", FakeModule(devices=0))
     with pytest.raises(DdlfastError, match=rf"{WHERE} is a .* but this process sees no usable CUDA device: "
                                            "CUDA error in cudaGetDeviceCount"):
-        cuda.device_buffer(FakeCudaArray(), WHERE)
+        device_arrays.device_buffer(FakeCudaArray(), WHERE)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from ddlfast import _core, _testing
-from ddlfast.dtypes import DTYPE_CODES
+from ddlfast.buffers.dtypes import DTYPE_CODES
 from tests.cuda.support import BUILT, needs_build
 
 pytestmark = needs_build

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from ddlfast import _core, _testing
-from ddlfast.dtypes import DTYPE_CODES
+from ddlfast.buffers.dtypes import DTYPE_CODES
 from ddlfast.errors import DdlfastError
 from tests.cuda.support import needs_device
 from tests.cuda.test_host_twins import BITS, DTYPES, WIRES, assert_bits_equal, random_bits, special_values

@@ -9,7 +9,8 @@ import pytest
 from mpi4py import MPI
 
 import ddlfast
-from ddlfast import cuda
+from ddlfast.buffers import device as device_arrays
+from ddlfast.engine import device as gpu_executor
 from ddlfast.errors import DdlfastError
 from tests.cuda.support import BUILT, DEVICES, needs_build
 
@@ -25,7 +26,7 @@ class FakeCupyArray:
 
 
 def test_has_cuda_and_the_module_agree() -> None:
-    assert ddlfast.has_cuda() == cuda.built_with_cuda()
+    assert ddlfast.has_cuda() == device_arrays.built_with_cuda()
 
 
 @needs_build
@@ -35,7 +36,7 @@ def test_the_module_imports_and_reports_its_build() -> None:
     assert _cuda.runtime_version().startswith("CUDA ")
     supported, how = _cuda.mpi_cuda_support()
     assert isinstance(supported, bool) and how
-    assert _cuda.device_count() == cuda.device_count() >= 0
+    assert _cuda.device_count() == device_arrays.device_count() >= 0
 
 
 @needs_build
@@ -78,15 +79,15 @@ def test_a_gpu_context_without_a_device_fails_cleanly_at_first_use() -> None:
 def test_a_cupy_like_array_is_refused_clearly_without_a_device() -> None:
     with pytest.raises(DdlfastError, match=r"array 0 on rank 0 is a .*FakeCupyArray on a CUDA device, but this "
                                            r"process sees no usable CUDA device: CUDA error"):
-        cuda.device_buffers([FakeCupyArray()], rank=0)
+        device_arrays.device_buffers([FakeCupyArray()], rank=0)
 
 
 def test_a_cupy_like_array_is_never_taken_for_a_host_array() -> None:
-    from ddlfast.buffers import host_buffer
+    from ddlfast.buffers.host import host_buffer
 
     with pytest.raises(DdlfastError, match="not a NumPy array"):
         host_buffer(FakeCupyArray(), "array 0 on rank 0")
-    assert cuda.is_device_array(FakeCupyArray()) and not cuda.is_device_array(np.zeros(4))
+    assert device_arrays.is_device_array(FakeCupyArray()) and not device_arrays.is_device_array(np.zeros(4))
 
 
 @needs_build
@@ -106,7 +107,7 @@ def test_cuda_path_on_empty_arrays_does_nothing() -> None:
         pytest.skip("built without CUDA")
     from ddlfast import _core
 
-    path = cuda.CudaPath(_core.Engine(MPI.COMM_SELF))
-    submission = cuda.Submission([], None, [], [])
+    path = gpu_executor.DeviceExecutor(_core.Engine(MPI.COMM_SELF))
+    submission = gpu_executor.Submission([], None, [], [])
     path.run(submission, "sum", (1,), settings=None)  # no device touched, no settings read
     path.close()

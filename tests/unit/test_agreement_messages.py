@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from ddlfast.agreement import allreduce_layout, describe, disagreement_message
+from ddlfast.engine.agreement import allreduce_layout, describe, disagreement_message
 
 SETTINGS = SimpleNamespace(chunk_bytes=1 << 20, small_bytes=8192, bucket_bytes=64 << 20, first_bucket_bytes=1 << 20)
 

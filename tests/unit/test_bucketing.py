@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ddlfast.bucketing import Bucket, assign_buckets
+from ddlfast.fusion.bucketing import Bucket, assign_buckets
 
 
 def check_invariants(dtypes, nbytes, bucket_bytes, first_bucket_bytes, buckets) -> None:

@@ -8,8 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from ddlfast.buffers import host_buffer
-from ddlfast.dtypes import DTYPE_CODES, dtype_code
+from ddlfast.buffers.dtypes import DTYPE_CODES, dtype_code
+from ddlfast.buffers.host import host_buffer
 from ddlfast.errors import DdlfastError
 
 WHERE = "array 3 on rank 1"  # what callers pass; every error must repeat it

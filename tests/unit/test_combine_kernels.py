@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from ddlfast import _testing
-from ddlfast.dtypes import DTYPE_CODES
+from ddlfast.buffers.dtypes import DTYPE_CODES
 from ddlfast.ops import OPS
 from tests.unit.test_kernels import (
     BITS,

@@ -16,7 +16,7 @@ import pytest
 
 import ddlfast
 from ddlfast import _core, _testing
-from ddlfast.dtypes import DTYPE_CODES
+from ddlfast.buffers.dtypes import DTYPE_CODES
 
 PATHS = _core.kernel_paths()
 INTS = {"int32": np.dtype(np.int32), "int64": np.dtype(np.int64)}

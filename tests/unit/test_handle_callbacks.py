@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
+from ddlfast.engine.worker import CommThread
 from ddlfast.errors import DdlfastError
-from ddlfast.worker import CommThread
 
 
 def test_callbacks_run_after_completion_on_the_communication_thread() -> None:

@@ -15,7 +15,7 @@ import pytest
 
 import ddlfast
 from ddlfast import _core
-from ddlfast.dtypes import DTYPE_CODES
+from ddlfast.buffers.dtypes import DTYPE_CODES
 
 PATHS = _core.kernel_paths()
 DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64")

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ddlfast import _core
-from ddlfast.bucketing import assign_buckets
+from ddlfast.fusion.bucketing import assign_buckets
 
 GUARD = 0xA5
 

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from ddlfast import plan
-from ddlfast.plan import Cluster, Link, PlanError, Prediction, predict
+from ddlfast.topology import cost_model
+from ddlfast.topology.cost_model import Cluster, Link, PlanError, Prediction, predict
 
 S = 64 * 2**20
 
@@ -17,7 +18,7 @@ S = 64 * 2**20
     [("102MB", 102_000_000), ("64MiB", 64 * 2**20), ("4096", 4096), ("1.5GB", 1_500_000_000), ("8KiB", 8192)],
 )
 def test_parse_bytes(text: str, value: int) -> None:
-    assert plan.parse_bytes(text) == value
+    assert cost_model.parse_bytes(text) == value
 
 
 @pytest.mark.parametrize(
@@ -25,18 +26,18 @@ def test_parse_bytes(text: str, value: int) -> None:
     [("40GB/s", 40e9), ("100Gbit/s", 12.5e9), ("1gbit", 125e6), ("10Gb/s", 1.25e9), ("25Gbps", 3.125e9)],
 )
 def test_parse_rate(text: str, value: float) -> None:
-    assert plan.parse_rate(text) == pytest.approx(value)
+    assert cost_model.parse_rate(text) == pytest.approx(value)
 
 
 def test_parse_link_either_order_and_errors() -> None:
-    link = plan.parse_link("100Gbit/s,5us")
-    assert link == plan.parse_link("5us,100Gbit/s")
+    link = cost_model.parse_link("100Gbit/s,5us")
+    assert link == cost_model.parse_link("5us,100Gbit/s")
     assert (link.alpha, link.beta) == (pytest.approx(5e-6), pytest.approx(1 / 12.5e9))
     for bad in ("100Gbit/s", "5us,2us", "fast,5us", ""):
         with pytest.raises(PlanError):
-            plan.parse_link(bad)
+            cost_model.parse_link(bad)
     with pytest.raises(PlanError):
-        plan.parse_bytes("12 parsecs")
+        cost_model.parse_bytes("12 parsecs")
 
 
 def _one_tier(p: int, alpha: float, beta: float, gamma: float) -> Cluster:
@@ -70,48 +71,48 @@ def test_slow_shared_host_link_two_hosts_by_four() -> None:
     cluster = Cluster(hosts=2, ranks_per_host=4, intra=Link(0.0, 0.0), inter=Link(0.0, beta), gamma=0.0)
     assert predict(cluster, (8,), S).seconds == pytest.approx(1.75 * S * beta)
     assert predict(cluster, (4, 2), S).seconds == pytest.approx(1.0 * S * beta)
-    assert plan.link_bound(cluster, S) == pytest.approx(S * beta)
-    assert plan.plan(cluster, S)[0].dims in {(4, 2), (2, 2, 2)}
+    assert cost_model.link_bound(cluster, S) == pytest.approx(S * beta)
+    assert cost_model.plan(cluster, S)[0].dims in {(4, 2), (2, 2, 2)}
 
 
 def test_group_uplink_favours_the_rack_dimension() -> None:
     fast, slow = Link(1e-6, 1 / 12.5e9), Link(10e-6, 1 / 1.25e9)
     cluster = Cluster(hosts=8, ranks_per_host=2, intra=Link(1e-6, 1e-11), inter=fast, hosts_per_group=4, group=slow)
-    pick, _ = plan.plan(cluster, S)
+    pick, _ = cost_model.plan(cluster, S)
     # the last dimension crosses racks (2 groups), and nothing before it does
     assert pick.dims[-1] == 2 and predict(cluster, pick.dims, S).seconds < predict(cluster, (16,), S).seconds
 
 
 def test_factorizations() -> None:
-    assert plan.factorizations(1, 3) == [()]
-    assert sorted(plan.factorizations(8, 3)) == [(2, 2, 2), (2, 4), (4, 2), (8,)]
-    assert plan.all_shapes(1) == [(1,)]
-    assert (7,) in plan.all_shapes(7) and len(plan.all_shapes(7)) == 1
+    assert cost_model.factorizations(1, 3) == [()]
+    assert sorted(cost_model.factorizations(8, 3)) == [(2, 2, 2), (2, 4), (4, 2), (8,)]
+    assert cost_model.all_shapes(1) == [(1,)]
+    assert (7,) in cost_model.all_shapes(7) and len(cost_model.all_shapes(7)) == 1
 
 
 def test_choose_prefers_fewer_dims_on_a_near_tie() -> None:
     near = [Prediction((2, 2), 1.000), Prediction((4,), 1.01), Prediction((8,), 2.0)]
-    assert plan.choose(near).dims == (4,)
-    assert plan.choose([Prediction((2, 2), 1.0), Prediction((4,), 1.5)]).dims == (2, 2)
+    assert cost_model.choose(near).dims == (4,)
+    assert cost_model.choose([Prediction((2, 2), 1.0), Prediction((4,), 1.5)]).dims == (2, 2)
 
 
 def test_one_host_auto_is_flat() -> None:
     cluster = Cluster(hosts=1, ranks_per_host=8)
-    assert plan.plan(cluster, S)[0].dims == (8,)
+    assert cost_model.plan(cluster, S)[0].dims == (8,)
 
 
 def test_many_hosts_pick_a_multi_dimensional_ring() -> None:
-    cluster = Cluster(hosts=1024, ranks_per_host=4, intra=plan.parse_link("40GB/s,2us"),
-                      inter=plan.parse_link("100Gbit/s,5us"), gamma=1 / 100e9)
-    pick, _ = plan.plan(cluster, 102e6)
+    cluster = Cluster(hosts=1024, ranks_per_host=4, intra=cost_model.parse_link("40GB/s,2us"),
+                      inter=cost_model.parse_link("100Gbit/s,5us"), gamma=1 / 100e9)
+    pick, _ = cost_model.plan(cluster, 102e6)
     flat = predict(cluster, (4096,), 102e6)
     assert len(pick.dims) >= 2 and flat.seconds / pick.seconds > 2
 
 
 def test_step_efficiency() -> None:
-    assert plan.step_efficiency(0.2, 0.02) == pytest.approx(0.2 / 0.22)
-    assert plan.step_efficiency(0.2, 0.02, overlap=0.5) == 1.0
-    assert plan.step_efficiency(0.0, 0.02) == 0.0
+    assert cost_model.step_efficiency(0.2, 0.02) == pytest.approx(0.2 / 0.22)
+    assert cost_model.step_efficiency(0.2, 0.02, overlap=0.5) == 1.0
+    assert cost_model.step_efficiency(0.0, 0.02) == 0.0
 
 
 def test_predict_rejects_wrong_product() -> None:

@@ -7,9 +7,9 @@ import warnings
 import pytest
 
 from ddlfast.errors import DdlfastError
-from ddlfast.plan import Link
-from ddlfast.probe import Links
-from ddlfast.topology import Placement, TopologyWarning, decide, hosts_per_group, probe_pairs
+from ddlfast.topology.cost_model import Link
+from ddlfast.topology.placement import Placement, TopologyWarning, decide, hosts_per_group, probe_pairs
+from ddlfast.topology.probe import Links
 
 SLOW = Links(Link(1e-6, 1e-10), Link(20e-6, 8e-9), None, 1e-10, "test")
 

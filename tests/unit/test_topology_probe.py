@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from ddlfast import probe
 from ddlfast.errors import DdlfastError, DdlfastTimeoutError
-from ddlfast.plan import Link
+from ddlfast.topology import probe
+from ddlfast.topology.cost_model import Link
 
 
 def test_wait_all_gives_up_at_the_deadline() -> None:

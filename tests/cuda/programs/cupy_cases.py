@@ -10,14 +10,16 @@ import sys
 import cupy as cp
 from mpi4py import MPI
 
-from ddlfast import _core, cuda
+from ddlfast import _core
+from ddlfast.buffers import device as device_arrays
 from ddlfast.config import load_settings
+from ddlfast.engine import device as gpu_executor
 
 comm = MPI.COMM_WORLD
 rank, world = comm.Get_rank(), comm.Get_size()
 cp.cuda.Device(rank % cp.cuda.runtime.getDeviceCount()).use()
 failures: list[str] = []
-path = cuda.CudaPath(_core.Engine(comm, 120.0))
+path = gpu_executor.DeviceExecutor(_core.Engine(comm, 120.0))
 stream = cp.cuda.Stream(non_blocking=True)
 for repeat in range(5):
     with stream:
@@ -26,7 +28,7 @@ for repeat in range(5):
         for _ in range(20):
             a = a * 1.0 + 0.0
         b = cp.arange(1000, dtype=cp.int64) * (rank + 1)
-    submission = cuda.submit(cuda.device_buffers([a, b], rank, stream=stream))
+    submission = gpu_executor.submit(device_arrays.device_buffers([a, b], rank, stream=stream))
     path.run(submission, "sum", (world,), load_settings())
     with stream:
         doubled = a * 2  # consumer on the caller's stream, ordered by the fence alone

@@ -12,7 +12,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ddlfast import _core, _cuda, _testing_cuda
-from ddlfast.dtypes import DTYPE_CODES
+from ddlfast.buffers.dtypes import DTYPE_CODES
 
 comm = MPI.COMM_WORLD
 rank, world = comm.Get_rank(), comm.Get_size()

@@ -1,4 +1,4 @@
-"""Runs on every rank (ranks may share one GPU): ddlfast.cuda.CudaPath end to end on GPU arrays (the
+"""Runs on every rank (ranks may share one GPU): ddlfast.engine.device.DeviceExecutor end to end on GPU arrays (the
 tests' own __cuda_array_interface__ arrays, no CuPy needed): fences, buckets, the fused pack into an
 aligned bucket, large arrays reduced in place, unpack, and the caller stream ordered after the result.
 Checked against NumPy (floats to a tolerance, ints exactly) and for identical bits on every rank; then
@@ -16,8 +16,10 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-from ddlfast import _core, cuda
+from ddlfast import _core
+from ddlfast.buffers import device as device_arrays
 from ddlfast.config import load_settings
+from ddlfast.engine import device as gpu_executor
 
 if "--emulated" in sys.argv:
     from tests.cuda import emulated_gpu
@@ -29,7 +31,7 @@ else:
 
 comm = MPI.COMM_WORLD
 rank, world = comm.Get_rank(), comm.Get_size()
-device = rank % cuda.device_count()
+device = rank % device_arrays.device_count()
 failures: list[str] = []
 DTYPES = [np.float32, np.float64, np.int32, np.int64, np.float16]
 
@@ -71,7 +73,7 @@ def check(case: int, op: str, got: list[np.ndarray], label: str) -> None:
 
 
 host = _core.Engine(comm, 120.0)
-path = cuda.CudaPath(host)
+path = gpu_executor.DeviceExecutor(host)
 settings_list = [("64KiB", "4KiB"), ("1MiB", "64KiB"), ("64MiB", "512KiB"), ("300000", "5000")]
 for case in range(12):
     bucket, chunk = settings_list[case % len(settings_list)]
@@ -80,15 +82,15 @@ for case in range(12):
     os.environ["DDLFAST_CHUNK_BYTES"] = chunk
     op = "average" if case % 3 == 0 else "sum"
     arrays = [DeviceArray(a, device, offset=8 * (i % 3)) for i, a in enumerate(arrays_for(rank, case))]
-    buffers = cuda.device_buffers(arrays, rank)
-    submission = cuda.submit(buffers)
+    buffers = device_arrays.device_buffers(arrays, rank)
+    submission = gpu_executor.submit(buffers)
     path.run(submission, op, (world,), load_settings(), wait_on_host=case % 2 == 0)
     check(case, op, [a.get() for a in arrays], f"device path case {case} ({bucket}, {chunk}, {op})")
 
 # The host path: float32 arrays with fp16 wire compression, through pinned copies.
 for case in (1, 3, 5):
     arrays = [DeviceArray(a.astype(np.float32), device) for a in arrays_for(rank, case)]
-    submission = cuda.submit(cuda.device_buffers(arrays, rank))
+    submission = gpu_executor.submit(device_arrays.device_buffers(arrays, rank))
     copies = path.to_host(submission)
     live = [c for c in copies if c.size]
     if live:

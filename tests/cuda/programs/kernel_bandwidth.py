@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 
 from ddlfast import _testing_cuda
-from ddlfast.dtypes import DTYPE_CODES
+from ddlfast.buffers.dtypes import DTYPE_CODES
 
 KERNELS = [("copy", "float32"), ("reduce", "float32"), ("reduce", "float16"), ("reduce", "bfloat16"),
            ("reduce", "float64"), ("reduce", "int32"), ("encode", "float16"), ("decode", "float16"),

@@ -16,7 +16,7 @@ import numpy as np
 from mpi4py import MPI
 
 import ddlfast
-from ddlfast import cuda
+from ddlfast.buffers import device as device_arrays
 
 if "--emulated" in sys.argv:
     from tests.cuda import emulated_gpu
@@ -28,7 +28,7 @@ else:
 
 comm = MPI.COMM_WORLD
 rank, world = comm.Get_rank(), comm.Get_size()
-device = rank % cuda.device_count()
+device = rank % device_arrays.device_count()
 failures: list[str] = []
 
 

@@ -12,8 +12,8 @@ import numpy as np
 from mpi4py import MPI
 
 import ddlfast
+from ddlfast import topology
 from ddlfast.errors import DdlfastError
-from ddlfast.topology import topology
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--count", type=int, default=1_000_003)

@@ -230,16 +230,16 @@ def fused_cases(dims: object) -> None:
 
 def rank_order_case(dims: object) -> None:
     """Rank r gets block r whatever rank plays which torus position: the topology renumbers ranks when a
-    launcher placed them off hosts (Context._rank_order), simulated here by reversing the order."""
+    launcher placed them off hosts (EngineState.rank_order), simulated here by reversing the order."""
     context = ddlfast.default_context()
-    saved = context._rank_order
-    context._rank_order = tuple(reversed(range(WORLD)))
+    saved = context._state.rank_order
+    context._state.rank_order = tuple(reversed(range(WORLD)))
     try:
         reduce_scatter_case(dims, "int64", "sum", (WORLD * 3,), None, False)
         reduce_scatter_case(dims, "int32", "average", (13,), uneven_counts(cases, 13), False)
         allgather_case(dims, np.int16, (3,), False)
     finally:
-        context._rank_order = saved
+        context._state.rank_order = saved
 
 
 # -- bad input on one rank ----------------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ def main() -> int:
             return 0
         print(f"rank {rank}: no error")
         return 1
-    spin_us, expected = ddlfast.api.default_context()._core.spin_us, expected_spin_us(comm)
+    spin_us, expected = ddlfast.api.default_context()._state.core.spin_us, expected_spin_us(comm)
     wrong = comm.allgather(f"rank {rank} spins {spin_us:g} us, expected {expected:g}" if spin_us != expected else "")
     if any(wrong):
         if rank == 0:

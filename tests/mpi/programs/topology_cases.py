@@ -9,8 +9,8 @@ import numpy as np
 from mpi4py import MPI
 
 import ddlfast
+from ddlfast import topology
 from ddlfast.errors import DdlfastError
-from ddlfast.topology import topology
 
 comm = MPI.COMM_WORLD
 failures = []

@@ -6,8 +6,8 @@ import time
 
 from mpi4py import MPI
 
-from ddlfast import probe
 from ddlfast.errors import DdlfastTimeoutError
+from ddlfast.topology import probe
 
 comm = MPI.COMM_WORLD.Dup()
 LIMIT_S = 1.5

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from backend_common import comm, fail, rank, report_and_exit, world
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddlfast import torch_backend
+from ddlfast.integrations import torch_backend
 
 which = sys.argv[1] if len(sys.argv) > 1 else "core"
 STEPS = 3

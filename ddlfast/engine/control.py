@@ -30,7 +30,7 @@ class Control:
         self.size = comm.Get_size()
         self._core = core
 
-    def _complete(self, request: MPI.Request, buffers: tuple, what: str) -> None:
+    def complete(self, request: MPI.Request, buffers: tuple, what: str) -> None:
         try:
             self._core.wait_requests([request], what)
         except BaseException:
@@ -41,12 +41,12 @@ class Control:
         """Every rank's bytes (any length), in rank order."""
         mine = np.array([len(payload)], dtype=np.int64)
         lengths = np.zeros(self.size, dtype=np.int64)
-        self._complete(self.comm.Iallgather(mine, lengths), (mine, lengths), what)
+        self.complete(self.comm.Iallgather(mine, lengths), (mine, lengths), what)
         displacements = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
         gathered = np.empty(int(lengths.sum()), dtype=np.uint8)
         send = np.frombuffer(payload, dtype=np.uint8).copy()
         request = self.comm.Iallgatherv(send, [gathered, (lengths.tolist(), displacements.tolist()), MPI.BYTE])
-        self._complete(request, (send, gathered), what)
+        self.complete(request, (send, gathered), what)
         return [gathered[d:d + n].tobytes() for d, n in zip(displacements.tolist(), lengths.tolist(), strict=True)]
 
     def allgather_objects(self, value: object, what: str) -> list:
@@ -60,18 +60,18 @@ class Control:
         _ABANDONED). The others receive into a staging buffer, so a broadcast abandoned after a stall can never
         write into the caller's array later; one copy, not two."""
         if self.rank == root:
-            self._complete(self.comm.Ibcast([target.reshape(-1).view(np.uint8), MPI.BYTE], root=root), (target,),
+            self.complete(self.comm.Ibcast([target.reshape(-1).view(np.uint8), MPI.BYTE], root=root), (target,),
                            what)
             return
         staging = np.empty(target.nbytes, dtype=np.uint8)
-        self._complete(self.comm.Ibcast([staging, MPI.BYTE], root=root), (staging,), what)
+        self.complete(self.comm.Ibcast([staging, MPI.BYTE], root=root), (staging,), what)
         target.reshape(-1).view(np.uint8)[...] = staging
 
     def allreduce_sum(self, values: np.ndarray, what: str) -> np.ndarray:
         """The elementwise sum over ranks of `values` (a new array)."""
         send = np.ascontiguousarray(values).copy()
         result = np.empty_like(send)
-        self._complete(self.comm.Iallreduce(send, result, op=MPI.SUM), (send, result), what)
+        self.complete(self.comm.Iallreduce(send, result, op=MPI.SUM), (send, result), what)
         return result
 
     def allgather_array(self, array: np.ndarray, what: str) -> np.ndarray:
@@ -79,9 +79,9 @@ class Control:
         send = np.ascontiguousarray(array).copy()
         result = np.empty((self.size, *send.shape), dtype=send.dtype)
         flat = result.reshape(-1).view(np.uint8)
-        self._complete(self.comm.Iallgather([send.reshape(-1).view(np.uint8), MPI.BYTE], [flat, MPI.BYTE]),
+        self.complete(self.comm.Iallgather([send.reshape(-1).view(np.uint8), MPI.BYTE], [flat, MPI.BYTE]),
                        (send, result), what)
         return result
 
     def barrier(self, what: str) -> None:
-        self._complete(self.comm.Ibarrier(), (), what)
+        self.complete(self.comm.Ibarrier(), (), what)

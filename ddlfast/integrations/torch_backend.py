@@ -35,11 +35,10 @@ from torch._C._distributed_c10d import ReduceOp
 
 import ddlfast
 from ddlfast import abort, api
-from ddlfast.control import Control
+from ddlfast.engine.worker import Handle
 from ddlfast.errors import DdlfastConsistentError, DdlfastError
-from ddlfast.torch import _collective_view, _numpy_view, _stream_of
-from ddlfast.torch_ddp import _complete, _raise_if_failed
-from ddlfast.worker import Handle
+from ddlfast.integrations.tensors import collective_view, numpy_view, stream_of
+from ddlfast.integrations.torch_ddp import complete_future, raise_if_failed
 
 BACKEND = "ddlfast"
 _OPS = {ReduceOp.SUM: "sum", ReduceOp.AVG: "average", ReduceOp.MIN: "min", ReduceOp.MAX: "max",
@@ -76,10 +75,10 @@ def _abort_when_broken() -> None:
 
     def hook(kind: type[BaseException], error: BaseException, trace: TracebackType | None) -> None:
         previous(kind, error, trace)  # prints it (and aborts for DdlfastBrokenError itself)
-        broken = [g for g in list(_groups) if g._context._core.broken]
+        broken = [g for g in list(_groups) if g._context.broken_reason is not None]
         if broken and abort.abort_on_stall_enabled() and MPI.Is_initialized() and not MPI.Is_finalized():
             sys.stderr.write(f"ddlfast: uncaught {kind.__name__} while the ddlfast process group is broken "
-                             f"({broken[0]._context._core.broken_reason}): calling MPI_Abort to end the job "
+                             f"({broken[0]._context.broken_reason}): calling MPI_Abort to end the job "
                              "(DDLFAST_ABORT_ON_STALL=0 disables this)\n")
             sys.stderr.flush()
             sys.stdout.flush()
@@ -202,9 +201,9 @@ class DdlfastWork(dist.Work):
         with self._future_lock:
             if self._future is None:
                 future: torch.futures.Future = torch.futures.Future()
-                self._handle.add_done_callback(_complete(future, self._result))
+                self._handle.add_done_callback(complete_future(future, self._result))
                 # set_exception alone leaves the C++ future successful: a callback that raises fails it.
-                self._future = future.then(_raise_if_failed)
+                self._future = future.then(raise_if_failed)
             return self._future
 
 
@@ -237,7 +236,7 @@ class _PointToPointWork(DdlfastWork):
         return self._completion is not None and self._completion.done()
 
     def is_success(self) -> bool:
-        return self.is_completed() and self._completion._error is None
+        return self.is_completed() and self._completion.exception() is None
 
     def exception(self) -> BaseException | None:
         return None if self._completion is None else self._completion._error
@@ -246,8 +245,8 @@ class _PointToPointWork(DdlfastWork):
         with self._future_lock:
             if self._future is None:
                 future: torch.futures.Future = torch.futures.Future()
-                self._completion_handle().add_done_callback(_complete(future, self._result))
-                self._future = future.then(_raise_if_failed)
+                self._completion_handle().add_done_callback(complete_future(future, self._result))
+                self._future = future.then(raise_if_failed)
             return self._future
 
 
@@ -259,7 +258,7 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
         self._comm = comm
         self._context = api._context_for(comm)  # the default context for COMM_WORLD: one thread, one order
         # MPI-side operations on a communicator of their own, completed through the core's stall-limited wait.
-        self._mpi = Control(comm.Dup(), self._context._core)
+        self._mpi = self._context.control_on(comm.Dup())
         self._group_name = ""
         self._group_desc = ""
         _groups.add(self)
@@ -295,21 +294,20 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
     # -- plumbing --------------------------------------------------------------------------------------------------
 
     def _submit(self, work: Callable[[], Any], description: str) -> Handle:
-        return self._context._ensure_worker().submit(work, description)
+        return self._context.submit(work, description)
 
     def _refuse(self, error: DdlfastError) -> DdlfastError:
         """Bad input here: the refusal takes this operation's place in the queue (the other ranks' agreement
         meets it and they raise too); the caller raises `error` at once."""
-        self._context._refuse_async(error)
+        self._context.refuse_async(error)
         return error
 
     def _agreed_work(self, layout: tuple, action: Callable[[], Any], description: str,
                      result: list[torch.Tensor]) -> DdlfastWork:
         """An MPI-side collective: the ranks agree on its layout first (so a mismatch raises on every rank
         instead of hanging or truncating), then it runs, both on the communication thread, in order."""
-        context = self._context
-        return DdlfastWork(self._submit(lambda: context._agreed(("torch " + description, *layout), action),
-                                        description), result)
+        return DdlfastWork(self._context.submit_agreed(("torch " + description, *layout), action, description),
+                           result)
 
     def _check(self, tensors: Sequence[torch.Tensor], what: str, same_dtype: bool = True) -> None:
         """What the NumPy/CUDA adapters cannot take, named with the rank (ddlfast checks dtype and layout)."""
@@ -351,10 +349,10 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
         try:
             op = _reduce_op(opts)
             self._check(tensors, "allreduce")
-            views = [_collective_view(t) for t in tensors]
+            views = [collective_view(t) for t in tensors]
         except DdlfastError as error:
             raise self._refuse(error) from None
-        handle = self._context.fused_allreduce_async(views, op=op, result=tensors, stream=_stream_of(tensors[0]))
+        handle = self._context.fused_allreduce_async(views, op=op, result=tensors, stream=stream_of(tensors[0]))
         return DdlfastWork(handle, tensors)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> DdlfastWork:
@@ -368,12 +366,10 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
         context = self._context
         try:
             self._check(tensors, "broadcast", same_dtype=False)
-            context._check_root(root)
+            context.check_root(root)
             if len(tensors) == 1 and tensors[0].device.type == "cuda":
                 tensor = tensors[0]
-                if hasattr(context, "broadcast_async"):
-                    return DdlfastWork(context.broadcast_async(tensor, root=root), tensors)
-                return DdlfastWork(self._submit(lambda: context.broadcast(tensor, root=root), "broadcast"), tensors)
+                return DdlfastWork(context.broadcast_async(tensor, root=root), tensors)
             self._host_only(tensors, "broadcast of several tensors" if len(tensors) > 1 else "broadcast")
         except DdlfastError as error:
             raise self._refuse(error) from None
@@ -405,12 +401,12 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
         try:
             op = _reduce_op(opts)
             self._check(tensors, "reduce")
-            self._context._check_root(root)
+            self._context.check_root(root)
             work = tensors if self.rank() == root else [t.clone() for t in tensors]
-            views = [_collective_view(t) for t in work]
+            views = [collective_view(t) for t in work]
         except DdlfastError as error:
             raise self._refuse(error) from None
-        handle = self._context.fused_allreduce_async(views, op=op, result=tensors, stream=_stream_of(tensors[0]))
+        handle = self._context.fused_allreduce_async(views, op=op, result=tensors, stream=stream_of(tensors[0]))
         return DdlfastWork(handle, tensors)
 
     def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
@@ -469,8 +465,8 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
         except DdlfastError as error:
             raise self._refuse(error) from None
         context = self._context
-        run = lambda: context.reduce_scatter(_numpy_view(input), op=op,  # noqa: E731
-                                             out=_numpy_view(output).reshape(-1))
+        run = lambda: context.reduce_scatter(numpy_view(input), op=op,  # noqa: E731
+                                             out=numpy_view(output).reshape(-1))
         return DdlfastWork(self._submit(run, "reduce_scatter_tensor"), [output])
 
     _reduce_scatter_base = reduce_scatter_single
@@ -498,7 +494,7 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
 
     def _allgather_into(self, source: torch.Tensor, output: torch.Tensor) -> None:
         """On the communication thread: the ranks' `source` tensors, in rank order, into `output`'s memory."""
-        self._context.allgather(_numpy_view(source), out=_numpy_view(output).reshape(-1))
+        self._context.allgather(numpy_view(source), out=numpy_view(output).reshape(-1))
 
     # -- MPI through mpi4py ----------------------------------------------------------------------------------------
 
@@ -571,9 +567,9 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
         """Stall-limited completion; a failure leaves the context broken (the other ranks are told)."""
         try:
             for request in requests:
-                self._mpi._complete(request, keep, what)
+                self._mpi.complete(request, keep, what)
         except BaseException as error:
-            self._context._raise_after_failure(error)
+            self._context.raise_after_failure(error)
 
     def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
                  opts: Any = None) -> DdlfastWork:
@@ -641,7 +637,7 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
         def run() -> None:
             sent_to_me = np.zeros(self.size(), np.int64)
             mine = np.array(send_counts, np.int64)
-            mpi._complete(mpi.comm.Ialltoall(mine, sent_to_me), (mine, sent_to_me), f"the block sizes of {what}")
+            mpi.complete(mpi.comm.Ialltoall(mine, sent_to_me), (mine, sent_to_me), f"the block sizes of {what}")
             wrong = [(int(s), rank, int(sent_to_me[s]), recv_counts[s]) for s in range(self.size())
                      if sent_to_me[s] != recv_counts[s]]
             everyone = [w for rows in mpi.allgather_objects(wrong, f"the block checks of {what}") for w in rows]
@@ -653,7 +649,7 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
             offsets = [np.concatenate(([0], np.cumsum(c)[:-1])).astype(np.int64).tolist() for c in counts]
             request = mpi.comm.Ialltoallv([send_bytes, (counts[0], offsets[0]), MPI.BYTE],
                                           [receive_bytes, (counts[1], offsets[1]), MPI.BYTE])
-            mpi._complete(request, (send_bytes, receive_bytes, send, receive), what)
+            mpi.complete(request, (send_bytes, receive_bytes, send, receive), what)
             if finish is not None:
                 finish()
 
@@ -665,7 +661,7 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
         source = input_tensors[0]
         outputs = output_tensors[0] if output_tensors else []
         try:
-            self._context._check_root(root)
+            self._context.check_root(root)
             self._check([source, *outputs], "gather")
             self._host_only([source, *outputs], "gather")
             if self.rank() == root and (len(outputs) != self.size()
@@ -681,7 +677,7 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
         def run() -> None:
             request = mpi.comm.Igather([send, MPI.BYTE], [receive, MPI.BYTE] if self.rank() == root else None,
                                        root=root)
-            mpi._complete(request, (send, receive), "a gather")
+            mpi.complete(request, (send, receive), "a gather")
             if self.rank() == root:
                 for r, o in enumerate(outputs):
                     o.copy_(torch.from_numpy(receive[r * send.nbytes:(r + 1) * send.nbytes].copy())
@@ -696,7 +692,7 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
         output = output_tensors[0]
         inputs = input_tensors[0] if input_tensors else []
         try:
-            self._context._check_root(root)
+            self._context.check_root(root)
             self._check([output, *inputs], "scatter")
             self._host_only([output, *inputs], "scatter")
             if self.rank() == root and (len(inputs) != self.size()
@@ -713,7 +709,7 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
         def run() -> None:
             request = mpi.comm.Iscatter([send, MPI.BYTE] if self.rank() == root else None, [receive, MPI.BYTE],
                                         root=root)
-            mpi._complete(request, (send, receive, output), "a scatter")
+            mpi.complete(request, (send, receive, output), "a scatter")
 
         layout = ("scatter", root, str(output.dtype), tuple(output.shape))
         return self._agreed_work(layout, run, "scatter", [output])

@@ -22,10 +22,11 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from ddlfast.api import default_context
+from ddlfast.api import default_context, has_cuda
 from ddlfast.context import Context
+from ddlfast.engine.worker import Handle
 from ddlfast.errors import DdlfastError
-from ddlfast.worker import Handle
+from ddlfast.integrations.tensors import SUPPORTED_DTYPES, collective_view, stream_of
 
 _LAUNCH = "launch with mpiexec, e.g. `mpiexec -n 4 python train.py` (torchrun does not start MPI)"
 _WIRE = {None: None, "none": None, "fp16": "fp16", "bf16": "bf16"}
@@ -79,7 +80,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _complete(future: torch.futures.Future, result: torch.Tensor) -> Callable[[Handle], None]:
+def complete_future(future: torch.futures.Future, result: torch.Tensor) -> Callable[[Handle], None]:
     """A done-callback (run on ddlfast's communication thread) that completes the torch future."""
 
     def done(handle: Handle) -> None:
@@ -93,7 +94,7 @@ def _complete(future: torch.futures.Future, result: torch.Tensor) -> Callable[[H
     return done
 
 
-def _raise_if_failed(future: torch.futures.Future) -> torch.Tensor:
+def raise_if_failed(future: torch.futures.Future) -> torch.Tensor:
     # value() re-raises what set_exception stored; raised inside then(), it fails the C++ future DDP waits on.
     return future.value()
 
@@ -126,21 +127,19 @@ class HookState:
         if not self._checked:
             self._check_group(bucket)
         tensor = bucket.buffer()
-        if tensor.device.type != "cpu" and not (tensor.device.type == "cuda" and _has_cuda()):
+        if tensor.device.type != "cpu" and not (tensor.device.type == "cuda" and has_cuda()):
             raise DdlfastError(f"a DDP bucket on {tensor.device}: ddlfast takes CPU (or, in a CUDA build, CUDA) "
                                "tensors")
-        from ddlfast.torch import _SUPPORTED, _collective_view, _stream_of
-
-        if tensor.dtype not in _SUPPORTED:
+        if tensor.dtype not in SUPPORTED_DTYPES:
             raise DdlfastError(f"a DDP bucket of dtype {tensor.dtype}: ddlfast reduces float32, float64, "
                                "float16 and bfloat16 gradients")
         if compression is not None and self.error_feedback:
             self._add_residual(bucket.index(), tensor, compression)
-        handle = self.context.fused_allreduce_async([_collective_view(tensor)], op="average", dims=self.dims,
-                                                    compression=compression, stream=_stream_of(tensor))
+        handle = self.context.fused_allreduce_async([collective_view(tensor)], op="average", dims=self.dims,
+                                                    compression=compression, stream=stream_of(tensor))
         future: torch.futures.Future = torch.futures.Future()
-        handle.add_done_callback(_complete(future, tensor))
-        return future.then(_raise_if_failed)
+        handle.add_done_callback(complete_future(future, tensor))
+        return future.then(raise_if_failed)
 
     def _add_residual(self, index: int, tensor: torch.Tensor, compression: object) -> None:
         """Add what the last wire rounding of this bucket lost, and keep what this one will lose."""
@@ -149,12 +148,6 @@ class HookState:
             tensor.add_(residual)
         wire = torch.bfloat16 if str(compression).endswith("bf16") else torch.float16
         self._residuals[index] = tensor - tensor.to(wire).to(tensor.dtype)
-
-
-def _has_cuda() -> bool:
-    import ddlfast
-
-    return ddlfast.has_cuda()
 
 
 def allreduce_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

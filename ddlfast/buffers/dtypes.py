@@ -1,4 +1,4 @@
-"""The element types ddlfast reduces, and their codes in the C++ core."""
+"""The element types ddlfast reduces, their codes in the C++ core and their sizes."""
 
 from __future__ import annotations
 
@@ -16,6 +16,9 @@ DTYPE_CODES: dict[str, int] = {
     "int64": 5,
 }
 SUPPORTED = tuple(DTYPE_CODES)
+# The one table of element sizes (bytes), by dtype name and by core code.
+ELEMENT_SIZES: dict[str, int] = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int32": 4, "int64": 8}
+ELEMENT_SIZES_BY_CODE: tuple[int, ...] = tuple(ELEMENT_SIZES[name] for name in DTYPE_CODES)
 
 
 _codes_by_dtype: dict[np.dtype, int] = {}
@@ -41,3 +44,14 @@ def dtype_code(dtype: np.dtype, where: str) -> int:
         raise DdlfastError(f"{where} has dtype {name}, which ddlfast cannot reduce; supported: {', '.join(SUPPORTED)}")
     _codes_by_dtype[np.dtype(dtype)] = code
     return code
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """The NumPy dtype of a supported dtype name (bfloat16 from ml_dtypes)."""
+    if name == "bfloat16":
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise DdlfastError("bfloat16 arrays on the host need the ml_dtypes package") from None
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)

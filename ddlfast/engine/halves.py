@@ -11,21 +11,29 @@ src/engine/ring_allreduce.h), so a fused call is one core call per dtype, with n
     allgather       input segments: this rank's arrays; output segments: for each rank, its block of every
                     output array. Uncompressed, elements are opaque bytes (any fixed-size dtype).
 
-GPU arrays (CuPy, PyTorch CUDA tensors) go through pinned host copies (ddlfast.cuda.CudaPath.to_host /
-from_host) and the host engine; torch CPU tensors through their NumPy view.
+GPU arrays (CuPy, PyTorch CUDA tensors) go through pinned host copies (DeviceExecutor.to_host / from_host in
+ddlfast/engine/device.py) and the host engine; torch CPU tensors through their NumPy view.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from ddlfast import cuda
-from ddlfast.dtypes import dtype_code
+from ddlfast.buffers.device import any_device_array, device_buffers
+from ddlfast.buffers.dtypes import dtype_code, numpy_dtype
+from ddlfast.buffers.host import host_view, torch_tensor_module
+from ddlfast.compression.wire import wire_by_dim
+from ddlfast.config import load_settings
+from ddlfast.engine import device
+from ddlfast.engine.device import submit
+from ddlfast.engine.host import check_wire_overflows
+from ddlfast.engine.requests import check_op_on_wire, resolve_compression
+from ddlfast.engine.state import EngineState
 from ddlfast.errors import DdlfastError
+from ddlfast.ops import OPS, check_op
 
 REDUCE_SCATTER = "reduce_scatter"
 ALLGATHER = "allgather"
@@ -65,23 +73,9 @@ def layout_of(kind: str, op: str, dims: tuple[int, ...], specs: Sequence[Spec], 
             (settings.chunk_bytes, settings.small_bytes, settings.bucket_bytes, settings.first_bucket_bytes))
 
 
-def _torch_tensor(obj: object) -> Any:
-    torch = sys.modules.get("torch")
-    return torch if torch is not None and isinstance(obj, torch.Tensor) else None
-
-
-def host_view(obj: object) -> object:
-    """Torch CPU tensors through their NumPy view (shared memory); everything else as it is."""
-    if _torch_tensor(obj) is not None and obj.device.type == "cpu":  # type: ignore[attr-defined]
-        from ddlfast.torch import _numpy_view
-
-        return _numpy_view(obj)  # type: ignore[arg-type]
-    return obj
-
-
 def _like(result: np.ndarray, original: object) -> Any:
     """A new result as the kind of array the caller passed (a torch CPU tensor for a torch CPU tensor)."""
-    torch = _torch_tensor(original)
+    torch = torch_tensor_module(original)
     if torch is None:
         return result
     if original.dtype == torch.bfloat16:  # type: ignore[attr-defined]
@@ -180,9 +174,57 @@ def _per_array(value: object, n: int, name: str, single: bool) -> list:
     return list(value)
 
 
-def prepare(kind: str, arrays: object, op: str, dims: tuple[int, ...], counts: object, out: object,
-            codec: tuple[str, ...], settings: Any, rank: int, world: int, stream: object, single: bool) -> HalfRequest:
-    """Validate a call (the caller's thread) into a request; raises DdlfastError naming the rank."""
+def prepare(state: EngineState, kind: str, arrays: Any, op: str, dims: object, counts: object, out: object,
+            compression: object, stream: object, single: bool) -> HalfRequest:
+    """Validate a call on the caller's thread, so bad input raises where it was passed."""
+    if kind == REDUCE_SCATTER:
+        check_op(op, state.rank)
+    settings = load_settings()
+    ring_dims = state.resolve_dims(dims, settings)
+    if compression is not None and not isinstance(compression, (str, tuple, list)):
+        raise DdlfastError(f"compression={compression!r} on rank {state.rank}: {kind} takes a codec name "
+                           "('none', 'fp16', 'bf16', per dimension, or 'auto'), not a user codec")
+    codec = resolve_compression(compression, settings, [], state.rank)  # float32 is checked per array below
+    check_op_on_wire(state, op, codec, ring_dims, False)  # also raises when codecs do not fit the dims
+    return _validate(kind, arrays, op, ring_dims, counts, out, codec, settings, state.rank, state.size, stream,
+                     single)
+
+
+def execute(state: EngineState, request: HalfRequest) -> Any:
+    """The agreement, then the collective; returns what the call returns."""
+    state.set_core_timeout(request.settings.timeout_s)
+    state.agreed(request.layout, lambda: _run(state, request))
+    return request.results[0] if request.single else request.results
+
+
+def _run(state: EngineState, request: HalfRequest) -> None:
+    settings, dims = request.settings, request.dims
+    gpu = device.executor(state) if request.gpu is not None else None
+    if gpu is not None:
+        inputs = [c.reshape(-1) for c in gpu.to_host(request.gpu[0])]
+    else:
+        inputs = [s.host for s in request.specs]
+    wire = wire_by_dim(request.codec, dims, state.hosts_tier(dims))
+    if any(s.dtype != np.float32 for s in request.specs):
+        wire = ()  # "auto" leaves other dtypes uncompressed (explicit codecs were refused for them)
+    for method, arguments in core_calls(request, inputs, state.rank, state.size, bool(wire)):
+        extra = (OPS[request.op],) if method == "reduce_scatter_segments" else ()
+        getattr(state.core, method)(*arguments, *extra, dims, settings.chunk_bytes, settings.receives_in_flight,
+                                    settings.small_bytes, state.rank_order, wire)
+    state.record_events(state.core.take_events)
+    state.flush_timeline()
+    for staging, target in request.copy_back:
+        target[...] = staging
+    if wire:
+        check_wire_overflows(state, request.codec, request.op)
+    if gpu is not None:
+        gpu.from_host(request.gpu[1], request.outputs, wait_on_host=True)
+
+
+def _validate(kind: str, arrays: object, op: str, dims: tuple[int, ...], counts: object, out: object,
+              codec: tuple[str, ...], settings: Any, rank: int, world: int, stream: object,
+              single: bool) -> HalfRequest:
+    """The call's arrays, counts and outputs into a request; raises DdlfastError naming the rank."""
     name = f"fused_{kind}" if not single else kind
     if isinstance(arrays, np.ndarray) or not isinstance(arrays, Sequence):
         raise DdlfastError(f"{name} takes a list of arrays; use ddlfast.{kind} for one array")
@@ -193,10 +235,10 @@ def prepare(kind: str, arrays: object, op: str, dims: tuple[int, ...], counts: o
     outs = _per_array(out, len(arrays), "out", single)
     explicit = _per_array(counts, len(arrays), "counts", single)
     where = [f"array {i} on rank {rank}" for i in range(len(arrays))]
-    on_gpu = cuda.any_device_array(arrays)
+    on_gpu = any_device_array(arrays)
     if on_gpu:
-        buffers = cuda.device_buffers(arrays, rank, stream)
-        specs = [Spec(None, cuda._host_dtype(b.dtype_name), tuple(b.shape), f"cuda {b.dtype_name}") for b in buffers]
+        buffers = device_buffers(arrays, rank, stream)
+        specs = [Spec(None, numpy_dtype(b.dtype_name), tuple(b.shape), f"cuda {b.dtype_name}") for b in buffers]
         for spec, w in zip(specs, where, strict=True):
             _check_dtype(spec.dtype, kind, w)
     else:
@@ -223,7 +265,7 @@ def prepare(kind: str, arrays: object, op: str, dims: tuple[int, ...], counts: o
     if on_gpu:  # host staging, then the device outputs
         device_outs = [o if o is not None else _empty_device(a, shape, i, rank)
                        for i, (o, a, shape) in enumerate(zip(outs, arrays, shapes, strict=True))]
-        out_buffers = cuda.device_buffers(device_outs, rank, stream)
+        out_buffers = device_buffers(device_outs, rank, stream)
         for i, (b, spec, n) in enumerate(zip(out_buffers, specs, elements, strict=True)):
             if b.dtype_name != spec.dtype.name or b.count != n:
                 raise DdlfastError(f"out {i} on rank {rank} is {b.dtype_name}[{b.count}]; the result is "
@@ -231,7 +273,7 @@ def prepare(kind: str, arrays: object, op: str, dims: tuple[int, ...], counts: o
         outputs = [np.empty(n, spec.dtype) for spec, n in zip(specs, elements, strict=True)]
         results = device_outs
         # The fences go on the caller's streams now, on the caller's thread.
-        gpu = (cuda.submit(buffers), cuda.submit(out_buffers))
+        gpu = (submit(buffers), submit(out_buffers))
     else:
         for i, (o, spec, shape, n) in enumerate(zip(outs, specs, shapes, elements, strict=True)):
             if o is None:
@@ -256,7 +298,7 @@ def prepare(kind: str, arrays: object, op: str, dims: tuple[int, ...], counts: o
 
 def _empty_device(array: object, shape: tuple[int, ...], index: int, rank: int) -> Any:
     """A new GPU result beside a GPU input, from the input's own library."""
-    torch = _torch_tensor(array)
+    torch = torch_tensor_module(array)
     if torch is not None:
         return torch.empty(shape, dtype=array.dtype, device=array.device)  # type: ignore[attr-defined]
     module = type(array).__module__.split(".")[0]

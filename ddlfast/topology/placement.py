@@ -6,9 +6,10 @@ each host owns consecutive positions even when the launcher placed ranks round-r
 that plays position v; the engine renumbers its rings with it). Optionally DDLFAST_HOSTS_PER_GROUP groups
 consecutive hosts into racks, a third tier.
 
-`auto` then asks the planner (ddlfast.plan) for the fastest shape of a bucket (DDLFAST_BUCKET_BYTES) with each
-tier's link measured by ddlfast.probe. Placements with different rank counts per host fall back to a flat ring
-(in host order) with a TopologyWarning. Everything is decided once per Context, at its first collective.
+`auto` then asks the cost model (ddlfast/topology/cost_model.py) for the fastest shape of a bucket
+(DDLFAST_BUCKET_BYTES) with each tier's link measured by ddlfast/topology/probe.py. Placements with different rank
+counts per host fall back to a flat ring (in host order) with a TopologyWarning. Everything is decided once per
+Context, when it is created.
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ from dataclasses import dataclass
 
 from mpi4py import MPI
 
-from ddlfast import config, probe
+from ddlfast import config
 from ddlfast.errors import DdlfastError
-from ddlfast.plan import DEFAULT_INTER, DEFAULT_INTRA, Cluster, Link, Prediction, plan
+from ddlfast.topology import probe
+from ddlfast.topology.cost_model import DEFAULT_INTER, DEFAULT_INTRA, Cluster, Link, Prediction, plan
 
 # Environment that changes which transport MPI uses between hosts, so a cached probe would not apply.
 _TRANSPORT_VARIABLES = ("MPIR_CVAR_CH4_NETMOD", "FI_PROVIDER", "FI_TCP_IFACE", "UCX_TLS", "UCX_NET_DEVICES")
@@ -219,15 +221,3 @@ def decide(rank: int, placement: Placement, group: int, links: probe.Links, plan
     )
     pick, candidates = plan(cluster, plan_bytes)
     return Topology(rank, placement, group, links, cluster, plan_bytes, pick.dims, tuple(candidates), tuple(notes))
-
-
-def topology(comm: MPI.Comm | None = None, *, probe_every_tier: bool = False) -> Topology:
-    """What ddlfast detected and chose for `comm` (default COMM_WORLD).
-
-    Collective on the first call for a communicator (it is what the first allreduce would do anyway): call it
-    on every rank. `probe_every_tier` measures links even where auto would not need them (one host); it only
-    matters when this is the communicator's first collective.
-    """
-    from ddlfast.api import _context_for  # the API module imports Context, which imports this module
-
-    return _context_for(comm)._topology_info(probe_every_tier)

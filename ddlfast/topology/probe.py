@@ -36,9 +36,10 @@ from pathlib import Path
 import numpy as np
 from mpi4py import MPI
 
-from ddlfast import config
+from ddlfast import _core, config
+from ddlfast.buffers.dtypes import DTYPE_CODES
 from ddlfast.errors import DdlfastTimeoutError
-from ddlfast.plan import DEFAULT_GAMMA, DEFAULT_INTER, DEFAULT_INTRA, Link
+from ddlfast.topology.cost_model import DEFAULT_GAMMA, DEFAULT_INTER, DEFAULT_INTRA, Link
 
 SMALL_BYTES = 8
 LARGE_BYTES = (1 << 20, 4 << 20)
@@ -153,9 +154,6 @@ def _measure_pair(comm: MPI.Comm, peer: int, leader: bool, deadline: float, tag:
 
 
 def _measure_gamma() -> float:
-    from ddlfast import _core
-    from ddlfast.dtypes import DTYPE_CODES
-
     count = 1 << 20
     dst, src = np.ones(count, np.float32), np.ones(count, np.float32)
     best = float("inf")

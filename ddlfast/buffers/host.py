@@ -3,11 +3,12 @@ refusing anything that could be read or written wrongly."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import sys
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from ddlfast.dtypes import dtype_code
+from ddlfast.buffers.dtypes import dtype_code, numpy_dtype
 from ddlfast.errors import DdlfastError
 
 
@@ -52,3 +53,41 @@ def check_no_overlap(extents: list[tuple[int, int]], rank: int) -> None:
                                "views of one array, passed twice); each would be reduced twice")
         if end > reach:
             reach, holder = end, index
+
+
+def torch_tensor_module(obj: object) -> Any:
+    """torch, when `obj` is a torch tensor (torch is never imported here: a tensor means it already is)."""
+    torch = sys.modules.get("torch")
+    return torch if torch is not None and isinstance(obj, torch.Tensor) else None
+
+
+def numpy_view(tensor: Any) -> np.ndarray:
+    """A NumPy array sharing a CPU torch tensor's memory (bfloat16 through ml_dtypes)."""
+    torch = torch_tensor_module(tensor)
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view(numpy_dtype("bfloat16"))
+    return tensor.numpy()
+
+
+def host_view(obj: object) -> object:
+    """Torch CPU tensors through their NumPy view (shared memory); everything else as it is."""
+    if torch_tensor_module(obj) is not None and obj.device.type == "cpu":  # type: ignore[attr-defined]
+        return numpy_view(obj)
+    return obj
+
+
+def broadcast_target(array: object, where: str) -> np.ndarray:
+    """A host array broadcast() can overwrite: any fixed-size dtype (the copy is of bytes), C-contiguous,
+    writable."""
+    if not isinstance(array, np.ndarray) or isinstance(array, np.ma.MaskedArray):
+        kind = type(array).__module__ + "." + type(array).__qualname__
+        raise DdlfastError(f"{where}: the array is a {kind}, not a NumPy array (or a GPU array in a CUDA build)")
+    if array.dtype.hasobject:
+        raise DdlfastError(f"{where}: dtype {array.dtype} holds Python objects, which cannot be broadcast as bytes; "
+                           "use ddlfast.broadcast_object")
+    if not array.flags.c_contiguous:
+        raise DdlfastError(f"{where}: the array is not C-contiguous (strides {array.strides}); pass "
+                           "np.ascontiguousarray(...)")
+    if not array.flags.writeable:
+        raise DdlfastError(f"{where}: the array is read-only; broadcast overwrites it in place")
+    return array

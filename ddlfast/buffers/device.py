@@ -1,23 +1,7 @@
 """GPU arrays: adapters for `__cuda_array_interface__` and DLPack arrays (CuPy,
-PyTorch CUDA tensors, Numba, JAX, ...), the checks that refuse what cannot be
-reduced in place, and CudaPath, which runs fused allreduces on device memory
-through the compiled GPU side of the core (ddlfast._cuda).
-
-Ordering, never a device-wide synchronization: when a collective is submitted
-(on the caller's thread), a fence (CUDA event) is recorded on the caller's
-stream: an explicit `stream=`, else the stream the array exports. ddlfast's own
-stream waits for that fence before it packs or sends anything. When the
-collective is done, the caller's stream waits for ddlfast's stream (an event
-wait, the host does not block); an asynchronous collective's handle completes
-only after the host has waited for that one event.
-
-A bucket runs on one of two paths:
-  device  the GPU ring (src/engine/device_ring_allreduce.*): chunks are
-          staged through pinned host memory, or handed to MPI as device
-          pointers when MPI is CUDA-aware; the reductions are CUDA kernels.
-  host    the bucket is copied to pinned host memory, reduced by the host
-          engine with all its features (wire compression, codecs), and copied
-          back. Compressed and user-codec collectives take this path.
+PyTorch CUDA tensors, Numba, JAX, ...) and the checks that refuse what cannot
+be reduced in place. The GPU executor (ddlfast/engine/device.py) runs what
+these adapters describe.
 """
 
 from __future__ import annotations
@@ -28,11 +12,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ddlfast import _core, config
-from ddlfast.bucketing import assign_buckets
-from ddlfast.dtypes import DTYPE_CODES
+from ddlfast import _core
+from ddlfast.buffers.dtypes import DTYPE_CODES, ELEMENT_SIZES
 from ddlfast.errors import DdlfastError
-from ddlfast.ops import OPS
 
 try:
     from ddlfast import _cuda
@@ -41,12 +23,6 @@ except ImportError:  # built without CUDA
 if _cuda is not None and not _core.build_facts()["cuda"]:
     _cuda = None  # a stale module left by an earlier CUDA build: this build has no CUDA
 
-ELEMENT_SIZES = {name: size for name, size in zip(DTYPE_CODES, (4, 8, 2, 2, 4, 8), strict=True)}
-# Arrays below this are packed into the fused bucket; larger ones are reduced in place (as on the host).
-PACK_BELOW_BYTES = 256 << 10
-# Packed arrays start at multiples of this in the bucket, so pack, unpack and reduce use 16-byte vectors.
-BUCKET_ALIGN_BYTES = 16
-CUDA_AWARE_ENV = "DDLFAST_CUDA_AWARE_MPI"
 
 # __cuda_array_interface__ typestrs (little-endian hosts only, as CUDA is).
 _TYPESTRS = {"<f4": "float32", "<f8": "float64", "<f2": "float16", "<i4": "int32", "<i8": "int64"}
@@ -104,9 +80,6 @@ def any_device_array(arrays: object) -> bool:
         return True
     return isinstance(arrays, Sequence) and not isinstance(arrays, (str, bytes)) and any(
         is_device_array(a) for a in arrays)
-
-
-# ------------------------------------------------------------------------------------------- adapters
 
 
 class DeviceBuffer(NamedTuple):
@@ -313,178 +286,6 @@ def device_buffers(arrays: Sequence[object], rank: int, stream: object = None) -
     return buffers
 
 
-def bucket_layout(nbytes: Sequence[int], align: int = BUCKET_ALIGN_BYTES) -> tuple[list[int], int]:
-    """Byte offsets of packed arrays in the bucket (each a multiple of `align`) and the bucket's size.
-
-    The same on every rank (it depends on sizes only); the gaps are zero and stay zero.
-    """
-    offsets, cursor = [], 0
-    for size in nbytes:
-        offsets.append(cursor)
-        cursor += (size + align - 1) // align * align
-    return offsets, cursor
-
-
-def cuda_aware_setting(environ: dict | None = None) -> str:
-    """DDLFAST_CUDA_AWARE_MPI: auto (ask MPI), on (pass device pointers), off (stage through host)."""
-    return config.cuda_aware_mpi(environ)
-
-
-def use_direct_transfers(setting: str, mpi_reports_cuda: bool) -> bool:
-    return setting == "on" or (setting == "auto" and mpi_reports_cuda)
-
-
-# ------------------------------------------------------------------------------------------- the driver
-
-
-class Submission(NamedTuple):
-    """A GPU collective as submitted on the caller's thread."""
-
-    buffers: list[DeviceBuffer]
-    device: int | None  # None: every array is empty
-    fences: list[Any]  # _cuda.StreamFence recorded on each caller stream at submission
-    streams: list[int]  # the caller streams that wait for the result
-
-
-def submit(buffers: list[DeviceBuffer]) -> Submission:
-    """Record a fence on every stream the arrays' producers work on (on the caller's thread, so that work
-    enqueued later on those streams is not waited for)."""
-    device = next((b.device for b in buffers if b.device is not None), None)
-    streams = sorted({b.stream for b in buffers if b.stream is not None})
-    fences = [] if device is None else [_cuda.StreamFence.record(device, s) for s in streams]
-    return Submission(buffers, device, fences, streams)
-
-
-class CudaPath:
-    """The GPU side of one ddlfast Context, on its core Engine (one transport for host and GPU collectives).
-    The Context creates it at the first GPU collective."""
-
-    def __init__(self, core: Any) -> None:
-        if _cuda is None:
-            raise DdlfastError("this ddlfast build has no CUDA support")
-        self._gpu = _cuda.DeviceEngine(core)
-        self._pinned: Any = None  # _cuda.PinnedMemory for the host path, grown as needed
-        self.mpi_reports_cuda, self.mpi_cuda_query = _cuda.mpi_cuda_support()
-
-    @property
-    def record_events(self) -> bool:
-        return self._gpu.record_events
-
-    @record_events.setter
-    def record_events(self, value: bool) -> None:
-        self._gpu.record_events = value
-
-    def take_events(self) -> list:
-        return self._gpu.take_events()
-
-    def stream(self, device: int) -> int:
-        """ddlfast's stream on `device`, for callers that want to order against it themselves."""
-        return self._gpu.stream(device)
-
-    def close(self) -> None:
-        self._gpu.close()
-        self._pinned = None
-
-    def run(self, submission: Submission, op: str, dims: tuple[int, ...], settings: Any,
-            order: Sequence[int] = (), wait_on_host: bool = False) -> None:
-        """Allreduce the submission's arrays in place, bucket by bucket, on the device path.
-
-        Afterwards the caller streams wait for the result; with wait_on_host (asynchronous handles, or
-        arrays that named no stream) the host waits for it too.
-        """
-        device = submission.device
-        if device is None:
-            return  # nothing but empty arrays
-        self._gpu.set_timeout(settings.timeout_s)
-        for fence in submission.fences:
-            self._gpu.wait_for(device, fence)
-        direct = use_direct_transfers(cuda_aware_setting(), self.mpi_reports_cuda)
-        buffers = submission.buffers
-        if len(buffers) == 1:
-            buckets = [buffers]
-        else:
-            assigned = assign_buckets([b.dtype_name for b in buffers], [b.nbytes for b in buffers],
-                                      settings.bucket_bytes, settings.first_bucket_bytes)
-            buckets = [[buffers[j] for j in bucket.indices] for bucket in assigned]
-        for members in buckets:
-            self._reduce_bucket(device, members, OPS[op], dims, settings, tuple(order), direct)
-        self.finish(submission, wait_on_host)
-
-    def finish(self, submission: Submission, wait_on_host: bool) -> None:
-        """Order the caller streams after everything ddlfast enqueued for this submission."""
-        if submission.device is None:
-            return
-        done = self._gpu.record(submission.device)
-        for stream in submission.streams:
-            done.make_wait(stream)
-        if wait_on_host or not submission.streams:
-            done.synchronize()
-
-    def _reduce_bucket(self, device: int, members: list[DeviceBuffer], op: int, dims: tuple[int, ...],
-                       settings: Any, order: tuple[int, ...], direct: bool) -> None:
-        """Large arrays are reduced where they lie; the small ones are packed (one kernel) into the bucket."""
-        code, esize = members[0].dtype_code, ELEMENT_SIZES[members[0].dtype_name]
-        small = [b for b in members if b.nbytes < PACK_BELOW_BYTES]
-        if len(small) == 1:
-            small = []
-        pointers, counts = [], []
-        slots: list[int] = []
-        if small:
-            offsets, total = bucket_layout([b.nbytes for b in small])
-            bucket = self._gpu.bucket(device, code, total)
-            slots = [bucket + offset for offset in offsets]
-            self._gpu.copy_batch(device, slots, [b.pointer for b in small], [b.nbytes for b in small])
-            pointers.append(bucket)
-            counts.append(total // esize)
-        packed = {id(b) for b in small}
-        for b in members:
-            if id(b) not in packed:
-                pointers.append(b.pointer)
-                counts.append(b.count)
-        self._gpu.allreduce_segments(device, pointers, counts, code, op, dims, settings.chunk_bytes,
-                                     settings.receives_in_flight, settings.small_bytes, order, direct)
-        if small:
-            self._gpu.copy_batch(device, [b.pointer for b in small], slots, [b.nbytes for b in small])
-
-    # -- the host path: compression and user codecs run on host copies ------------------------------------------
-
-    def to_host(self, submission: Submission) -> list[np.ndarray]:
-        """Pinned host copies of the arrays, complete when this returns (ddlfast's stream only is waited for)."""
-        buffers, device = submission.buffers, submission.device
-        offsets, total = bucket_layout([b.nbytes for b in buffers], 64)
-        if self._pinned is None or self._pinned.nbytes < total:
-            if self._pinned is not None and device is not None:
-                self._gpu.synchronize(device)  # copies from the old block may still be pending
-            self._pinned = _cuda.PinnedMemory(max(total, 1))
-        memory = np.frombuffer(self._pinned, dtype=np.uint8)
-        if device is not None:
-            for fence in submission.fences:
-                self._gpu.wait_for(device, fence)
-        copies = []
-        for b, offset in zip(buffers, offsets, strict=True):
-            host = memory[offset:offset + b.nbytes].view(_host_dtype(b.dtype_name)).reshape(b.shape)
-            if b.nbytes:
-                self._gpu.copy(device, host.ctypes.data, b.pointer, b.nbytes)
-            copies.append(host)
-        if device is not None:
-            self._gpu.synchronize(device)
-        return copies
-
-    def from_host(self, submission: Submission, copies: Sequence[np.ndarray], wait_on_host: bool = False) -> None:
-        """Copy reduced host copies back into the GPU arrays, ordered as run() orders its result."""
-        if submission.device is None:
-            return
-        for b, host in zip(submission.buffers, copies, strict=True):
-            if b.nbytes:
-                self._gpu.copy(submission.device, b.pointer, host.ctypes.data, b.nbytes)
-        self.finish(submission, wait_on_host)
-
-
-def _host_dtype(name: str) -> np.dtype:
-    if name == "bfloat16":
-        try:
-            import ml_dtypes
-        except ImportError:
-            raise DdlfastError("bfloat16 GPU arrays on the host path need the ml_dtypes package") from None
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
+def cuda_module() -> Any:
+    """The compiled GPU side (ddlfast._cuda), or None in a build without CUDA."""
+    return _cuda

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from ddlfast import config
 from ddlfast.errors import DdlfastConsistentError, DdlfastError
 
 MAX_CACHED_DIGESTS = 4096
@@ -48,12 +49,24 @@ def allreduce_layout(op: str, dims: tuple[int, ...], arrays: tuple, codec: objec
             (settings.chunk_bytes, settings.small_bytes, settings.bucket_bytes, settings.first_bucket_bytes))
 
 
+def creation_layout(settings: Any) -> tuple:
+    """What every rank must share when a context is created: the engine settings and what drives the topology."""
+    named = {
+        "DDLFAST_BUCKET_BYTES": settings.bucket_bytes, "DDLFAST_FIRST_BUCKET_BYTES": settings.first_bucket_bytes,
+        "DDLFAST_CHUNK_BYTES": settings.chunk_bytes, "DDLFAST_SMALL_BYTES": settings.small_bytes,
+        "DDLFAST_RING_DIMS": settings.ring_dims, "DDLFAST_COMPRESSION": settings.compression,
+        "DDLFAST_PROBE": config.probe_mode(), "DDLFAST_HOSTS_PER_GROUP": config.hosts_per_group(),
+        "DDLFAST_CUDA_AWARE_MPI": config.cuda_aware_mpi(),
+    }
+    return ("context", tuple(named.items()))
+
+
 class Agreement:
     """The per-call check of one context: `check(layout)` before every collective (see the module doc)."""
 
     def __init__(self, core: Any, control: Any) -> None:
         self._core = core  # ddlfast._core.Engine: agree() is the 16-byte collective, and counts them
-        self._control = control  # ddlfast.control.Control: descriptions on a mismatch
+        self._control = control  # ddlfast.engine.control.Control: descriptions on a mismatch
         self._digests: dict[tuple, int] = {}  # the core counts collectives: its sequence is in every fingerprint
 
     def digest(self, layout: tuple) -> int:

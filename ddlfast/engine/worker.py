@@ -49,6 +49,10 @@ class Handle:
                 return
         _call_quietly(callback, self)
 
+    def exception(self) -> BaseException | None:
+        """What the collective raised, once it is done (None while pending or after success)."""
+        return self._error if self._finished.is_set() else None
+
     def wait(self, timeout: float | None = None) -> Any:
         if not self._finished.wait(timeout):
             raise DdlfastError(f"{self.description} did not complete within {timeout} s")

@@ -1,46 +1,16 @@
-"""Packing buckets into persistent fused buffers, and FusedBuffer: arrays that
-are views into one flat buffer, so they need no packing at all (what DDP calls
+"""FusedBuffer: arrays that are views into one flat buffer, so they need no packing at all (what DDP calls
 gradient_as_bucket_view)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from math import prod
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ddlfast import _core
-from ddlfast.buffers import HostBuffer
-
-if TYPE_CHECKING:
-    from ddlfast.context import Context
-    from ddlfast.worker import Handle
-
-
-class FusedBuffers:
-    """One growable flat buffer per dtype, reused across steps."""
-
-    def __init__(self) -> None:
-        self._by_dtype: dict[np.dtype, np.ndarray] = {}
-
-    def get(self, dtype: np.dtype, count: int) -> np.ndarray:
-        current = self._by_dtype.get(dtype)
-        if current is None or current.size < count:
-            current = np.empty(max(count, 1), dtype=dtype)
-            self._by_dtype[dtype] = current
-        return current[:count]
-
-    def clear(self) -> None:
-        self._by_dtype.clear()
-
-
-def pack(fused: np.ndarray, members: Sequence[HostBuffer]) -> None:
-    _core.pack_arrays(fused.ctypes.data, [b.pointer for b in members], [b.nbytes for b in members])
-
-
-def unpack(fused: np.ndarray, members: Sequence[HostBuffer]) -> None:
-    _core.unpack_arrays(fused.ctypes.data, [b.pointer for b in members], [b.nbytes for b in members])
+from ddlfast.api import default_context
+from ddlfast.context import Context
+from ddlfast.engine.worker import Handle
 
 
 class FusedBuffer:
@@ -52,8 +22,6 @@ class FusedBuffer:
 
     def __init__(self, shapes: Sequence[Sequence[int]], dtype: object = np.float32,
                  context: Context | None = None) -> None:
-        from ddlfast.api import default_context
-
         self.shapes = [tuple(int(d) for d in shape) for shape in shapes]
         self.flat = np.zeros(sum(prod(shape) for shape in self.shapes), dtype=dtype)
         self.views: list[np.ndarray] = []

@@ -1,0 +1,73 @@
+"""allreduce()'s latency path: the per-call Python work kept to a minimum.
+
+Per kind of call (dtype, shape, op, dims, compression) and settings a plan holds the layout's digest, so the
+agreement and the collective are one call into the core (`allreduce_array`), with the buffer checks done in
+Cython before it: a refused array falls back to the general path having done nothing. Anything the plan cannot
+take (GPU arrays, compression, bfloat16, bad arguments) goes to the general path, which validates and explains.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ddlfast.buffers.dtypes import DTYPE_CODES
+from ddlfast.config import Settings
+from ddlfast.engine.agreement import allreduce_layout
+from ddlfast.engine.state import EngineState
+from ddlfast.errors import DdlfastConsistentError, DdlfastError
+from ddlfast.ops import OPS
+
+# dtypes whose NumPy arrays export a typed buffer (the latency path's buffer check).
+_FAST_DTYPES = {np.dtype(name): code for name, code in DTYPE_CODES.items() if name != "bfloat16"}
+# Calls with ever new shapes must not grow memory.
+MAX_PLANS = 256
+
+
+class FastPath:
+    def __init__(self, state: EngineState) -> None:
+        self._state = state
+        self._plans: dict[tuple, tuple] = {}
+
+    def plan(self, array: np.ndarray, op: str, dims: object, compression: object, settings: Settings) -> tuple | None:
+        """The plan for this kind of call, or None where the general path must take it."""
+        try:
+            plan = self._plans.get((array.dtype, array.shape, op, dims, compression))
+        except TypeError:  # unhashable dims or compression: the general path says what is wrong
+            return None
+        if plan is not None and plan[0] is settings:
+            return plan
+        state = self._state
+        code = _FAST_DTYPES.get(array.dtype)
+        # compression="none" (explicit), or nothing that compresses here: uncompressed.
+        codec = (("none",) if isinstance(compression, str) and compression == "none"
+                 else None if compression is not None else settings.compression)
+        if (code is None or not isinstance(op, str) or op not in OPS or codec not in (("none",), ("auto",))
+                or (codec == ("auto",) and state.topology.placement.hosts > 1)):
+            return None
+        try:
+            ring_dims = state.resolve_dims(dims, settings)
+        except DdlfastError:
+            return None  # the general path refuses it on every rank
+        layout = allreduce_layout(op, ring_dims, ((array.dtype, array.shape),), codec, False, settings)
+        plan = (settings, code, OPS[op], ring_dims, layout, state.agreement.digest(layout))
+        if len(self._plans) >= MAX_PLANS:
+            self._plans.clear()
+        self._plans[(array.dtype, array.shape, op, dims, compression)] = plan
+        return plan
+
+    def run(self, array: np.ndarray, plan: tuple, settings: Settings) -> bool:
+        """False when the array's buffer cannot take the latency path (nothing ran, not even the agreement)."""
+        _, code, op_code, ring_dims, layout, digest = plan
+        state = self._state
+        state.set_core_timeout(settings.timeout_s)
+        try:  # the agreement and the collective in one call into the core
+            outcome = state.core.allreduce_array(array, array.size, code, op_code, ring_dims, settings.chunk_bytes,
+                                                 settings.receives_in_flight, settings.small_bytes,
+                                                 state.rank_order, digest)
+        except DdlfastConsistentError:
+            raise
+        except BaseException as error:
+            state.raise_after_failure(error)
+        if outcome == 0:
+            state.agreement.disagreed(layout)
+        return outcome > 0

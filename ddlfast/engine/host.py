@@ -1,0 +1,128 @@
+"""The host executor: a validated allreduce of host arrays, bucket by bucket, on the core's host engine.
+
+Per bucket (ddlfast/fusion/pack_policy.py decides the layout from sizes alone): the small arrays are packed into
+the pooled fused buffer, the large ones are reduced where they lie, all as segments of one logical buffer in one
+call into the core (src/engine/ring_allreduce.*). Wire compression, error feedback and user codecs
+(ddlfast/compression/) apply per bucket; the GPU executor sends its compressed and exact-arithmetic buckets here
+through pinned host copies.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ddlfast.buffers.host import HostBuffer
+from ddlfast.compression.codecs import run_codec
+from ddlfast.compression.wire import wire_by_dim
+from ddlfast.config import Settings
+from ddlfast.engine.agreement import allreduce_layout, arrays_of
+from ddlfast.engine.state import EngineState
+from ddlfast.errors import DdlfastConsistentError
+from ddlfast.fusion.buffer_pool import pack, unpack
+from ddlfast.fusion.pack_policy import bucket_indices, packed_positions
+from ddlfast.ops import OPS, SUMMING_OPS
+
+
+def codec_key(compression: object) -> object:
+    """How a request's compression enters its agreement layout: codec names, or a user codec's type name."""
+    return compression if isinstance(compression, tuple) else type(compression).__name__
+
+
+class HostRequest(NamedTuple):
+    """A validated allreduce of host arrays, ready to run on any thread."""
+
+    buffers: list[HostBuffer]
+    op: str
+    dims: tuple[int, ...]
+    settings: Settings
+    result: Any
+    compression: tuple[str, ...] | Any  # codec names, or a user Codec / CollectiveHook
+    error_feedback: bool
+
+    def layout(self) -> tuple:
+        return allreduce_layout(self.op, self.dims, arrays_of(self.buffers), codec_key(self.compression),
+                                self.error_feedback, self.settings)
+
+
+def reduce(state: EngineState, request: HostRequest, layout: tuple) -> None:
+    """Run an agreed request (`layout` keys the per-bucket codec and error-feedback state)."""
+    settings, buffers = request.settings, request.buffers
+    positions = bucket_indices([b.array.dtype for b in buffers], [b.nbytes for b in buffers],
+                               settings.bucket_bytes, settings.first_bucket_bytes)
+    for index, indices in enumerate(positions):
+        members = [buffers[j] for j in indices]
+        if isinstance(request.compression, tuple):
+            _reduce_bucket(state, members, request, (layout, index))
+        else:
+            _run_user_codec(state, members, request, (layout, index))
+    state.flush_timeline()
+
+
+def _run_user_codec(state: EngineState, members: list[HostBuffer], request: HostRequest, key: tuple) -> None:
+    fused = state.fused.get(members[0].array.dtype, sum(b.count for b in members))
+    pack(fused, members)
+    run_codec(request.compression, fused, state.codec_state.setdefault(key, {}), state.control, state.agreement,
+              request.op)
+    unpack(fused, members)
+
+
+def _reduce_bucket(state: EngineState, members: list[HostBuffer], request: HostRequest, key: tuple) -> None:
+    """Small arrays packed, large ones in place; a large array that does not start at a multiple of its element
+    size (np.frombuffer at an odd offset) is reduced through an aligned copy in its own place."""
+    settings, dims, timeline = request.settings, request.dims, state.timeline
+    wire = wire_by_dim(request.compression, dims, state.hosts_tier(dims))
+    if wire and request.error_feedback:
+        name = "bf16" if "bf16" in request.compression else "fp16"  # "auto" compresses with fp16
+        for position, b in enumerate(members):
+            state.error_feedback.apply((key, position), b.array, name)
+    small = [members[i] for i in packed_positions([b.nbytes for b in members])]
+    pointers, counts = [], []
+    fused = None
+    if small:
+        fused = state.fused.get(members[0].array.dtype, sum(b.count for b in small))
+        start = time.perf_counter()
+        pack(fused, small)
+        if timeline is not None:
+            timeline.add("pack", start, time.perf_counter(), arrays=len(small), bytes=fused.nbytes)
+        pointers.append(fused.ctypes.data)
+        counts.append(fused.size)
+    packed = {id(b) for b in small}
+    staged: list[tuple[np.ndarray, HostBuffer]] = []
+    for b in members:
+        if id(b) in packed:
+            continue
+        if not b.aligned:
+            copy = b.array.reshape(-1).copy()  # NumPy allocates it aligned
+            staged.append((copy, b))
+            pointers.append(copy.ctypes.data)
+        else:
+            pointers.append(b.pointer)
+        counts.append(b.count)
+    state.core.allreduce_segments(pointers, counts, members[0].dtype_code, OPS[request.op], dims,
+                                  settings.chunk_bytes, settings.receives_in_flight, settings.small_bytes,
+                                  state.rank_order, wire)
+    state.record_events(state.core.take_events)
+    for copy, b in staged:
+        b.array.reshape(-1)[...] = copy
+    if fused is not None:
+        start = time.perf_counter()
+        unpack(fused, small)
+        if timeline is not None:
+            timeline.add("unpack", start, time.perf_counter(), arrays=len(small), bytes=fused.nbytes)
+    if wire:
+        check_wire_overflows(state, request.compression, request.op)
+
+
+def check_wire_overflows(state: EngineState, compression: tuple[str, ...], op: str) -> None:
+    """The encoders count finite values that became inf; ranks that saw none must raise too."""
+    overflowed = int(state.control.allreduce_sum(np.array([state.core.take_overflows()], dtype=np.int64),
+                                                 "the count of wire overflows")[0])
+    if overflowed:
+        raise DdlfastConsistentError(
+            f"wire overflow on rank {state.rank}: {overflowed} "
+            f"{'partial sums' if op in SUMMING_OPS else 'values'} exceeded the range of "
+            f"{'/'.join(n for n in compression if n != 'none')} and the result holds inf; use "
+            "compression='bf16'" + (" or op='average' (which pre-scales)" if op == "sum" else ""))

@@ -1,0 +1,119 @@
+"""The small collectives: broadcast (host arrays as bytes, GPU arrays through a pinned host copy), barrier,
+and the pickled-object collectives. Each function validates on the caller's thread and returns the collective
+(agreement, then the data) as a callable the Context runs in order."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ddlfast.buffers.device import any_device_array
+from ddlfast.buffers.host import broadcast_target
+from ddlfast.engine import device, requests
+from ddlfast.engine.device import DeviceRequest, layout_arrays
+from ddlfast.engine.state import EngineState
+from ddlfast.errors import DdlfastConsistentError, DdlfastError
+
+Work = Callable[[], Any]
+
+
+def check_root(state: EngineState, root: object) -> None:
+    if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not 0 <= root < state.size:
+        raise DdlfastError(f"broadcast root {root!r} on rank {state.rank} is outside 0..{state.size - 1}")
+
+
+def broadcast(state: EngineState, array: object, root: object, asynchronous: bool = False) -> Work:
+    """Root's array into every rank's, in place: the collective returns the array."""
+    check_root(state, root)
+    if any_device_array([array]):
+        request = requests.prepare(state, [array], "sum", None, array, compression="none",
+                                   asynchronous=asynchronous)
+        return lambda: _broadcast_device(state, request, int(root))
+    target = broadcast_target(array, f"broadcast on rank {state.rank}")
+    return lambda: _broadcast_host(state, target, int(root), ((target.dtype, target.shape),), array)
+
+
+def broadcast_bytes(state: EngineState, array: object, root: object) -> Work:
+    """broadcast() of any contiguous writable byte view (e.g. a tensor of any dtype)."""
+    check_root(state, root)
+    if not (isinstance(array, np.ndarray) and not isinstance(array, np.ma.MaskedArray)
+            and array.flags.c_contiguous and array.flags.writeable):
+        raise DdlfastError(f"broadcast_bytes on rank {state.rank} needs a C-contiguous writable NumPy array")
+    return lambda: _broadcast_host(state, array, int(root), (("bytes", (array.nbytes,)),), array)
+
+
+def _broadcast_host(state: EngineState, target: np.ndarray, root: int, arrays: tuple, result: Any) -> Any:
+    """Host and GPU broadcasts share one layout form, so a rank passing the other kind is named."""
+    state.agreed(("broadcast", root, arrays), lambda: state.control.bcast_into(target, root, "a broadcast"))
+    return result
+
+
+def _broadcast_device(state: EngineState, request: DeviceRequest, root: int) -> Any:
+    """Through a pinned host copy: broadcasts are one-offs (start-up), not worth a device path."""
+    layout = ("broadcast", root, layout_arrays(request.submission.buffers))
+
+    def run() -> None:
+        gpu = device.executor(state)
+        copies = gpu.to_host(request.submission)
+        state.control.bcast_into(copies[0], root, "a broadcast")
+        gpu.from_host(request.submission, copies, wait_on_host=True)
+
+    state.agreed(layout, run)
+    return request.result
+
+
+def barrier(state: EngineState) -> Work:
+    """The agreement is itself the barrier: its allreduce completes on a rank only after every rank joined it."""
+    return lambda: state.agreed(("barrier",), lambda: None)
+
+
+def broadcast_object(state: EngineState, obj: object, root: object) -> Work:
+    check_root(state, root)
+    payload = _pickled(obj, f"broadcast_object on rank {state.rank}") if state.rank == root else b""
+    # The size is root's alone, so it is not in the layout: root broadcasts it first.
+    layout = ("broadcast", int(root), ((np.dtype(object), ()),))
+    return lambda: state.agreed(layout, lambda: _broadcast_object(state, obj, payload, int(root)))
+
+
+def _broadcast_object(state: EngineState, obj: object, payload: bytes, root: int) -> object:
+    size = np.array([len(payload)], dtype=np.int64)
+    state.control.bcast_into(size, root, "the size of broadcast_object's pickle")
+    is_root = state.rank == root
+    data = np.frombuffer(payload, dtype=np.uint8).copy() if is_root else np.empty(int(size[0]), np.uint8)
+    state.control.bcast_into(data, root, "broadcast_object's pickle")
+    if is_root:
+        return _unpickled_everywhere(state, lambda: obj, "broadcast_object")
+    return _unpickled_everywhere(state, lambda: pickle.loads(data.tobytes()), "broadcast_object")
+
+
+def allgather_object(state: EngineState, obj: object) -> Work:
+    payload = _pickled(obj, f"allgather_object on rank {state.rank}")
+
+    def run() -> list:
+        payloads = state.control.allgather_bytes(payload, "allgather_object's pickles")  # sizes, then bytes
+        return _unpickled_everywhere(state, lambda: [pickle.loads(p) for p in payloads], "allgather_object")
+
+    return lambda: state.agreed(("allgather_object",), run)
+
+
+def _pickled(obj: object, where: str) -> bytes:
+    try:
+        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as error:  # noqa: BLE001 (pickling calls arbitrary __reduce__ code)
+        raise DdlfastError(f"{where}: the object cannot be pickled ({type(error).__name__}: {error})") from None
+
+
+def _unpickled_everywhere(state: EngineState, load: Callable[[], Any], what: str) -> Any:
+    """`load()` here; if it fails on any rank (a class one rank cannot import, ...), every rank raises the same
+    error naming the ranks (the data has arrived everywhere: nothing is in flight)."""
+    try:
+        value, failure = load(), None
+    except Exception as error:  # noqa: BLE001 (unpickling runs arbitrary code: any exception is possible)
+        value, failure = None, f"rank {state.rank}: {type(error).__name__}: {error}"
+    failures = [f for f in state.control.allgather_objects(failure, f"the outcome of {what}") if f]
+    if failures:
+        raise DdlfastConsistentError(f"{what} could not unpickle the object: " + "; ".join(failures))
+    return value

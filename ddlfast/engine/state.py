@@ -1,0 +1,136 @@
+"""EngineState: what the executors of one Context share, handed to them explicitly.
+
+The Context (ddlfast/context.py) owns communicators, lifecycle and ordering; everything a collective needs once
+it runs is here: the compiled core (one transport, the host and GPU engine caches), the control communicator's
+collectives, the per-call agreement, the topology and the rank order the rings are renumbered with, the
+timeline, the host's fused buffers and compression state, and the GPU executor once a GPU collective ran.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+from ddlfast.compression.wire import ErrorFeedback
+from ddlfast.config import Settings, parse_dims
+from ddlfast.engine.agreement import Agreement
+from ddlfast.engine.control import Control
+from ddlfast.engine.timeline import Timeline
+from ddlfast.errors import DdlfastBrokenError, DdlfastConsistentError, DdlfastError
+from ddlfast.fusion.buffer_pool import FusedBufferPool
+from ddlfast.topology.placement import Topology, build
+
+
+class EngineState:
+    def __init__(self, core: Any, control: Control, timeout_s: float) -> None:
+        self.core = core
+        self.control = control
+        self.agreement = Agreement(core, control)
+        self.rank, self.size = core.rank, core.size
+        self.timeline = Timeline.from_env(core.rank)
+        core.record_events = self.timeline is not None
+        self.fused = FusedBufferPool()
+        self.error_feedback = ErrorFeedback()
+        self.codec_state: dict[tuple, dict] = {}
+        self.topology: Topology | None = None  # built once, at creation (collective)
+        self.rank_order: tuple[int, ...] = ()  # torus position -> rank; () is identity
+        self._every_tier = False  # the topology was probed on every tier, even on one host
+        self._dims_cache: dict[tuple, tuple[int, ...]] = {}
+        self._core_timeout_s = timeout_s  # what the core was last told
+        self.device_executor: Any = None  # ddlfast.engine.device.DeviceExecutor, from its first GPU collective
+
+    # -- topology and dims ---------------------------------------------------------------------------------------
+
+    def topology_for(self, plan_bytes: int, every_tier: bool = False) -> Topology:
+        """Detect placement, probe, plan: collective, so only where every rank gets in the same order (creation,
+        or an agreed topology() call). Sets the rank order the engine renumbers its rings with."""
+        if self.topology is None or (every_tier and not self._every_tier):
+            self.topology = build(self.control.comm, plan_bytes, every_tier)
+            self._every_tier = every_tier
+            self.rank_order = self.topology.order
+        return self.topology
+
+    def topology_known(self, every_tier: bool) -> bool:
+        return self.topology is not None and (self._every_tier or not every_tier)
+
+    def resolve_dims(self, dims: object, settings: Settings) -> tuple[int, ...]:
+        try:
+            return self._dims_cache[(dims, settings.ring_dims)]
+        except (KeyError, TypeError):  # TypeError: unhashable dims such as a list
+            pass
+        chosen = settings.ring_dims if dims is None else parse_dims(dims)
+        resolved = self.topology_for(settings.bucket_bytes).resolve(chosen)
+        try:
+            self._dims_cache[(dims, settings.ring_dims)] = resolved
+        except TypeError:
+            pass
+        return resolved
+
+    def hosts_tier(self, dims: tuple[int, ...]) -> int | None:
+        """Index of the first ring dimension whose rings cross hosts (None on one host)."""
+        placement = self.topology.placement
+        if placement.hosts <= 1:
+            return None
+        per_host = placement.ranks_per_host[0] if placement.regular else 1
+        covered = 1
+        for index, d in enumerate(dims):
+            covered *= d
+            if covered > per_host:
+                return index
+        return None
+
+    # -- running a collective ------------------------------------------------------------------------------------
+
+    def set_core_timeout(self, seconds: float) -> None:
+        if self._core_timeout_s != seconds:  # a call into the core per collective otherwise
+            self.core.set_timeout(seconds)
+            self._core_timeout_s = seconds
+
+    def agreed(self, layout: tuple, action: Callable[[], Any], digest: int | None = None) -> Any:
+        """The agreement, then the collective. A failure after the agreement passed leaves the context broken
+        (the other ranks are told, and fail at once rather than at their stall limit)."""
+        self.agreement.check(layout, digest)
+        try:
+            return action()
+        except DdlfastConsistentError:
+            raise
+        except BaseException as error:
+            self.raise_after_failure(error)
+
+    def raise_after_failure(self, error: BaseException) -> NoReturn:
+        """Called in an `except` block: a collective failed here after its agreement, so the context is broken
+        (the other ranks are told). Raises a DdlfastBrokenError (so the abort hook ends the job if it goes
+        uncaught), or re-raises KeyboardInterrupt and the like as they are."""
+        if not self.core.broken:
+            self.core.abandon(f"rank {self.rank}: {type(error).__name__}: {error}")
+        if isinstance(error, DdlfastBrokenError) or not isinstance(error, Exception):
+            raise  # the exception the caller is handling, as it is
+        if isinstance(error, DdlfastError):
+            raise DdlfastBrokenError(
+                f"{error}; this context now refuses further work (the other ranks were told)") from error
+        # e.g. a user codec's exception: the collective is abandoned all the same
+        raise DdlfastBrokenError(f"rank {self.rank}: the collective failed here ({type(error).__name__}: {error}); "
+                                 "the other ranks were told, and this context refuses further work") from error
+
+    def record_events(self, take_events: Callable[[], list], prefix: str = "") -> None:
+        """An engine's events (name, ring dimension or -1, start, end, bytes) into the timeline, when there is
+        one (the engines record nothing otherwise, and take_events is not called)."""
+        if self.timeline is None:
+            return
+        for name, dim, start, end, nbytes in take_events():
+            label = name if dim < 0 else f"{name} dim{dim + 1}"
+            self.timeline.add(prefix + label, start, end, bytes=nbytes)
+
+    def flush_timeline(self) -> None:
+        if self.timeline is not None:
+            self.timeline.flush()
+
+    def close(self) -> None:
+        """Free the engines and, when healthy, the control communicator (a broken context leaves it to
+        MPI_Finalize: messages in flight may still use it)."""
+        healthy = not self.core.broken
+        if self.device_executor is not None:
+            self.device_executor.close()
+        self.core.close()
+        if healthy:
+            self.control.comm.Free()

@@ -1,0 +1,26 @@
+"""What the torch integrations share: the dtypes ddlfast reduces as tensors, what it reduces for a tensor (a NumPy
+view on the CPU, the tensor itself on a GPU) and the stream a CUDA tensor's producer ran on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ddlfast.buffers.host import numpy_view
+
+SUPPORTED_DTYPES = {torch.float32, torch.float64, torch.float16, torch.bfloat16}
+
+__all__ = ["SUPPORTED_DTYPES", "collective_view", "numpy_view", "stream_of"]
+
+
+def collective_view(tensor: torch.Tensor) -> Any:
+    """What ddlfast reduces: a NumPy view of a CPU tensor, the tensor itself on a GPU."""
+    return tensor if tensor.device.type == "cuda" else numpy_view(tensor)
+
+
+def stream_of(tensor: torch.Tensor) -> int | None:
+    """The current stream of a CUDA tensor's device (where its producer ran); None on the CPU."""
+    if tensor.device.type != "cuda":
+        return None
+    return torch.cuda.current_stream(tensor.device).cuda_stream

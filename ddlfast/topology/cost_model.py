@@ -1,0 +1,251 @@
+"""The cost model: predicted allreduce time of every ring shape (DESIGN §1), and the pick among them.
+`python -m ddlfast.plan` (ddlfast/plan.py) prints it for a described cluster or for this job.
+
+The model. Ranks sit at torus positions, host-contiguous (ddlfast renumbers them so), `ranks_per_host` to a
+host and optionally `hosts_per_group` hosts to a group (rack). Dimension i (size di, block `S / Di` bytes)
+runs `di - 1` reduce-scatter steps and `di - 1` allgather steps; in one step every ring edge carries one block.
+A step costs the latency of the slowest tier its edges cross, plus the slowest of:
+
+    an edge inside a host          block * beta_intra             (ranks of a host talk pairwise)
+    the busiest host's link        edges leaving it * block * beta_inter   (shared by the host's ranks)
+    the busiest group's uplink     edges leaving it * block * beta_group   (when a group link is given)
+
+plus `block * gamma` for the reduction in reduce-scatter steps. With one tier this is exactly DESIGN's
+`2(p-1)a + 2(p-1)/p S b + (p-1)/p S g`; with a slow host link shared by a host's ranks it charges a flat ring
+`2(p-1)/p * S` per host link crossing and the host-aligned 2D ring `2(h-1)/h * S` per host.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# Defaults where nothing was measured or described (DDLFAST_PROBE=0): shared memory and a 10 Gbit/s network.
+DEFAULT_INTRA = (1e-6, 1 / 10e9)
+DEFAULT_INTER = (20e-6, 8 / 10e9)
+DEFAULT_GAMMA = 1 / 4e9
+# Shapes predicted within this fraction of the fastest count as equal; the one with fewest dimensions wins.
+TIE_FRACTION = 0.02
+MAX_DIMS = 4
+
+_UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+_TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+_QUANTITY = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[-+]?\d+)?)\s*([a-zµ]*)\s*(/s|ps)?\s*$", re.IGNORECASE)
+
+
+class PlanError(ValueError):
+    """A described cluster or quantity that the planner cannot use."""
+
+
+# -- quantities -------------------------------------------------------------------------------------------------
+
+
+def _split(text: str, what: str) -> tuple[float, str, bool]:
+    match = _QUANTITY.match(str(text))
+    if not match:
+        raise PlanError(f"{what}: cannot read {text!r}")
+    return float(match.group(1)), match.group(2), match.group(3) is not None
+
+
+def parse_bytes(text: str) -> int:
+    """'102MB' -> 102e6, '64MiB' -> 2**26, '4096' -> 4096 (decimal k/M/G, binary Ki/Mi/Gi)."""
+    value, unit, per_second = _split(text, "bytes")
+    prefix = unit[:-1] if unit.lower().endswith("b") else unit
+    if per_second or prefix.lower() not in _UNITS:
+        raise PlanError(f"bytes: cannot read {text!r}; use e.g. 102MB, 64MiB or 4096")
+    return int(round(value * _UNITS[prefix.lower()]))
+
+
+def parse_rate(text: str) -> float:
+    """'40GB/s' -> 40e9, '100Gbit/s' -> 12.5e9, '1gbit' -> 125e6, '10Gb/s' -> 1.25e9 (bytes per second)."""
+    value, unit, _ = _split(text, "rate")
+    lower = unit.lower()
+    for suffix, scale in (("bit", 1 / 8), ("bps", 1 / 8), ("B", 1.0), ("b", 1 / 8)):
+        matches = lower.endswith(suffix) if len(suffix) > 1 else unit.endswith(suffix)
+        if matches and lower[: -len(suffix)] in _UNITS:
+            return value * _UNITS[lower[: -len(suffix)]] * scale
+    raise PlanError(f"rate: cannot read {text!r}; use e.g. 100Gbit/s or 40GB/s")
+
+
+def parse_time(text: str) -> float:
+    """'5us' -> 5e-6, '2ms' -> 2e-3 (seconds)."""
+    value, unit, per_second = _split(text, "time")
+    if per_second or unit.lower() not in _TIME_UNITS:
+        raise PlanError(f"time: cannot read {text!r}; use e.g. 5us or 1.5ms")
+    return value * _TIME_UNITS[unit.lower()]
+
+
+@dataclass(frozen=True)
+class Link:
+    """One tier's link: alpha seconds per message, beta seconds per byte."""
+
+    alpha: float
+    beta: float
+
+    @property
+    def rate(self) -> float:
+        return 1 / self.beta
+
+    def __str__(self) -> str:
+        return f"{format_rate(self.rate)}, {self.alpha * 1e6:.1f} us"
+
+
+def parse_link(text: str) -> Link:
+    """'100Gbit/s,5us' (either order) -> Link."""
+    parts = [part for part in str(text).split(",") if part.strip()]
+    rates = [part for part in parts if not _is_time(part)]
+    times = [part for part in parts if _is_time(part)]
+    if len(rates) != 1 or len(times) != 1:
+        raise PlanError(f"link {text!r}: give a rate and a latency, e.g. 100Gbit/s,5us")
+    return Link(parse_time(times[0]), 1 / parse_rate(rates[0]))
+
+
+def _is_time(part: str) -> bool:
+    try:
+        parse_time(part)
+    except PlanError:
+        return False
+    return True
+
+
+def format_rate(bytes_per_s: float) -> str:
+    return f"{bytes_per_s * 8 / 1e9:.3g} Gbit/s" if bytes_per_s < 4e9 else f"{bytes_per_s / 1e9:.3g} GB/s"
+
+
+# -- the model ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A regular placement: `hosts` hosts of `ranks_per_host` ranks, optionally grouped into racks."""
+
+    hosts: int
+    ranks_per_host: int
+    intra: Link = Link(*DEFAULT_INTRA)
+    inter: Link = Link(*DEFAULT_INTER)
+    gamma: float = DEFAULT_GAMMA
+    hosts_per_group: int = 1  # 1: no group tier
+    group: Link | None = None  # a group's uplink, shared by its hosts; None: no limit beyond the host links
+
+    def __post_init__(self) -> None:
+        if self.hosts < 1 or self.ranks_per_host < 1:
+            raise PlanError("hosts and ranks per host must be >= 1")
+        if self.hosts_per_group < 1 or self.hosts % self.hosts_per_group:
+            raise PlanError(f"hosts per group {self.hosts_per_group} does not divide {self.hosts} hosts")
+
+    @property
+    def ranks(self) -> int:
+        return self.hosts * self.ranks_per_host
+
+    @property
+    def groups(self) -> int:
+        return self.hosts // self.hosts_per_group
+
+
+@dataclass(frozen=True)
+class Prediction:
+    dims: tuple[int, ...]
+    seconds: float
+    per_dim: tuple[float, ...] = field(default=(), compare=False)  # seconds spent in each dimension
+
+    @property
+    def name(self) -> str:
+        return "x".join(map(str, self.dims))
+
+
+def _edges_out(dims_before: int, size: int, ranks: int, unit: int) -> tuple[bool, int]:
+    """For the rings of one dimension: does any edge stay inside a unit of `unit` consecutive positions, and
+    how many edges leave the busiest unit?"""
+    v = np.arange(ranks)
+    coordinate = (v // dims_before) % size
+    successor = np.where(coordinate == size - 1, v - (size - 1) * dims_before, v + dims_before)
+    crossing = (v // unit) != (successor // unit)
+    inside = bool((~crossing).any())
+    if not crossing.any():
+        return inside, 0
+    return inside, int(np.bincount(v[crossing] // unit).max())
+
+
+def predict(cluster: Cluster, dims: Sequence[int], nbytes: float) -> Prediction:
+    """Predicted seconds of one allreduce of `nbytes` on ring shape `dims`."""
+    dims = tuple(int(d) for d in dims)
+    if int(np.prod(dims)) != cluster.ranks:
+        raise PlanError(f"dims {'x'.join(map(str, dims))} do not multiply to {cluster.ranks} ranks")
+    rph, group_size = cluster.ranks_per_host, cluster.ranks_per_host * cluster.hosts_per_group
+    per_dim, before = [], 1
+    for size in dims:
+        if size == 1:
+            per_dim.append(0.0)
+            continue
+        block = nbytes / (before * size)
+        intra_edges, host_out = _edges_out(before, size, cluster.ranks, rph)
+        alpha, transfer = 0.0, 0.0
+        if intra_edges:
+            alpha, transfer = cluster.intra.alpha, block * cluster.intra.beta
+        if host_out:
+            alpha = max(alpha, cluster.inter.alpha)
+            transfer = max(transfer, host_out * block * cluster.inter.beta)
+        if cluster.group is not None and cluster.groups > 1:
+            _, group_out = _edges_out(before, size, cluster.ranks, group_size)
+            if group_out:
+                alpha = max(alpha, cluster.group.alpha)
+                transfer = max(transfer, group_out * block * cluster.group.beta)
+        per_dim.append((size - 1) * (2 * (alpha + transfer) + block * cluster.gamma))
+        before *= size
+    return Prediction(dims, float(sum(per_dim)), tuple(per_dim))
+
+
+def factorizations(n: int, max_factors: int) -> list[tuple[int, ...]]:
+    """Ordered factorizations of n into at most `max_factors` factors >= 2 (n = 1: the empty one)."""
+    if n == 1:
+        return [()]
+    found = []
+    if max_factors >= 1:
+        found.append((n,))
+    if max_factors >= 2:
+        for first in range(2, n):
+            if n % first == 0:
+                found.extend((first, *rest) for rest in factorizations(n // first, max_factors - 1) if rest)
+    return found
+
+
+def all_shapes(ranks: int, max_dims: int = MAX_DIMS) -> list[tuple[int, ...]]:
+    """Every ring shape of `ranks` with at most `max_dims` dimensions (unit dimensions dropped)."""
+    return sorted((shape or (1,) for shape in factorizations(ranks, max_dims)), key=lambda s: (len(s), s))
+
+
+def rank(predictions: Iterable[Prediction]) -> list[Prediction]:
+    return sorted(predictions, key=lambda p: (p.seconds, len(p.dims), p.dims))
+
+
+def choose(predictions: Sequence[Prediction], tie: float = TIE_FRACTION) -> Prediction:
+    """The fastest shape; among those within `tie` of it, the one with fewest dimensions."""
+    best = min(p.seconds for p in predictions)
+    near = [p for p in predictions if p.seconds <= best * (1 + tie)]
+    return min(near, key=lambda p: (len(p.dims), p.seconds, p.dims))
+
+
+def plan(cluster: Cluster, nbytes: float, max_dims: int = MAX_DIMS) -> tuple[Prediction, list[Prediction]]:
+    """auto's pick for `nbytes`, and the predictions of every shape (fastest first)."""
+    predictions = rank(predict(cluster, shape, nbytes) for shape in all_shapes(cluster.ranks, max_dims))
+    return choose(predictions), predictions
+
+
+def step_efficiency(compute_s: float, allreduce_s: float, overlap: float = 0.0) -> float:
+    """Scaling efficiency of a data-parallel step: compute / (compute + allreduce time not hidden behind the
+    `overlap` fraction of compute)."""
+    if compute_s <= 0:
+        return 0.0
+    exposed = max(0.0, allreduce_s - overlap * compute_s)
+    return compute_s / (compute_s + exposed)
+
+
+def link_bound(cluster: Cluster, nbytes: float) -> float:
+    """Seconds for the bytes each host must send, `2(h-1)/h * S`, at the host link's rate."""
+    return 2 * (cluster.hosts - 1) / cluster.hosts * nbytes * cluster.inter.beta
+
+
+# -- command line -------------------------------------------------------------------------------------------------
