@@ -36,7 +36,7 @@ class EngineState:
         self.rank_order: tuple[int, ...] = ()  # torus position -> rank; () is identity
         self._every_tier = False  # the topology was probed on every tier, even on one host
         self._dims_cache: dict[tuple, tuple[int, ...]] = {}
-        self._core_timeout_s = timeout_s  # what the core was last told
+        self.core_timeout_s = timeout_s  # what the core was last told
         self.device_executor: Any = None  # ddlfast.engine.device.DeviceExecutor, from its first GPU collective
 
     # -- topology and dims ---------------------------------------------------------------------------------------
@@ -82,9 +82,9 @@ class EngineState:
     # -- running a collective ------------------------------------------------------------------------------------
 
     def set_core_timeout(self, seconds: float) -> None:
-        if self._core_timeout_s != seconds:  # a call into the core per collective otherwise
+        if self.core_timeout_s != seconds:  # a call into the core per collective otherwise
             self.core.set_timeout(seconds)
-            self._core_timeout_s = seconds
+            self.core_timeout_s = seconds
 
     def agreed(self, layout: tuple, action: Callable[[], Any], digest: int | None = None) -> Any:
         """The agreement, then the collective. A failure after the agreement passed leaves the context broken
