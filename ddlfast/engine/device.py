@@ -40,7 +40,7 @@ from ddlfast.errors import DdlfastError
 from ddlfast.fusion.pack_policy import DEVICE_ALIGN_BYTES, aligned_offsets, bucket_indices, packed_positions
 from ddlfast.ops import OPS
 
-# Pinned host copies start at multiples of this (the host kernels' widest vector loads stay in one line).
+# Pinned host copies start on cache-line boundaries, so every copy meets the host kernels aligned.
 HOST_COPY_ALIGN_BYTES = 64
 
 
