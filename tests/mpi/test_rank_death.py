@@ -107,8 +107,9 @@ def recorded(directory) -> dict[int, dict[str, str]]:
     """rank -> {"error": ..., "uncaught": ...}: what each survivor wrote before it raised (see rank_death.py)."""
     found: dict[int, dict[str, str]] = {}
     for path in directory.iterdir():
-        name, kind = path.name.split(".")
-        found.setdefault(int(name.removeprefix("rank")), {})[kind] = path.read_text()
+        complete = re.fullmatch(r"rank(\d+)\.(error|uncaught)", path.name)  # not a write cut short by an abort
+        if complete:
+            found.setdefault(int(complete.group(1)), {})[complete.group(2)] = path.read_text()
     return found
 
 

@@ -94,8 +94,12 @@ def main() -> None:
 
 
 def record(path: str, error: BaseException) -> None:
-    with open(path, "w") as file:  # on disk once close() returns, whatever kills this process next
+    """Whole or not at all: another rank's MPI_Abort may kill this one mid-write, and an empty file that open()
+    created must not read as a record (it did, 1 run in ~10)."""
+    partial = path + ".partial"
+    with open(partial, "w") as file:
         file.write(f"{type(error).__name__}: {error}")
+    os.replace(partial, path)  # atomic: the record appears complete, or not at all
 
 
 def record_uncaught(prefix: str) -> None:
