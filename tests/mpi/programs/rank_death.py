@@ -95,7 +95,7 @@ def main() -> None:
 
 def record(path: str, error: BaseException) -> None:
     """Whole or not at all: another rank's MPI_Abort may kill this one mid-write, and an empty file that open()
-    created must not read as a record (it did, 1 run in ~10)."""
+    created must not read as a record (it did once, in a fresh-clone CI run)."""
     partial = path + ".partial"
     with open(partial, "w") as file:
         file.write(f"{type(error).__name__}: {error}")
