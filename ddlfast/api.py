@@ -14,6 +14,7 @@ from mpi4py import MPI
 
 from ddlfast import _core, config
 from ddlfast.context import Context
+from ddlfast.engine.agreement import Name
 from ddlfast.engine.worker import Handle
 from ddlfast.errors import DdlfastError
 from ddlfast.topology.placement import Topology
@@ -84,7 +85,7 @@ def _close_retired() -> None:
 
 def fused_allreduce(
     arrays: Sequence[np.ndarray], *, op: str = "sum", dims: object = None, comm: MPI.Comm | None = None,
-    compression: object = None, error_feedback: bool = False, stream: object = None,
+    compression: object = None, error_feedback: bool = False, stream: object = None, name: Name = None,
 ) -> list:
     """Allreduce many arrays in place, fused into buckets; returns the list.
 
@@ -103,19 +104,19 @@ def fused_allreduce(
     not, every rank raises DdlfastError.
     """
     return _context_for(comm).fused_allreduce(arrays, op=op, dims=dims, compression=compression,
-                                              error_feedback=error_feedback, stream=stream)
+                                              error_feedback=error_feedback, stream=stream, name=name)
 
 
 def allreduce(array: np.ndarray, *, op: str = "sum", dims: object = None, comm: MPI.Comm | None = None,
-              compression: object = None, stream: object = None) -> np.ndarray:
+              compression: object = None, stream: object = None, name: Name = None) -> np.ndarray:
     """Allreduce one array in place and return it (a NumPy or GPU array; see fused_allreduce)."""
     context = _default if comm is None and _default is not None else _context_for(comm)
-    return context.allreduce(array, op=op, dims=dims, compression=compression, stream=stream)
+    return context.allreduce(array, op=op, dims=dims, compression=compression, stream=stream, name=name)
 
 
 def fused_allreduce_async(
     arrays: Sequence[np.ndarray], *, op: str = "sum", dims: object = None, comm: MPI.Comm | None = None,
-    compression: object = None, error_feedback: bool = False, stream: object = None,
+    compression: object = None, error_feedback: bool = False, stream: object = None, name: Name = None,
 ) -> Handle:
     """Like fused_allreduce, on the context's communication thread; returns a Handle.
 
@@ -123,18 +124,21 @@ def fused_allreduce_async(
     handles may be outstanding; they complete in submission order.
     """
     return _context_for(comm).fused_allreduce_async(arrays, op=op, dims=dims, compression=compression,
-                                                    error_feedback=error_feedback, stream=stream)
+                                                    error_feedback=error_feedback, stream=stream, name=name)
 
 
 def allreduce_async(array: np.ndarray, *, op: str = "sum", dims: object = None,
-                    comm: MPI.Comm | None = None, compression: object = None, stream: object = None) -> Handle:
+                    comm: MPI.Comm | None = None, compression: object = None, stream: object = None,
+                    name: Name = None) -> Handle:
     """Like allreduce, asynchronously; handle.wait() returns the array."""
-    return _context_for(comm).allreduce_async(array, op=op, dims=dims, compression=compression, stream=stream)
+    return _context_for(comm).allreduce_async(array, op=op, dims=dims, compression=compression, stream=stream,
+                        name=name)
 
 
 def reduce_scatter(
     array: Any, *, op: str = "sum", dims: object = None, comm: MPI.Comm | None = None,
     counts: Sequence[int] | None = None, out: Any = None, compression: object = None, stream: object = None,
+    name: Name = None,
 ) -> Any:
     """Rank r gets block r of the array reduced over the ranks (MPI_Reduce_scatter_block / MPI_Reduce_scatter).
 
@@ -147,97 +151,101 @@ def reduce_scatter(
     CuPy/torch CUDA arrays (through pinned host copies).
     """
     return _context_for(comm).reduce_scatter(array, op=op, dims=dims, counts=counts, out=out,
-                                             compression=compression, stream=stream)
+                                             compression=compression, stream=stream, name=name)
 
 
 def allgather(array: Any, *, dims: object = None, comm: MPI.Comm | None = None, out: Any = None,
-              compression: object = None, stream: object = None) -> Any:
+              compression: object = None, stream: object = None, name: Name = None) -> Any:
     """The ranks' arrays concatenated along axis 0 in rank order (MPI_Allgather); a 0-d array gives shape (P,).
 
     Every rank passes the same shape and dtype (any fixed-size dtype; compression only for float32, and then
     every rank holds identical bits). out: C-contiguous, writable, same dtype, P * array.size elements.
     """
-    return _context_for(comm).allgather(array, dims=dims, out=out, compression=compression, stream=stream)
+    return _context_for(comm).allgather(array, dims=dims, out=out, compression=compression, stream=stream, name=name)
 
 
 def fused_reduce_scatter(
     arrays: Sequence[Any], *, op: str = "sum", dims: object = None, comm: MPI.Comm | None = None,
     counts: Sequence[Sequence[int] | None] | None = None, out: Sequence[Any] | None = None,
-    compression: object = None, stream: object = None,
+    compression: object = None, stream: object = None, name: Name = None,
 ) -> list:
     """reduce_scatter of many arrays (e.g. parameter shards) in one collective; counts= and out= take one entry
     per array (or None). Returns the list of results."""
     return _context_for(comm).fused_reduce_scatter(arrays, op=op, dims=dims, counts=counts, out=out,
-                                                   compression=compression, stream=stream)
+                                                   compression=compression, stream=stream, name=name)
 
 
 def fused_allgather(arrays: Sequence[Any], *, dims: object = None, comm: MPI.Comm | None = None,
-                    out: Sequence[Any] | None = None, compression: object = None, stream: object = None) -> list:
+                    out: Sequence[Any] | None = None, compression: object = None, stream: object = None,
+                    name: Name = None) -> list:
     """allgather of many arrays in one collective; out= takes one entry per array (or None)."""
-    return _context_for(comm).fused_allgather(arrays, dims=dims, out=out, compression=compression, stream=stream)
+    return _context_for(comm).fused_allgather(arrays, dims=dims, out=out, compression=compression, stream=stream,
+                        name=name)
 
 
 def reduce_scatter_async(
     array: Any, *, op: str = "sum", dims: object = None, comm: MPI.Comm | None = None,
     counts: Sequence[int] | None = None, out: Any = None, compression: object = None, stream: object = None,
+    name: Name = None,
 ) -> Handle:
     """Like reduce_scatter, on the context's communication thread; handle.wait() returns the result. Do not
     touch the input or out= until then."""
     return _context_for(comm).reduce_scatter_async(array, op=op, dims=dims, counts=counts, out=out,
-                                                   compression=compression, stream=stream)
+                                                   compression=compression, stream=stream, name=name)
 
 
 def allgather_async(array: Any, *, dims: object = None, comm: MPI.Comm | None = None, out: Any = None,
-                    compression: object = None, stream: object = None) -> Handle:
+                    compression: object = None, stream: object = None, name: Name = None) -> Handle:
     """Like allgather, asynchronously; handle.wait() returns the result."""
-    return _context_for(comm).allgather_async(array, dims=dims, out=out, compression=compression, stream=stream)
+    return _context_for(comm).allgather_async(array, dims=dims, out=out, compression=compression, stream=stream,
+                        name=name)
 
 
 def fused_reduce_scatter_async(
     arrays: Sequence[Any], *, op: str = "sum", dims: object = None, comm: MPI.Comm | None = None,
     counts: Sequence[Sequence[int] | None] | None = None, out: Sequence[Any] | None = None,
-    compression: object = None, stream: object = None,
+    compression: object = None, stream: object = None, name: Name = None,
 ) -> Handle:
     """Like fused_reduce_scatter, asynchronously; handle.wait() returns the list."""
     return _context_for(comm).fused_reduce_scatter_async(arrays, op=op, dims=dims, counts=counts, out=out,
-                                                         compression=compression, stream=stream)
+                                                         compression=compression, stream=stream, name=name)
 
 
 def fused_allgather_async(arrays: Sequence[Any], *, dims: object = None, comm: MPI.Comm | None = None,
                           out: Sequence[Any] | None = None, compression: object = None,
-                          stream: object = None) -> Handle:
+                          stream: object = None, name: Name = None) -> Handle:
     """Like fused_allgather, asynchronously; handle.wait() returns the list."""
     return _context_for(comm).fused_allgather_async(arrays, dims=dims, out=out, compression=compression,
-                                                    stream=stream)
+                                                    stream=stream, name=name)
 
 
-def broadcast(array: np.ndarray, root: int = 0, comm: MPI.Comm | None = None) -> np.ndarray:
+def broadcast(array: np.ndarray, root: int = 0, comm: MPI.Comm | None = None, name: Name = None) -> np.ndarray:
     """Overwrite every rank's array with root's, in place (same shape and dtype on all ranks).
 
     Host arrays: any fixed-size dtype (bool, uint8, complex64, structured, ...: the copy is of bytes). GPU arrays
     (through a pinned host copy): the dtypes ddlfast reduces. Arrays of Python objects: use broadcast_object.
     """
-    return _context_for(comm).broadcast(array, root=root)
+    return _context_for(comm).broadcast(array, root=root, name=name)
 
 
-def broadcast_async(array: np.ndarray, root: int = 0, comm: MPI.Comm | None = None) -> Handle:
+def broadcast_async(array: np.ndarray, root: int = 0, comm: MPI.Comm | None = None, name: Name = None) -> Handle:
     """Like broadcast, on the context's communication thread; handle.wait() returns the array."""
-    return _context_for(comm).broadcast_async(array, root=root)
+    return _context_for(comm).broadcast_async(array, root=root, name=name)
 
 
-def barrier(comm: MPI.Comm | None = None) -> None:
+def barrier(comm: MPI.Comm | None = None, name: Name = None) -> None:
     """Return once every rank of the communicator has called barrier() (stall-limited, like every call)."""
-    _context_for(comm).barrier()
+    _context_for(comm).barrier(name=name)
 
 
-def broadcast_object(obj: object, root: int = 0, comm: MPI.Comm | None = None) -> object:
+def broadcast_object(obj: object, root: int = 0, comm: MPI.Comm | None = None, name: Name = None) -> object:
     """Root's picklable object on every rank (e.g. a config, optimizer state); other ranks' `obj` is ignored."""
-    return _context_for(comm).broadcast_object(obj, root=root)
+    return _context_for(comm).broadcast_object(obj, root=root, name=name)
 
 
-def allgather_object(obj: object, comm: MPI.Comm | None = None) -> list:
+def allgather_object(obj: object, comm: MPI.Comm | None = None, name: Name = None) -> list:
     """Every rank's picklable object (sizes may differ), as a list in rank order (e.g. metrics)."""
-    return _context_for(comm).allgather_object(obj)
+    return _context_for(comm).allgather_object(obj, name=name)
 
 
 def topology(comm: MPI.Comm | None = None, *, probe_every_tier: bool = False) -> Topology:

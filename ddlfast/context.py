@@ -22,7 +22,7 @@ from mpi4py import MPI
 from ddlfast import _core
 from ddlfast.config import check_variable_names, load_settings
 from ddlfast.engine import halves, requests, small
-from ddlfast.engine.agreement import creation_layout
+from ddlfast.engine.agreement import Name, check_name, creation_layout
 from ddlfast.engine.control import Control
 from ddlfast.engine.fast_path import FastPath
 from ddlfast.engine.state import EngineState
@@ -144,24 +144,57 @@ class Context:
         finally:
             timeline.add("wait", start, time.perf_counter(), thread="caller")
 
-    def _now(self, prepare: Callable[[], Work], description: str) -> Any:
+    def _now(self, prepare: Callable[[], Work], description: str, name: object = None) -> Any:
         """Validate on the caller's thread (bad input joins the agreement as an error), then run in order."""
         self._check_open()
         try:
-            work = prepare()
+            work = self._prepared(prepare, description, name)
         except DdlfastError as error:
-            raise self._refused(error) from None
+            raise self._refused(error) from error.__cause__
         return self._in_order(work, description)
 
-    def _queued(self, prepare: Callable[[], Work], description: Callable[[], str]) -> Handle:
+    def _queued(self, prepare: Callable[[], Work], description: Callable[[], str], name: object = None) -> Handle:
         """Validate on the caller's thread, then queue on the communication thread."""
         worker = self._ensure_worker()
         try:
-            work = prepare()
+            work = self._prepared(prepare, "an asynchronous collective", name)
         except DdlfastError as error:
             self.refuse_async(error)
             raise
         return worker.submit(work, description())
+
+    def _prepared(self, prepare: Callable[[], Work], description: str, name: object) -> Work:
+        """`prepare()`, with any exception it raises made a refusal: whatever goes wrong on one rank before the
+        data moves, the other ranks must hear of it at this call, or every later call would pair call k here
+        with call k+1 there. An Exception becomes a DdlfastError (it joins the agreement); KeyboardInterrupt
+        and the like must not wait for the others, so they break the context on every rank and propagate."""
+        try:
+            check_name(name, self._state.rank)
+            work = prepare()
+        except DdlfastError:
+            raise
+        except Exception as error:
+            raise DdlfastError(f"rank {self._state.rank}: {description} failed before any data moved "
+                               f"({type(error).__name__}: {error})") from error
+        except BaseException as error:
+            core = self._state.core
+            if not core.broken and not self._closed:
+                core.abandon(f"rank {self._state.rank}: {type(error).__name__} while preparing {description}")
+            raise
+        return work if name is None else self._named(work, name)
+
+    def _named(self, work: Work, name: str | int) -> Work:
+        """`work` with its name in the agreement's fingerprint (name= of the public collectives)."""
+        agreement = self._state.agreement
+
+        def named() -> Any:
+            agreement.name = name
+            try:
+                return work()
+            finally:
+                agreement.name = None
+
+        return named
 
     def _refused(self, error: DdlfastError) -> DdlfastError:
         """Bad input on this rank: join the agreement with the error (so the others raise too), return what
@@ -216,37 +249,40 @@ class Context:
     # -- allreduce ---------------------------------------------------------------------------------------------------
 
     def allreduce(self, array: np.ndarray, *, op: str = "sum", dims: object = None,
-                  compression: object = None, stream: object = None) -> np.ndarray:
+                  compression: object = None, stream: object = None, name: Name = None) -> np.ndarray:
         """One array: the latency path (ddlfast/engine/fast_path.py) where it applies."""
         settings = load_settings()
         plan = None
-        if type(array) is np.ndarray and stream is None and self._state.timeline is None:
+        if (type(array) is np.ndarray and stream is None and self._state.timeline is None
+                and (name is None or type(name) in (str, int))):
             plan = self._fast.plan(array, op, dims, compression, settings)
         if plan is not None:
             if self._worker is None:  # _in_order's own first case, spelled out: this is the latency path
                 with self._lock:
                     self._check_open()
-                    done = self._fast.run(array, plan, settings)
+                    done = self._fast.run(array, plan, settings, name)
             else:
-                done = self._in_order(lambda: self._fast.run(array, plan, settings), "allreduce")
+                done = self._in_order(lambda: self._fast.run(array, plan, settings, name), "allreduce")
             if done:
                 return array
         # The general path (full validation and messages, compression, GPU arrays), also for a buffer the latency
         # path could not take (nothing ran there).
-        return self._fused_allreduce([array], op, dims, compression, False, stream)[0]
+        return self._fused_allreduce([array], op, dims, compression, False, stream, name)[0]
 
     def fused_allreduce(self, arrays: Sequence[np.ndarray], *, op: str = "sum", dims: object = None,
-                        compression: object = None, error_feedback: bool = False, stream: object = None) -> list:
+                        compression: object = None, error_feedback: bool = False, stream: object = None,
+                        name: Name = None) -> list:
         """GPU arrays: ordered after `stream` (default: the stream each array exports, else the host waits)."""
         if type(arrays) is list and len(arrays) == 1 and stream is None and not error_feedback:
-            self.allreduce(arrays[0], op=op, dims=dims, compression=compression)  # the same collective, and layout
+            # the same collective, and layout
+            self.allreduce(arrays[0], op=op, dims=dims, compression=compression, name=name)
             return arrays
-        return self._fused_allreduce(arrays, op, dims, compression, error_feedback, stream)
+        return self._fused_allreduce(arrays, op, dims, compression, error_feedback, stream, name)
 
     def _fused_allreduce(self, arrays: Sequence[Any], op: str, dims: object, compression: object,
-                         error_feedback: bool, stream: object) -> list:
+                         error_feedback: bool, stream: object, name: object) -> list:
         return self._now(lambda: self._allreduce_work(arrays, op, dims, None, compression, error_feedback, stream),
-                         "fused_allreduce")
+                         "fused_allreduce", name)
 
     def _allreduce_work(self, arrays: Sequence[Any], op: str, dims: object, result: Any, compression: object,
                         error_feedback: bool, stream: object, asynchronous: bool = False) -> Work:
@@ -257,61 +293,63 @@ class Context:
 
     def fused_allreduce_async(self, arrays: Sequence[np.ndarray], *, op: str = "sum", dims: object = None,
                               compression: object = None, error_feedback: bool = False,
-                              result: Any = None, stream: object = None) -> Handle:
+                              result: Any = None, stream: object = None, name: Name = None) -> Handle:
         """Queue the collective on the communication thread; wait() returns the list (or `result`)."""
         return self._queued(lambda: self._allreduce_work(arrays, op, dims, result, compression, error_feedback,
                                                          stream, asynchronous=True),
-                            lambda: f"fused_allreduce of {len(arrays)} arrays")
+                            lambda: f"fused_allreduce of {len(arrays)} arrays", name)
 
     def allreduce_async(self, array: np.ndarray, *, op: str = "sum", dims: object = None,
-                        compression: object = None, stream: object = None) -> Handle:
+                        compression: object = None, stream: object = None, name: Name = None) -> Handle:
         """Queue one array; wait() returns the array."""
         return self.fused_allreduce_async([array], op=op, dims=dims, compression=compression, result=array,
-                                          stream=stream)
+                                          stream=stream, name=name)
 
     # -- reduce-scatter and allgather (ddlfast/engine/halves.py) -----------------------------------------------------
 
     def reduce_scatter(self, array: Any, *, op: str = "sum", dims: object = None, counts: Sequence[int] | None = None,
-                       out: Any = None, compression: object = None, stream: object = None) -> Any:
+                       out: Any = None, compression: object = None, stream: object = None, name: Name = None) -> Any:
         """Rank r gets block r of the reduced array (MPI_Reduce_scatter); the input stays unchanged."""
-        return self._half(halves.REDUCE_SCATTER, [array], op, dims, counts, out, compression, stream, True)
+        return self._half(halves.REDUCE_SCATTER, [array], op, dims, counts, out, compression, stream, True, name=name)
 
     def fused_reduce_scatter(self, arrays: Sequence[Any], *, op: str = "sum", dims: object = None,
                              counts: Sequence[Sequence[int] | None] | None = None, out: Sequence[Any] | None = None,
-                             compression: object = None, stream: object = None) -> list:
+                             compression: object = None, stream: object = None, name: Name = None) -> list:
         """reduce_scatter of many arrays in one collective; counts= and out= give one entry per array."""
-        return self._half(halves.REDUCE_SCATTER, arrays, op, dims, counts, out, compression, stream, False)
+        return self._half(halves.REDUCE_SCATTER, arrays, op, dims, counts, out, compression, stream, False, name=name)
 
     def allgather(self, array: Any, *, dims: object = None, out: Any = None, compression: object = None,
-                  stream: object = None) -> Any:
+                  stream: object = None, name: Name = None) -> Any:
         """The ranks' arrays concatenated along axis 0 in rank order (MPI_Allgather)."""
-        return self._half(halves.ALLGATHER, [array], "sum", dims, None, out, compression, stream, True)
+        return self._half(halves.ALLGATHER, [array], "sum", dims, None, out, compression, stream, True, name=name)
 
     def fused_allgather(self, arrays: Sequence[Any], *, dims: object = None, out: Sequence[Any] | None = None,
-                        compression: object = None, stream: object = None) -> list:
-        return self._half(halves.ALLGATHER, arrays, "sum", dims, None, out, compression, stream, False)
+                        compression: object = None, stream: object = None, name: Name = None) -> list:
+        return self._half(halves.ALLGATHER, arrays, "sum", dims, None, out, compression, stream, False, name=name)
 
     def reduce_scatter_async(self, array: Any, *, op: str = "sum", dims: object = None,
                              counts: Sequence[int] | None = None, out: Any = None, compression: object = None,
-                             stream: object = None) -> Handle:
-        return self._half(halves.REDUCE_SCATTER, [array], op, dims, counts, out, compression, stream, True, True)
+                             stream: object = None, name: Name = None) -> Handle:
+        return self._half(halves.REDUCE_SCATTER, [array], op, dims, counts, out, compression, stream, True, True,
+                          name=name)
 
     def fused_reduce_scatter_async(self, arrays: Sequence[Any], *, op: str = "sum", dims: object = None,
                                    counts: Sequence[Sequence[int] | None] | None = None,
                                    out: Sequence[Any] | None = None, compression: object = None,
-                                   stream: object = None) -> Handle:
-        return self._half(halves.REDUCE_SCATTER, arrays, op, dims, counts, out, compression, stream, False, True)
+                                   stream: object = None, name: Name = None) -> Handle:
+        return self._half(halves.REDUCE_SCATTER, arrays, op, dims, counts, out, compression, stream, False, True,
+                          name=name)
 
     def allgather_async(self, array: Any, *, dims: object = None, out: Any = None, compression: object = None,
-                        stream: object = None) -> Handle:
-        return self._half(halves.ALLGATHER, [array], "sum", dims, None, out, compression, stream, True, True)
+                        stream: object = None, name: Name = None) -> Handle:
+        return self._half(halves.ALLGATHER, [array], "sum", dims, None, out, compression, stream, True, True, name=name)
 
     def fused_allgather_async(self, arrays: Sequence[Any], *, dims: object = None, out: Sequence[Any] | None = None,
-                              compression: object = None, stream: object = None) -> Handle:
-        return self._half(halves.ALLGATHER, arrays, "sum", dims, None, out, compression, stream, False, True)
+                              compression: object = None, stream: object = None, name: Name = None) -> Handle:
+        return self._half(halves.ALLGATHER, arrays, "sum", dims, None, out, compression, stream, False, True, name=name)
 
     def _half(self, kind: str, arrays: Any, op: str, dims: object, counts: object, out: object,
-              compression: object, stream: object, single: bool, queued: bool = False) -> Any:
+              compression: object, stream: object, single: bool, queued: bool = False, name: object = None) -> Any:
         state = self._state
 
         def prepare() -> Work:
@@ -319,32 +357,33 @@ class Context:
             return lambda: halves.execute(state, request)
 
         if queued:  # wait() returns what the blocking call returns
-            return self._queued(prepare, lambda: f"{kind} of {len(arrays)} arrays")
-        return self._now(prepare, kind)
+            return self._queued(prepare, lambda: f"{kind} of {len(arrays)} arrays", name)
+        return self._now(prepare, kind, name)
 
     # -- the small collectives (ddlfast/engine/small.py) --------------------------------------------------------------
 
-    def broadcast(self, array: np.ndarray, root: int = 0) -> np.ndarray:
+    def broadcast(self, array: np.ndarray, root: int = 0, name: Name = None) -> np.ndarray:
         """Copy `root`'s array into every rank's array, in place: any fixed-size dtype (a byte copy), host or
         GPU (through a pinned host copy)."""
-        return self._now(lambda: small.broadcast(self._state, array, root), "broadcast")
+        return self._now(lambda: small.broadcast(self._state, array, root), "broadcast", name)
 
-    def broadcast_async(self, array: np.ndarray, root: int = 0) -> Handle:
+    def broadcast_async(self, array: np.ndarray, root: int = 0, name: Name = None) -> Handle:
         """broadcast() on the communication thread; wait() returns the array. Do not touch it until then."""
-        return self._queued(lambda: small.broadcast(self._state, array, root, asynchronous=True), lambda: "broadcast")
+        return self._queued(lambda: small.broadcast(self._state, array, root, asynchronous=True), lambda: "broadcast",
+                            name)
 
-    def broadcast_bytes(self, array: np.ndarray, root: int = 0) -> np.ndarray:
+    def broadcast_bytes(self, array: np.ndarray, root: int = 0, name: Name = None) -> np.ndarray:
         """broadcast() for any contiguous writable byte view (e.g. a tensor of any dtype)."""
-        return self._now(lambda: small.broadcast_bytes(self._state, array, root), "broadcast")
+        return self._now(lambda: small.broadcast_bytes(self._state, array, root), "broadcast", name)
 
-    def barrier(self) -> None:
+    def barrier(self, name: Name = None) -> None:
         """Return once every rank of the communicator has called barrier()."""
-        self._now(lambda: small.barrier(self._state), "barrier")
+        self._now(lambda: small.barrier(self._state), "barrier", name)
 
-    def broadcast_object(self, obj: object, root: int = 0) -> object:
+    def broadcast_object(self, obj: object, root: int = 0, name: Name = None) -> object:
         """Root's picklable object on every rank (root gets `obj` itself back)."""
-        return self._now(lambda: small.broadcast_object(self._state, obj, root), "broadcast_object")
+        return self._now(lambda: small.broadcast_object(self._state, obj, root), "broadcast_object", name)
 
-    def allgather_object(self, obj: object) -> list:
+    def allgather_object(self, obj: object, name: Name = None) -> list:
         """Every rank's picklable object, in rank order."""
-        return self._now(lambda: small.allgather_object(self._state, obj), "allgather_object")
+        return self._now(lambda: small.allgather_object(self._state, obj), "allgather_object", name)

@@ -35,6 +35,8 @@ from ddlfast import config
 from ddlfast.errors import DdlfastConsistentError, DdlfastError
 
 MAX_CACHED_DIGESTS = 4096
+# name= of every collective: a str or an int (e.g. the training step), or None.
+Name = str | int | None
 
 
 def arrays_of(buffers: Sequence[Any]) -> tuple:
@@ -68,6 +70,10 @@ class Agreement:
         self._core = core  # ddlfast._core.Engine: agree() is the 16-byte collective, and counts them
         self._control = control  # ddlfast.engine.control.Control: descriptions on a mismatch
         self._digests: dict[tuple, int] = {}  # the core counts collectives: its sequence is in every fingerprint
+        # The caller's name for the collective being agreed (name=, e.g. a training step), set by the Context
+        # around one call; None for unnamed calls. It enters the fingerprint, so a rank that skipped a step of a
+        # loop of same-layout calls is caught at its next named call.
+        self.name: str | int | None = None
 
     def digest(self, layout: tuple) -> int:
         try:
@@ -80,18 +86,27 @@ class Agreement:
         self._digests[layout] = digest
         return digest
 
+    def fingerprint(self, layout: tuple, digest: int | None = None) -> int:
+        """The 64 bits the ranks compare for this call: the layout's digest, mixed with the call's name."""
+        if digest is None:
+            digest = self.digest(layout)
+        if self.name is None:
+            return digest
+        return digest ^ name_digest(self.name)
+
     def check(self, layout: tuple, digest: int | None = None) -> None:
         """Collective: returns when every rank passed the same layout in the same collective; otherwise every
         rank raises the same DdlfastError naming who passed what."""
-        if not self._core.agree(self.digest(layout) if digest is None else digest):
+        if not self._core.agree(self.fingerprint(layout, digest)):
             self.disagreed(layout)
 
     def disagreed(self, layout: tuple) -> None:
         """After an agreement that failed on every rank (here, or inside a core call that runs it itself, as
-        the latency path does): exchange descriptions, raise the same error everywhere."""
-        descriptions = self._control.allgather_objects(describe(layout, self._core.sequence),
-                                                       "the description of every rank's collective")
-        raise DdlfastConsistentError(disagreement_message(descriptions))
+        the latency path does): exchange descriptions, raise the same error everywhere. The descriptions
+        travel as JSON and are validated (`readable`): a peer's bytes are never unpickled here."""
+        mine = describe(layout, self._core.sequence, self.name)
+        received = self._control.allgather_values(mine, "the description of every rank's collective")
+        raise DdlfastConsistentError(disagreement_message([readable(d, r) for r, d in enumerate(received)]))
 
     def refuse(self, error: DdlfastError) -> DdlfastError:
         """This rank cannot take part (its input is bad): take part in the agreement with the error, so every
@@ -116,10 +131,25 @@ def _size_settings(sizes: tuple) -> dict:
     return dict(zip(names, sizes, strict=True))
 
 
-def describe(layout: tuple, sequence: int) -> dict:
-    """A layout as plain data for the mismatch message."""
+def name_digest(name: str | int) -> int:
+    """64 bits of a collective's name, the same on every rank (Python's own str hash differs per process)."""
+    return int.from_bytes(hashlib.blake2b(repr(name).encode(), digest_size=8, person=b"ddlfast-name").digest(),
+                          "little")
+
+
+def check_name(name: object, rank: int) -> None:
+    """name= on a collective: None, a str or an int (e.g. a training step)."""
+    if name is not None and (isinstance(name, bool) or not isinstance(name, str | int | np.integer)):
+        raise DdlfastError(f"name={name!r} on rank {rank} must be a str or an int (e.g. the training step), "
+                           f"not {type(name).__name__}")
+
+
+def describe(layout: tuple, sequence: int, name: str | int | None = None) -> dict:
+    """A layout as plain data (JSON) for the mismatch message."""
     kind, *fields = layout
     description: dict[str, Any] = {"sequence": sequence, "kind": kind}
+    if name is not None:
+        description["name"] = name if isinstance(name, str) else int(name)
     if kind == "allreduce":
         op, dims, arrays, codec, error_feedback, sizes = fields
         description.update(op=op, dims=dims, arrays=[(_dtype_name(d), tuple(s)) for d, s in arrays],
@@ -143,6 +173,35 @@ def describe(layout: tuple, sequence: int) -> dict:
     return description
 
 
+def _tuples(value: object) -> object:
+    """JSON's lists back into tuples (hashable, as describe() made them)."""
+    if isinstance(value, list):
+        return tuple(_tuples(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _tuples(v) for k, v in value.items()}
+    return value
+
+
+_FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
+    "sequence": int, "kind": str, "name": (str, int), "op": str, "error": str, "root": int,
+    "arrays": tuple, "counts": (tuple, type(None)), "settings": dict, "error_feedback": bool, "dims": tuple,
+}
+
+
+def readable(received: object, rank: int) -> dict:
+    """A peer's description, checked to be of describe()'s form (fields of the right types, arrays as
+    (dtype text, shape)); anything else becomes an "invalid" description naming the rank."""
+    value = _tuples(received)
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        fields_ok = all(isinstance(value[k], t) for k, t in _FIELD_TYPES.items() if k in value)
+        arrays_ok = all(isinstance(a, tuple) and len(a) == 2 and isinstance(a[0], str) and isinstance(a[1], tuple)
+                        and all(isinstance(n, int) for n in a[1]) for a in value.get("arrays", ()))
+        if fields_ok and arrays_ok and "kind" in value and "sequence" in value:
+            return value
+    return {"kind": "invalid", "sequence": -1,
+            "error": f"rank {rank} sent a description of its collective that is not ddlfast's ({received!r:.80})"}
+
+
 def _by_rank(descriptions: list[dict], key_of: Callable[[dict], str]) -> str:
     seen: dict[str, list[int]] = {}
     for rank, description in enumerate(descriptions):
@@ -160,10 +219,16 @@ def _array_text(array: tuple) -> str:
 
 def disagreement_message(descriptions: list[dict]) -> str:
     """Name the first thing the ranks disagree on, and which ranks passed what."""
+    invalid = [d["error"] for d in descriptions if d["kind"] == "invalid"]
+    if invalid:
+        return "; ".join(invalid)
     failed = [(rank, d["error"]) for rank, d in enumerate(descriptions) if d["kind"] == "error"]
     if failed:
         sequence = descriptions[failed[0][0]]["sequence"]
         return f"collective #{sequence} could not run: " + "; ".join(f"rank {r}: {text}" for r, text in failed)
+    if _differs(descriptions, "name"):
+        return ("ranks passed different names for this collective (a rank skipped or added a call): " +
+                _by_rank(descriptions, lambda d: f"name={d.get('name')!r}"))
     if _differs(descriptions, "kind"):
         return "ranks called different collectives: " + _by_rank(descriptions, lambda d: d["kind"])
     if _differs(descriptions, "sequence"):

@@ -11,7 +11,7 @@ then kept alive for good (`_ABANDONED`).
 
 from __future__ import annotations
 
-import pickle
+import json
 from typing import Any
 
 import numpy as np
@@ -19,6 +19,40 @@ from mpi4py import MPI
 
 # Buffers of collectives abandoned after a stall: MPI may still write into them, so they are never freed.
 _ABANDONED: list[Any] = []
+
+
+class InvalidValue:
+    """What allgather_values returns for a peer whose bytes were not JSON."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+    def __repr__(self) -> str:
+        return f"<unreadable value from rank {self.rank}>"
+
+
+def _plain(value: object) -> object:
+    """JSON for what json does not take itself: NumPy scalars as numbers, anything else as its text."""
+    if isinstance(value, np.integer | np.bool_):
+        return value.item()
+    if isinstance(value, np.floating):
+        return float(value)
+    if isinstance(value, tuple | set | frozenset):
+        return list(value)
+    return str(value)
+
+
+def encode_value(value: object) -> bytes:
+    """A plain value as JSON bytes (what allgather_values sends)."""
+    return json.dumps(value, default=_plain).encode()
+
+
+def decode_value(payload: bytes, peer: int) -> object:
+    """What allgather_values makes of `peer`'s bytes: JSON data, or an InvalidValue naming the peer."""
+    try:
+        return json.loads(payload)
+    except ValueError:  # also UnicodeDecodeError
+        return InvalidValue(peer)
 
 
 class Control:
@@ -49,9 +83,13 @@ class Control:
         self.complete(request, (send, gathered), what)
         return [gathered[d:d + n].tobytes() for d, n in zip(displacements.tolist(), lengths.tolist(), strict=True)]
 
-    def allgather_objects(self, value: object, what: str) -> list:
-        """Every rank's picklable value, in rank order."""
-        return [pickle.loads(b) for b in self.allgather_bytes(pickle.dumps(value), what)]
+    def allgather_values(self, value: object, what: str) -> list:
+        """Every rank's plain value (JSON: str, int, float, bool, None, lists, str-keyed dicts), in rank order.
+
+        JSON, never pickle: what a peer sends is read as data and cannot run code here (docs/trust.md). Tuples
+        come back as lists; a peer's bytes that are not JSON come back as an InvalidValue naming the rank."""
+        payloads = self.allgather_bytes(encode_value(value), what)
+        return [decode_value(payload, peer) for peer, payload in enumerate(payloads)]
 
     def bcast_into(self, target: np.ndarray, root: int, what: str) -> None:
         """Overwrite `target` (C-contiguous, writable) with root's bytes.

@@ -12,7 +12,7 @@ import numpy as np
 
 from ddlfast.buffers.dtypes import DTYPE_CODES
 from ddlfast.config import Settings
-from ddlfast.engine.agreement import allreduce_layout
+from ddlfast.engine.agreement import allreduce_layout, name_digest
 from ddlfast.engine.state import EngineState
 from ddlfast.errors import DdlfastConsistentError, DdlfastError
 from ddlfast.ops import OPS
@@ -32,8 +32,8 @@ class FastPath:
         """The plan for this kind of call, or None where the general path must take it."""
         try:
             plan = self._plans.get((array.dtype, array.shape, op, dims, compression))
-        except TypeError:  # unhashable dims or compression: the general path says what is wrong
-            return None
+        except Exception:  # noqa: BLE001 (unhashable dims, an op whose __hash__ raises): the general path says
+            return None  # what is wrong, on every rank
         if plan is not None and plan[0] is settings:
             return plan
         state = self._state
@@ -55,10 +55,13 @@ class FastPath:
         self._plans[(array.dtype, array.shape, op, dims, compression)] = plan
         return plan
 
-    def run(self, array: np.ndarray, plan: tuple, settings: Settings) -> bool:
-        """False when the array's buffer cannot take the latency path (nothing ran, not even the agreement)."""
+    def run(self, array: np.ndarray, plan: tuple, settings: Settings, name: str | int | None = None) -> bool:
+        """False when the array's buffer cannot take the latency path (nothing ran, not even the agreement).
+        `name` (a str or an int, checked by the caller) enters the fingerprint as Agreement.fingerprint does."""
         _, code, op_code, ring_dims, layout, digest = plan
         state = self._state
+        if name is not None:
+            digest ^= name_digest(name)
         if state.core_timeout_s != settings.timeout_s:  # set_core_timeout's own test, spelled out: the latency path
             state.set_core_timeout(settings.timeout_s)
         try:  # the agreement and the collective in one call into the core
@@ -70,5 +73,10 @@ class FastPath:
         except BaseException as error:
             state.raise_after_failure(error)
         if outcome == 0:
-            state.agreement.disagreed(layout)
+            agreement = state.agreement
+            agreement.name = name
+            try:
+                agreement.disagreed(layout)
+            finally:
+                agreement.name = None
         return outcome > 0

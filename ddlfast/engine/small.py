@@ -113,7 +113,7 @@ def _unpickled_everywhere(state: EngineState, load: Callable[[], Any], what: str
         value, failure = load(), None
     except Exception as error:  # noqa: BLE001 (unpickling runs arbitrary code: any exception is possible)
         value, failure = None, f"rank {state.rank}: {type(error).__name__}: {error}"
-    failures = [f for f in state.control.allgather_objects(failure, f"the outcome of {what}") if f]
+    failures = [f for f in state.control.allgather_values(failure, f"the outcome of {what}") if f]
     if failures:
         raise DdlfastConsistentError(f"{what} could not unpickle the object: " + "; ".join(failures))
     return value

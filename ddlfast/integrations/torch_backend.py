@@ -640,7 +640,7 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
             mpi.complete(mpi.comm.Ialltoall(mine, sent_to_me), (mine, sent_to_me), f"the block sizes of {what}")
             wrong = [(int(s), rank, int(sent_to_me[s]), recv_counts[s]) for s in range(self.size())
                      if sent_to_me[s] != recv_counts[s]]
-            everyone = [w for rows in mpi.allgather_objects(wrong, f"the block checks of {what}") for w in rows]
+            everyone = [w for rows in mpi.allgather_values(wrong, f"the block checks of {what}") for w in rows]
             if everyone:
                 pairs = "; ".join(f"rank {s} sends {n} elements to rank {r}, which expects {e}"
                                   for s, r, n, e in everyone[:6])

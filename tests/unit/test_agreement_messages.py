@@ -6,7 +6,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from ddlfast.engine.agreement import allreduce_layout, describe, disagreement_message
+from ddlfast.engine.agreement import allreduce_layout, describe, disagreement_message, readable
+from ddlfast.engine.control import decode_value, encode_value
 
 SETTINGS = SimpleNamespace(chunk_bytes=1 << 20, small_bytes=8192, bucket_bytes=64 << 20, first_bucket_bytes=1 << 20)
 
@@ -21,7 +22,10 @@ def gpu_layout(dtype: str, shape: tuple) -> tuple:
 
 def message_for(layouts: list[tuple], sequences: list[int] | None = None) -> str:
     sequences = sequences or [7] * len(layouts)
-    return disagreement_message([describe(layout, s) for layout, s in zip(layouts, sequences, strict=True)])
+    # As the ranks exchange them: JSON on the wire, each checked by readable().
+    received = [decode_value(encode_value(describe(layout, s)), r)
+                for r, (layout, s) in enumerate(zip(layouts, sequences, strict=True))]
+    return disagreement_message([readable(d, r) for r, d in enumerate(received)])
 
 
 def test_shape_difference_names_the_odd_rank() -> None:
@@ -63,3 +67,33 @@ def test_broadcast_roots_and_kinds_are_compared() -> None:
     assert "ranks disagree on root" in message_for([("broadcast", 0, arrays), ("broadcast", 1, arrays)])
     message = message_for([("broadcast", 0, arrays), host_layout(np.float32, (4,))])
     assert "different collectives" in message and "rank 1 passed allreduce" in message
+
+
+def test_names_that_differ_are_reported_first() -> None:
+    layout = host_layout(np.float32, (100,))
+    received = [decode_value(encode_value(describe(layout, 9, name)), r)
+                for r, name in enumerate(["step 4", "step 5", "step 4"])]
+    message = disagreement_message([readable(d, r) for r, d in enumerate(received)])
+    assert "different names" in message and "rank 1 passed name='step 5'" in message, message
+    assert "ranks 0,2 passed name='step 4'" in message, message
+
+
+def test_a_peer_description_is_data_never_code() -> None:
+    """What a peer sends is parsed as JSON and checked; nothing it sends can run code here (no pickle)."""
+    import pickle
+
+    class Boom:
+        def __reduce__(self) -> tuple:
+            return (print, ("unpickled!",))
+
+    layout = host_layout(np.float32, (100,))
+    good = decode_value(encode_value(describe(layout, 3)), 0)
+    for r, payload in enumerate([pickle.dumps(Boom()), b"\xff\xfe", b'{"kind": 3}', b'[1, 2]',
+                                 b'{"kind": "allreduce", "sequence": 3, "arrays": [["float32", ["x"]]]}']):
+        message = disagreement_message([readable(good, 0), readable(decode_value(payload, r + 1), r + 1)])
+        assert f"rank {r + 1} sent a description of its collective that is not ddlfast's" in message, message
+
+
+def test_numpy_values_and_tuples_survive_the_exchange() -> None:
+    value = {"n": np.int64(3), "x": np.float32(0.5), "t": (1, (2, 3)), "d": np.dtype("float32")}
+    assert decode_value(encode_value(value), 0) == {"n": 3, "x": 0.5, "t": [1, [2, 3]], "d": "float32"}

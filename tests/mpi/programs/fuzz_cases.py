@@ -5,7 +5,9 @@ each rank draws the same case without talking, and one case can be re-run on
 its own (`--only INDEX`). A case picks:
 
 - the API: allreduce, fused_allreduce (1-6 arrays, mixed dtypes and shapes)
-  or fused_allreduce_async(...).wait();
+  or fused_allreduce_async(...).wait(); reduce_scatter (even blocks or
+  counts=), fused_reduce_scatter and its async form, allgather,
+  fused_allgather and its async form, broadcast from a random root;
 - ring dims: "flat", a random ordered factorisation of the world size with
   unit dims mixed in (as "2x1x3" or a tuple), or None with DDLFAST_RING_DIMS
   set to one;
@@ -76,10 +78,19 @@ class ArraySpec:
         return int(np.prod(self.shape, dtype=np.int64))
 
 
+# The collectives a case can call; fused ones take 1-6 arrays.
+APIS = ("allreduce", "fused", "async", "reduce_scatter", "fused_reduce_scatter", "reduce_scatter_async",
+        "allgather", "fused_allgather", "allgather_async", "broadcast")
+API_CHANCES = (0.35, 0.22, 0.1, 0.06, 0.06, 0.04, 0.05, 0.05, 0.04, 0.03)
+SINGLE_ARRAY_APIS = ("allreduce", "reduce_scatter", "allgather", "broadcast")
+SCATTERING = ("reduce_scatter", "fused_reduce_scatter", "reduce_scatter_async")
+GATHERING = ("allgather", "fused_allgather", "allgather_async", "broadcast")
+
+
 @dataclass(frozen=True)
 class Case:
     index: int
-    api: str  # "allreduce" | "fused" | "async"
+    api: str  # one of APIS
     dims: object  # None | "flat" | "2x1x3" | (2, 1, 3)
     arrays: tuple[ArraySpec, ...]
     op: str
@@ -88,14 +99,18 @@ class Case:
     log_scale: float  # float inputs are standard normal times 10**log_scale
     spread: bool  # element magnitudes also spread over three decades
     fault: tuple[str, int] | None = None  # (kind, rank): one rank's arguments differ (see FAULTS)
+    counts: tuple[tuple[int, ...] | None, ...] = ()  # reduce-scatter: per array, each rank's block (None: even)
+    root: int = 0  # broadcast
 
     def describe(self) -> str:
         arrays = ", ".join(f"{a.dtype}{list(a.shape)}@{a.byte_offset}" for a in self.arrays)
         env = " ".join(f"{k}={v}" for k, v in self.env) or "-"
         fault = f" fault: {self.fault[0]} on rank {self.fault[1]}" if self.fault else ""
+        extra = f", counts={list(self.counts)!r}" if self.api in SCATTERING else ""
+        extra += f", root={self.root}" if self.api == "broadcast" else ""
         return (f"case {self.index}: {self.api}([{arrays}], op={self.op!r}, dims={self.dims!r}, "
-                f"compression={self.compression!r}) env: {env} scale=1e{self.log_scale:.2f} spread={self.spread}"
-                f"{fault}")
+                f"compression={self.compression!r}{extra}) env: {env} scale=1e{self.log_scale:.2f} "
+                f"spread={self.spread}{fault}")
 
 
 # ------------------------------------------------------------------------------------------------ drawing cases
@@ -152,7 +167,7 @@ def draw_shape(count: int, rng: np.random.Generator) -> tuple[int, ...]:
 
 def draw_arrays(api: str, world: int, rng: np.random.Generator, large: int, float32_only: bool,
                 misaligned: float) -> list[ArraySpec]:
-    how_many = 1 if api == "allreduce" else int(rng.choice([1, 2, 3, 4, 6]))
+    how_many = 1 if api in SINGLE_ARRAY_APIS else int(rng.choice([1, 2, 3, 4, 6]))
     one_dtype = str(rng.choice(list(DTYPES)))
     specs = []
     for _ in range(how_many):
@@ -198,7 +213,9 @@ def draw_env(specs: list[ArraySpec], rng: np.random.Generator) -> dict[str, str]
 
 # One rank's arguments differ from the others' (drawn with --faults): every rank must raise a DdlfastError that
 # names that rank, without a stall, and the next case must run normally on the same context.
-FAULTS = ("dtype", "length", "op", "strided", "extra-array")
+# "name": the calls pass name=<the case>, and that rank's names the next case (as a rank that skipped a step
+# would). "exception": a RuntimeError (not a DdlfastError) while that rank's arguments are validated.
+FAULTS = ("dtype", "length", "op", "strided", "extra-array", "name", "exception")
 
 
 def draw_fault(seed: int, world: int, index: int, chance: float) -> tuple[str, int] | None:
@@ -210,7 +227,7 @@ def draw_fault(seed: int, world: int, index: int, chance: float) -> tuple[str, i
 
 def make_case(seed: int, world: int, index: int, large: int, misaligned: float = 0.1) -> Case:
     rng = np.random.default_rng([seed, world, index])
-    api = str(rng.choice(["allreduce", "fused", "async"], p=[0.5, 0.35, 0.15]))
+    api = str(rng.choice(APIS, p=API_CHANCES))
     factors = factorisation(world, rng)
     dims_kind = rng.choice(["flat", "string", "tuple", "env", "default"], p=[0.2, 0.3, 0.3, 0.12, 0.08])
     env: dict[str, str] = {}
@@ -226,8 +243,16 @@ def make_case(seed: int, world: int, index: int, large: int, misaligned: float =
         if dims_kind == "env":
             env["DDLFAST_RING_DIMS"] = "x".join(map(str, factors))
     n_dims = 1 if dims == "flat" else len(factors)  # per-dimension compression needs explicit dims
-    compress = rng.random() < 0.3
+    compress = api not in GATHERING and rng.random() < 0.3  # gathered values travel as they are
     specs = draw_arrays(api, world, rng, large, float32_only=compress, misaligned=misaligned)
+    counts: list[tuple[int, ...] | None] = []
+    if api in SCATTERING:
+        for spec in specs:
+            if spec.count % world == 0 and rng.random() < 0.5:
+                counts.append(None)  # even blocks
+            else:  # each rank's block: a random split of the array (zero-length blocks too)
+                cuts = np.sort(rng.integers(0, spec.count + 1, size=world - 1))
+                counts.append(tuple(int(c) for c in np.diff(np.concatenate(([0], cuts, [spec.count])))))
     compression = None
     if compress:
         choice = str(rng.choice(["fp16", "bf16", "none", "per-dim", "auto"], p=[0.35, 0.3, 0.1, 0.2, 0.05]))
@@ -236,9 +261,10 @@ def make_case(seed: int, world: int, index: int, large: int, misaligned: float =
         elif choice != "per-dim":
             compression = choice
     env.update(draw_env(specs, rng))
-    op = str(rng.choice(["sum", "average"]))
+    op = "sum" if api in GATHERING else str(rng.choice(["sum", "average"]))
     return Case(index, api, dims, tuple(specs), op, compression, tuple(sorted(env.items())),
-                float(rng.uniform(-2, 2)), bool(rng.random() < 0.3))
+                float(rng.uniform(-2, 2)), bool(rng.random() < 0.3), counts=tuple(counts),
+                root=int(rng.integers(0, world)))
 
 
 # ------------------------------------------------------------------------------------------- inputs and reference
@@ -265,9 +291,33 @@ def wire_roundoff(compression: str | None) -> float:
     return max([WIRE_ROUNDOFF[n] for n in names if n in WIRE_ROUNDOFF], default=0.0)
 
 
-def check_values(seed: int, case: Case, array: int, got: np.ndarray, world: int) -> str | None:
+def block_of(case: Case, array: int, rank: int, world: int) -> tuple[int, int]:
+    """Where rank's reduce-scatter block starts and ends in the flattened array."""
+    counts = case.counts[array]
+    if counts is None:
+        size = case.arrays[array].count // world
+        return rank * size, (rank + 1) * size
+    return sum(counts[:rank]), sum(counts[:rank + 1])
+
+
+def check_gathered(seed: int, case: Case, array: int, got: np.ndarray, world: int) -> str | None:
+    """allgather: every rank's input in rank order; broadcast: root's. Exact bits."""
+    owners = [case.root] if case.api == "broadcast" else range(world)
+    want = np.concatenate([contribution(seed, case, array, r).reshape(-1) for r in owners])
+    got = got.reshape(-1)
+    if got.dtype != want.dtype or got.tobytes() != want.tobytes():
+        bad = np.flatnonzero(got.view(np.uint8) != want.view(np.uint8)) if got.nbytes == want.nbytes else []
+        return f"array {array}: gathered bits differ ({len(bad)} bytes, first {list(bad[:5])}; {got.size} elements)"
+    return None
+
+
+def check_values(seed: int, case: Case, array: int, got: np.ndarray, world: int,
+                 block: tuple[int, int] | None = None) -> str | None:
+    """The reduced values (of the elements in `block` only, for a reduce-scatter) against the reference."""
     spec = case.arrays[array]
-    inputs = [contribution(seed, case, array, r).reshape(-1) for r in range(world)]
+    start, stop = block if block is not None else (0, spec.count)
+    inputs = [contribution(seed, case, array, r).reshape(-1)[start:stop] for r in range(world)]
+    spec = dataclasses.replace(spec, shape=(stop - start,))
     got = got.reshape(-1)
     if spec.dtype.startswith("int"):
         total = np.sum(np.stack(inputs).astype(np.int64), axis=0) if spec.count else np.zeros(0, np.int64)
@@ -338,21 +388,77 @@ def faulty_arguments(case: Case, arrays: list[np.ndarray]) -> tuple[list[np.ndar
     return [*arrays, np.zeros(3, first.dtype)], case.op  # extra-array
 
 
-def collective(case: Case, arrays: list[np.ndarray], op: str) -> list:
-    if case.api == "allreduce" and len(arrays) == 1:
-        return [ddlfast.allreduce(arrays[0], op=op, dims=case.dims, compression=case.compression)]
-    if case.api == "async":
-        return ddlfast.fused_allreduce_async(arrays, op=op, dims=case.dims, compression=case.compression).wait()
-    return ddlfast.fused_allreduce(arrays, op=op, dims=case.dims, compression=case.compression)
+class RaisingDims:
+    """dims= whose hash raises a RuntimeError: an exception that is not a DdlfastError, while validating."""
+
+    def __hash__(self) -> int:
+        raise RuntimeError("fault injected while validating")
+
+    def __eq__(self, other: object) -> bool:
+        raise RuntimeError("fault injected while validating")
+
+
+class RaisingRoot(int):
+    def __ge__(self, other: object) -> bool:
+        raise RuntimeError("fault injected while validating")
+
+    __le__ = __lt__ = __gt__ = __ge__
+
+
+CASE_DIMS = object()  # collective()'s default dims: the case's own
+
+
+def collective(case: Case, arrays: list[np.ndarray], op: str, name: object = None, dims: object = CASE_DIMS,
+               root: object = None) -> list:
+    """The case's collective; returns its results (the arrays, or the blocks / gathered arrays)."""
+    api, compression = case.api, case.compression
+    dims = case.dims if dims is CASE_DIMS else dims
+    counts = [list(c) if c is not None else None for c in case.counts]
+    if api == "allreduce" and len(arrays) == 1:
+        return [ddlfast.allreduce(arrays[0], op=op, dims=dims, compression=compression, name=name)]
+    if api == "async":
+        return ddlfast.fused_allreduce_async(arrays, op=op, dims=dims, compression=compression, name=name).wait()
+    if api in ("allreduce", "fused"):
+        return ddlfast.fused_allreduce(arrays, op=op, dims=dims, compression=compression, name=name)
+    if api == "reduce_scatter" and len(arrays) == 1:
+        return [ddlfast.reduce_scatter(arrays[0], op=op, dims=dims, counts=counts[0] if counts else None,
+                                       compression=compression, name=name)]
+    if api == "reduce_scatter_async":
+        return ddlfast.fused_reduce_scatter_async(arrays, op=op, dims=dims, counts=counts or None,
+                                                  compression=compression, name=name).wait()
+    if api in ("reduce_scatter", "fused_reduce_scatter"):
+        return ddlfast.fused_reduce_scatter(arrays, op=op, dims=dims, counts=counts or None, compression=compression,
+                                            name=name)
+    if api == "allgather" and len(arrays) == 1:
+        return [ddlfast.allgather(arrays[0], dims=dims, name=name)]
+    if api == "allgather_async":
+        return ddlfast.fused_allgather_async(arrays, dims=dims, name=name).wait()
+    if api in ("allgather", "fused_allgather"):
+        return ddlfast.fused_allgather(arrays, dims=dims, name=name)
+    return [ddlfast.broadcast(arrays[0], root=case.root if root is None else root, name=name)]
 
 
 def run_faulty_case(comm: MPI.Intracomm, case: Case, arrays: list[np.ndarray]) -> list[str]:
     """Every rank must raise a DdlfastError naming the faulty rank; the context must stay usable."""
     rank = comm.Get_rank()
     kind, culprit = case.fault
-    mine, op = faulty_arguments(case, arrays) if rank == culprit else (arrays, case.op)
+    name, dims, root = f"case {case.index}", CASE_DIMS, None
+    no_op = kind == "op" and case.api in GATHERING
+    if kind in ("name", "exception") or no_op or (kind == "extra-array" and case.api == "broadcast"):
+        mine, op = arrays, case.op
+        if rank == culprit:
+            if kind == "name":
+                name = f"case {case.index + 1}"
+            elif kind in ("op", "extra-array"):  # no op, or one array only: a length instead
+                mine = [np.zeros(arrays[0].size + 1, arrays[0].dtype), *arrays[1:]]
+            elif case.api == "broadcast":
+                root = RaisingRoot(case.root)
+            else:
+                dims = RaisingDims()
+    else:
+        mine, op = faulty_arguments(case, arrays) if rank == culprit else (arrays, case.op)
     try:
-        collective(case, mine, op)
+        collective(case, mine, op, name=name, dims=dims, root=root)
     except ddlfast.DdlfastBrokenError as error:
         return [f"fault {kind} on rank {culprit} broke the context: {error}"]
     except ddlfast.DdlfastError as error:
@@ -373,6 +479,21 @@ def run_case(comm: MPI.Intracomm, seed: int, case: Case) -> list[str]:
         return run_faulty_case(comm, case, arrays)
     problems = []
     returned = collective(case, arrays, case.op)
+    if case.api in SCATTERING or case.api in GATHERING[:3]:  # new arrays: checked on every rank
+        if len(returned) != len(arrays):
+            return [f"returned {len(returned)} results for {len(arrays)} arrays"]
+        for i, got in enumerate(returned):
+            if case.api in SCATTERING:
+                problem = check_values(seed, case, i, got, world, block_of(case, i, rank, world))
+            else:
+                problem = check_gathered(seed, case, i, got, world)
+            if problem:
+                problems.append(problem)
+        if case.api in GATHERING:
+            digests = comm.allgather(hashlib.sha256(b"".join(g.tobytes() for g in returned)).hexdigest())
+            if len(set(digests)) != 1:
+                problems.append("gathered bits differ across ranks")
+        return problems
     if len(returned) != len(arrays) or any(r is not a for r, a in zip(returned, arrays, strict=False)):
         problems.append("did not return the arrays it reduced in place")
     for i, (buffer, spec) in enumerate(zip(buffers, case.arrays, strict=True)):
@@ -388,7 +509,8 @@ def run_case(comm: MPI.Intracomm, seed: int, case: Case) -> list[str]:
                         + ", ".join(f"rank {r} {d[:12]}" for r, d in enumerate(digests)))
     if rank == case.index % world:  # bits are identical everywhere, so one rank per case checks the values
         for i, array in enumerate(arrays):
-            problem = check_values(seed, case, i, array, world)
+            problem = (check_gathered(seed, case, i, array, world) if case.api == "broadcast"
+                       else check_values(seed, case, i, array, world))
             if problem:
                 problems.append(problem)
     return problems
