@@ -1,5 +1,5 @@
 """allreduce(x) and fused_allreduce([x]) beside MPI_Allreduce, alternating every iteration; median of the slowest
-rank's time per iteration. The trust issue's price-of-checking measurement.
+rank's time per iteration. The trust issue's price-of-checking measurement (name=: the price of a named call).
 
     .venv/bin/mpiexec -n 2 .venv/bin/python bench/latency_paths.py [--sizes 4KiB,1MiB,64MiB]
 """
@@ -25,7 +25,9 @@ def main() -> None:
     budget = parse_size(args.budget, "--budget")
     for nbytes in (parse_size(s, "--sizes") for s in args.sizes.split(",")):
         x = np.ones(nbytes // 4, np.float32)
+        steps = iter(range(1 << 62))  # name= as a trainer passes its step: a new name every call
         paths = {"allreduce": lambda x=x: ddlfast.allreduce(x),
+                 "allreduce(name=step)": lambda x=x: ddlfast.allreduce(x, name=next(steps)),
                  "fused_allreduce([x])": lambda x=x: ddlfast.fused_allreduce([x]),
                  "MPI_Allreduce": lambda x=x: comm.Allreduce(MPI.IN_PLACE, x)}
         times: dict[str, list[float]] = {name: [] for name in paths}

@@ -131,8 +131,18 @@ def _size_settings(sizes: tuple) -> dict:
     return dict(zip(names, sizes, strict=True))
 
 
+_MASK64 = (1 << 64) - 1
+
+
 def name_digest(name: str | int) -> int:
-    """64 bits of a collective's name, the same on every rank (Python's own str hash differs per process)."""
+    """64 bits of a collective's name, the same on every rank (Python's own str hash differs per process). An int
+    (a step count, the common case) is mixed arithmetically, a str through blake2b."""
+    if type(name) is not int and not isinstance(name, str):
+        name = int(name)  # a NumPy integer: the same digest as the Python int of that value
+    if type(name) is int and 0 <= name <= _MASK64:
+        z = (name * 0x9E3779B97F4A7C15 + 0x5851F42D4C957F2D) & _MASK64
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        return z ^ (z >> 27)
     return int.from_bytes(hashlib.blake2b(repr(name).encode(), digest_size=8, person=b"ddlfast-name").digest(),
                           "little")
 
