@@ -209,6 +209,27 @@ class Context:
         """Run `work` on the communication thread, in this context's one order of collectives."""
         return self._ensure_worker().submit(work, description)
 
+    def submit_collective(self, work: Work, description: str) -> Handle:
+        """`submit` for work that is one collective of this context (it calls a Context collective, or agrees
+        through `submit_agreed`'s path): an exception the work raises before its agreement ran (an integration's
+        own conversion of its arguments, say) joins the agreement as a refusal, so the other ranks raise at this
+        collective instead of pairing their next call with it."""
+        state = self._state
+
+        def guarded() -> Any:
+            before = state.core.sequence
+            try:
+                return work()
+            except Exception as error:
+                if state.core.sequence != before or state.core.broken or isinstance(error, DdlfastBrokenError):
+                    raise  # the collective's own agreement ran: every rank already knows
+                if not isinstance(error, DdlfastError):
+                    error = DdlfastError(f"rank {state.rank}: {description} failed before any data moved "
+                                         f"({type(error).__name__}: {error})")
+                raise state.agreement.refuse(error) from error
+
+        return self.submit(guarded, description)
+
     def submit_agreed(self, layout: tuple, action: Work, description: str) -> Handle:
         """A collective of the caller's own: the ranks agree on `layout` first (a mismatch raises on every rank
         instead of hanging or truncating), then `action` runs; both on the communication thread, in order."""
