@@ -245,6 +245,22 @@ def check_variable_names(environ: dict[str, str] | None = None) -> None:
                            "DDLFAST_* variables ddlfast reads (unset the unknown one, or fix its name)")
 
 
+def check_environment() -> None:
+    """Every DDLFAST_* variable ddlfast reads, parsed now (at context creation), so a bad value raises there
+    naming the variable, not later when (or if) the setting is first used; and no unknown DDLFAST_* name."""
+    check_variable_names()
+    load_settings()
+    probe_mode()
+    probe_timeout_s()
+    cache_dir()
+    hosts_per_group()
+    timeline_path()
+    timeline_max_events()
+    abort_on_stall()
+    cuda_aware_mpi()
+    spin_us()
+
+
 def _parse_settings() -> Settings:
     compression = parse_compression(os.environ.get("DDLFAST_COMPRESSION", "none"), "DDLFAST_COMPRESSION")
     chunk_bytes = _env_size("DDLFAST_CHUNK_BYTES", DEFAULT_CHUNK_BYTES, MIN_CHUNK_BYTES, MAX_CHUNK_BYTES)

@@ -20,7 +20,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ddlfast import _core
-from ddlfast.config import check_variable_names, load_settings
+from ddlfast.config import check_environment, load_settings
 from ddlfast.engine import halves, requests, small
 from ddlfast.engine.agreement import creation_layout
 from ddlfast.engine.control import Control
@@ -43,7 +43,7 @@ class Context:
         comm = MPI.COMM_WORLD if comm is None else comm
         if not isinstance(comm, MPI.Comm):
             raise DdlfastError(f"comm must be an mpi4py communicator, not {type(comm).__name__}")
-        check_variable_names()
+        check_environment()  # every DDLFAST_* variable, also those read only later (ddlfast/config.py)
         settings = load_settings()
         core = _core.Engine(comm, settings.timeout_s)  # a private duplicate: the one transport
         control, created = comm.Idup()  # agreement descriptions and Python-side collectives
