@@ -83,6 +83,8 @@ class Context:
         # (collective) runs where every rank has just proven it is present.
         self._state.agreement.check(creation_layout(settings))
         self._state.topology_for(settings.bucket_bytes)
+        if _core.deferred_interrupts:
+            raise _core.deferred_interrupts.pop()
 
     @property
     def rank(self) -> int:
@@ -218,7 +220,11 @@ class Context:
     def _locked(self, work: Work) -> Any:
         with self._lock:
             self._check_open()
-            return work()
+            try:
+                return work()
+            finally:
+                if _core.deferred_interrupts:  # Ctrl-C that came as a call into the core completed: raised now,
+                    raise _core.deferred_interrupts.pop()  # with the collective done (the context stays usable)
 
     def _wait(self, handle: Handle) -> Any:
         timeline = self._state.timeline
