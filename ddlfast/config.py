@@ -199,15 +199,19 @@ _VARIABLES = (
 )
 # Every DDLFAST_* name ddlfast, its build and its test tools read; any other is
 # most likely a typo that would otherwise be ignored silently.
-KNOWN_VARIABLES = frozenset(_VARIABLES + (
+# What the library reads (each parsed by check_environment() at context creation).
+RUNTIME_VARIABLES = frozenset(_VARIABLES + (
     "DDLFAST_ABORT_ON_STALL", "DDLFAST_TIMELINE", "DDLFAST_TIMELINE_MAX_EVENTS", "DDLFAST_PROBE",
     "DDLFAST_PROBE_TIMEOUT_S", "DDLFAST_CACHE_DIR", "DDLFAST_HOSTS_PER_GROUP", "DDLFAST_CUDA_AWARE_MPI",
     "DDLFAST_SPIN_US",
-    # build and test tooling
+))
+# Build and test tooling.
+TOOLING_VARIABLES = frozenset((
     "DDLFAST_CUDA", "DDLFAST_MPICC", "DDLFAST_MPI", "DDLFAST_VENV", "DDLFAST_MPIEXEC", "DDLFAST_SANITIZE",
     "DDLFAST_SANITIZE_DIR", "DDLFAST_FUZZ_SEED",
     "DDLFAST_FUZZ_SCALE", "DDLFAST_BENCH_LARGE", "DDLFAST_BENCH_ALL_RANKS",
 ))
+KNOWN_VARIABLES = RUNTIME_VARIABLES | TOOLING_VARIABLES
 _cache: tuple[tuple, Settings] | None = None
 # os.environ.get encodes and checks every key on every call (~1 us each); the
 # plain dict of bytes behind it (CPython's os.environ._data) changes with it
