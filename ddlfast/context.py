@@ -40,6 +40,7 @@ CLOSE_TIMEOUT_S = 60.0
 _THREAD_LEVELS = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled", MPI.THREAD_SERIALIZED: "serialized"}
 Work = Callable[[], Any]
 _FORKED = -1  # no thread's ident: every call in a fork() child takes the refusing side of the check
+_get_ident = threading.get_ident  # one lookup less on the latency path
 _delegate = threading.local()  # .context: the Context this thread issues for, inside Context.delegated()
 
 
@@ -129,7 +130,7 @@ class Context:
 
     def _check_caller(self) -> None:
         """Every entry point's first step (the latency path spells out the compare)."""
-        if threading.get_ident() != self._issuer:
+        if _get_ident() != self._issuer:
             self._other_caller()
 
     def _other_caller(self) -> None:
@@ -315,7 +316,7 @@ class Context:
     def allreduce(self, array: np.ndarray, *, op: str = "sum", dims: object = None,
                   compression: object = None, stream: object = None) -> np.ndarray:
         """One array: the latency path (ddlfast/engine/fast_path.py) where it applies."""
-        if threading.get_ident() != self._issuer:  # _check_caller's compare, spelled out: the latency path
+        if _get_ident() != self._issuer:  # _check_caller's compare, spelled out: the latency path
             self._other_caller()
         settings = load_settings()
         plan = None
