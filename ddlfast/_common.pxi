@@ -37,7 +37,9 @@ cdef int raise_on_error(const Status& status) except -1:
         raise DdlfastConsistentError(message)
     if status.code_int() == _STATUS_INTERRUPTED:  # the core abandoned the collective and told the other ranks
         error = _raised_in_wait.pop() if _raised_in_wait else KeyboardInterrupt()
-        error.add_note(f"ddlfast: {message}; the other ranks were told, and this context refuses further work")
+        note = f"ddlfast: {message}; the other ranks were told, and this context refuses further work"
+        if hasattr(error, "add_note"):  # Python 3.11+
+            error.add_note(note)
         raise error
     raise DdlfastError(message)
 

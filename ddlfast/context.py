@@ -79,6 +79,7 @@ class Context:
         # The thread allowed to issue collectives: bound by the first one (None until then), _FORKED in a child.
         self._issuer: int | None = None
         self._issuer_name = ""
+        self._issuer_lock = threading.Lock()  # not _lock: that one is held for a whole inline collective
         self._pid = process.track(self._forked)
         # Settings that size messages or drive the topology must match on every rank; then placement detection
         # (collective) runs where every rank has just proven it is present.
@@ -148,7 +149,7 @@ class Context:
         if getattr(_delegate, "context", None) is self:
             return
         me = threading.current_thread()
-        with self._lock:
+        with self._issuer_lock:
             if self._issuer is None:
                 self._issuer, self._issuer_name = me.ident, me.name
                 return
@@ -165,7 +166,7 @@ class Context:
         if self._issuer == _FORKED or process.in_child(self._pid):
             self._other_caller()  # raises
         me = threading.current_thread()
-        with self._lock:
+        with self._issuer_lock:
             self._issuer, self._issuer_name = me.ident, me.name
 
     @contextmanager
@@ -303,10 +304,10 @@ class Context:
 
     def topology(self, every_tier: bool = False) -> Topology:
         """ddlfast.topology(): on the communication thread when there is one, so collectives stay ordered."""
-        self._check_caller()
         state, settings = self._state, load_settings()
         if state.topology_known(every_tier):
             return state.topology  # nothing collective to do
+        self._check_caller()
         return self._in_order(lambda: state.agreed(("topology", every_tier),
                                                    lambda: state.topology_for(settings.bucket_bytes, every_tier)),
                               "topology")
