@@ -257,6 +257,7 @@ def interrupt_in_wait() -> None:
     if rank == VICTIM:
         def interrupt() -> None:
             sent[0] = time.perf_counter()
+            print(f"TIME rank {rank} SIGINT sent at {time.time():.4f}", flush=True)
             os.kill(os.getpid(), signal.SIGINT)
 
         threading.Timer(0.5, interrupt).start()
@@ -270,7 +271,8 @@ def interrupt_in_wait() -> None:
     else:
         expect(isinstance(error, ddlfast.DdlfastError), f"rank {rank} got {error!r}")
         expect("rank 1" in str(error) and "interrupted" in str(error), f"rank {rank}: {error}")
-        print(f"TIME rank {rank} error {(end - start) * 1e3:.0f} ms after entering the call: {error}", flush=True)
+        print(f"TIME rank {rank} error at {time.time():.4f}, {(end - start) * 1e3:.0f} ms after entering the call: "
+              f"{error}", flush=True)
         expect_error(run, ddlfast.DdlfastBrokenError)
 
 
