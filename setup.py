@@ -96,9 +96,21 @@ class CMakeBuild(build_ext):
         text = ("# Written by setup.py: the MPI this build of ddlfast was compiled against (ddlfast/mpi_check.py).\n"
                 f"MPICC = {mpicc!r}\nVENDOR = {identity.vendor!r}\nFAMILY = {identity.family!r}\n"
                 f"VERSION = {identity.version!r}\nBUILD_KEY = {build_dir.name!r}\n")
+        # The modules this build made, by file name and size: `import ddlfast` ignores (and names) any other
+        # compiled module beside them, e.g. a _cuda module an earlier build for another MPI left behind.
+        built = {path.name: path.stat().st_size for name in ("_core", "_cuda", "_testing", "_testing_cuda")
+                 for path in out_dir.glob(f"{name}.*.so")}
+        text += f"MODULES = {dict(sorted(built.items()))!r}\n"
         record.write_text(text)
         if self.inplace or getattr(self, "editable_mode", False):  # `pip install -e`: the modules are copied there
-            (ROOT / "ddlfast" / "_mpi_build.py").write_text(text)
+            source_package = ROOT / "ddlfast"
+            (source_package / "_mpi_build.py").write_text(text)
+            # ...and only those: a module this build did not make (an optional one, now absent) is an earlier
+            # build's, compiled for whatever MPI that build used.
+            for name in ("_core", "_cuda", "_testing", "_testing_cuda"):
+                for path in source_package.glob(f"{name}.*.so"):
+                    if path.name not in built:
+                        path.unlink(missing_ok=True)
 
 
 MODULES = [CMakeExtension("ddlfast._core"), CMakeExtension("ddlfast._testing"),

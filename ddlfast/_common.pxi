@@ -17,6 +17,9 @@ from ddlfast.errors import DdlfastBrokenError, DdlfastConsistentError, DdlfastEr
 _STATUS_TIMEOUT = 3
 _STATUS_BROKEN = 5
 _STATUS_CONSISTENT = 6
+_STATUS_INTERRUPTED = 7
+# What a signal handler raised inside a core wait (ddlfast/_core.pyx, check_signals), raised by raise_on_error.
+_raised_in_wait = []
 _NUM_OPS = 5  # ReduceOp codes (ddlfast/ops.py)
 _EVENT_NAMES = ("reduce_scatter", "allgather", "mpi_allreduce")
 
@@ -32,6 +35,12 @@ cdef int raise_on_error(const Status& status) except -1:
         raise DdlfastBrokenError(message)
     if status.code_int() == _STATUS_CONSISTENT:
         raise DdlfastConsistentError(message)
+    if status.code_int() == _STATUS_INTERRUPTED:  # the core abandoned the collective and told the other ranks
+        error = _raised_in_wait.pop() if _raised_in_wait else KeyboardInterrupt()
+        note = f"ddlfast: {message}; the other ranks were told, and this context refuses further work"
+        if hasattr(error, "add_note"):  # Python 3.11+
+            error.add_note(note)
+        raise error
     raise DdlfastError(message)
 
 

@@ -109,14 +109,16 @@ cdef extern from "engine/pack.h" namespace "ddlfast" nogil:
 
 cdef extern from "transport/mpi_transport.h" namespace "ddlfast" nogil:
     string mpi_library_version()
+    ctypedef bool (*InterruptCheck)() noexcept nogil
     cdef cppclass MpiTransport:
+        void set_interrupt_check(InterruptCheck check)
         void set_timeout(double seconds)
         void set_spin_us(double microseconds)
         double spin_us()
         Status wait_request(MPI_Request* request, const char* what, int peer) except +
         Status agree(uint64_t digest, bool* agreed) except +
         uint64_t sequence()
-        void abandon_and_tell(const string& reason) except +
+        void abandon_and_tell(const string& reason, bool interrupted) except +
         bool broken()
         string broken_reason()
         void request_stop()

@@ -4,6 +4,7 @@
 here; every loop that touches data runs in C++ with the GIL released."""
 
 from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.exc cimport PyErr_CheckSignals
 from libc.stdint cimport uint64_t, uintptr_t
 from libc.stddef cimport size_t
 from libcpp cimport bool
@@ -19,11 +20,53 @@ from ddlfast._core cimport (
     scalar_kernels, unpack,
 )
 
+import threading
+
 from ddlfast import config
 from ddlfast.errors import DdlfastError
 
 include "_common.pxi"
 include "_kernel_paths.pxi"
+
+
+cdef extern from "pythread.h":
+    unsigned long PyThread_get_thread_ident() nogil
+
+# Python runs signal handlers on the main thread only; a wait on any other thread never asks.
+cdef unsigned long _main_thread = threading.main_thread().ident
+# Signal handlers that raised after a core call had completed (main thread): raised once the collective is done
+# (Context._locked, take_deferred_interrupt), so a completed collective is never abandoned for them.
+deferred_interrupts = []
+
+
+cdef bool check_signals() noexcept nogil:
+    """The transport's interrupt check (MpiTransport::set_interrupt_check), every few ms of a long wait: runs
+    Python's pending signal handlers; True when one raised (KeyboardInterrupt), kept for raise_on_error."""
+    if PyThread_get_thread_ident() != _main_thread:
+        return False
+    with gil:
+        try:
+            PyErr_CheckSignals()
+        except BaseException as error:  # noqa - whatever the handler raised reaches the caller as it is
+            _raised_in_wait.append(error)
+            return True
+    return False
+
+
+cdef int finish_call(const Status& status) except -1:
+    """After a call into the core returned: its failure raised, or a signal that arrived as it completed kept
+    for the end of the collective (the collective stands)."""
+    raise_on_error(status)
+    try:
+        PyErr_CheckSignals()
+    except BaseException as error:
+        deferred_interrupts.append(error)
+    return 0
+
+
+def take_deferred_interrupt():
+    """A signal handler's exception kept by finish_call (None if there is none); the caller raises it."""
+    return deferred_interrupts.pop() if deferred_interrupts else None
 
 
 def kernel_paths():
@@ -91,6 +134,7 @@ cdef class Engine:
         with nogil:
             status = Context.create(handle, timeout_s, &self.context)
         raise_on_error(status)
+        self.context.get().transport().set_interrupt_check(check_signals)
         if spin_us is not None:  # else the transport's automatic choice
             self.context.get().transport().set_spin_us(spin_us)
 
@@ -123,7 +167,7 @@ cdef class Engine:
         cdef Context* context = self.get()
         with nogil:
             status = context.transport().agree(digest, &agreed)
-        raise_on_error(status)
+        finish_call(status)
         return agreed
 
     @property
@@ -142,15 +186,15 @@ cdef class Engine:
             request = <MPI.Request?>item
             with nogil:
                 status = context.transport().wait_request(&request.ob_mpi, what_text, -1)
-            raise_on_error(status)
+            finish_call(status)
 
-    def abandon(self, reason: str) -> None:
+    def abandon(self, reason: str, bint interrupted=False) -> None:
         """A collective failed here after it had started: refuse all later work and tell the other ranks
-        (they fail at once instead of at their stall limit)."""
+        (they fail at once instead of at their stall limit; `interrupted`: they say this rank was interrupted)."""
         cdef string text = reason.encode()
         cdef Context* context = self.get()
         with nogil:
-            context.transport().abandon_and_tell(text)
+            context.transport().abandon_and_tell(text, interrupted)
 
     @property
     def broken(self) -> bool:
@@ -216,7 +260,7 @@ cdef class Engine:
         with nogil:
             status = context.allreduce(data.get()[0], <DType>dtype, <ReduceOp>op, dims_vector, order_vector,
                                        options)
-        raise_on_error(status)
+        finish_call(status)
         return 0
 
     def reduce_scatter_segments(self, list in_pointers, list in_counts, list out_pointers, list out_counts,
@@ -263,7 +307,7 @@ cdef class Engine:
             else:
                 status = context.allgather(source.get()[0], target.get()[0], blocks, dtype == 0, dims_vector,
                                            order_vector, options)
-        raise_on_error(status)
+        finish_call(status)
         return 0
 
     def allreduce_array(self, array, size_t count, int dtype, int op, dims, size_t chunk_bytes,
@@ -299,6 +343,8 @@ cdef class Engine:
             self._run(bases, sizes, dtype, op, dims, chunk_bytes, receives_in_flight, small_bytes, order, ())
         finally:
             PyBuffer_Release(&view)
+        if deferred_interrupts:  # the collective completed: it stands (ddlfast/engine/fast_path.py)
+            raise deferred_interrupts.pop()
         return 1
 
     def take_overflows(self) -> int:

@@ -12,6 +12,7 @@ this off (for programs that install their own handling).
 
 from __future__ import annotations
 
+import os
 import sys
 from types import TracebackType
 
@@ -32,9 +33,12 @@ def install() -> None:
         return
     _installed = True
     previous = sys.excepthook
+    installed_in = os.getpid()
 
     def hook(kind: type[BaseException], error: BaseException, trace: TracebackType | None) -> None:
         previous(kind, error, trace)
+        if os.getpid() != installed_in:
+            return  # a fork() child: COMM_WORLD is the parent's job, which it must not abort
         if isinstance(error, DdlfastBrokenError):  # a stall (DdlfastTimeoutError) or a collective abandoned
             from mpi4py import MPI
 

@@ -199,15 +199,19 @@ _VARIABLES = (
 )
 # Every DDLFAST_* name ddlfast, its build and its test tools read; any other is
 # most likely a typo that would otherwise be ignored silently.
-KNOWN_VARIABLES = frozenset(_VARIABLES + (
+# What the library reads (each parsed by check_environment() at context creation).
+RUNTIME_VARIABLES = frozenset(_VARIABLES + (
     "DDLFAST_ABORT_ON_STALL", "DDLFAST_TIMELINE", "DDLFAST_TIMELINE_MAX_EVENTS", "DDLFAST_PROBE",
     "DDLFAST_PROBE_TIMEOUT_S", "DDLFAST_CACHE_DIR", "DDLFAST_HOSTS_PER_GROUP", "DDLFAST_CUDA_AWARE_MPI",
     "DDLFAST_SPIN_US",
-    # build and test tooling
+))
+# Build and test tooling.
+TOOLING_VARIABLES = frozenset((
     "DDLFAST_CUDA", "DDLFAST_MPICC", "DDLFAST_MPI", "DDLFAST_VENV", "DDLFAST_MPIEXEC", "DDLFAST_SANITIZE",
     "DDLFAST_SANITIZE_DIR", "DDLFAST_FUZZ_SEED",
     "DDLFAST_FUZZ_SCALE", "DDLFAST_BENCH_LARGE", "DDLFAST_BENCH_ALL_RANKS",
 ))
+KNOWN_VARIABLES = RUNTIME_VARIABLES | TOOLING_VARIABLES
 _cache: tuple[tuple, Settings] | None = None
 # os.environ.get encodes and checks every key on every call (~1 us each); the
 # plain dict of bytes behind it (CPython's os.environ._data) changes with it
@@ -243,6 +247,22 @@ def check_variable_names(environ: dict[str, str] | None = None) -> None:
             hints.append(f"{name} (did you mean {close[0]}?)" if close else name)
         raise DdlfastError(f"unknown environment variable {', '.join(hints)}; the README's table lists the "
                            "DDLFAST_* variables ddlfast reads (unset the unknown one, or fix its name)")
+
+
+def check_environment() -> None:
+    """Every DDLFAST_* variable ddlfast reads, parsed now (at context creation), so a bad value raises there
+    naming the variable, not later when (or if) the setting is first used; and no unknown DDLFAST_* name."""
+    check_variable_names()
+    load_settings()
+    probe_mode()
+    probe_timeout_s()
+    cache_dir()
+    hosts_per_group()
+    timeline_path()
+    timeline_max_events()
+    abort_on_stall()
+    cuda_aware_mpi()
+    spin_us()
 
 
 def _parse_settings() -> Settings:

@@ -7,20 +7,25 @@ Every collective passes the per-call agreement (ddlfast/engine/agreement.py) bef
 whose input is bad takes part in that agreement with its error, so every rank raises at once. A failure after
 the agreement passed (a stall, an MPI error, an exception in a codec) leaves the context broken: the core
 cancels its receives, tells the other ranks, and every later call raises DdlfastBrokenError.
+
+Who may call: one issuing thread per Context, in the process that created it (Context's docstring says why and
+how); every entry point checks that first, with one compare.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, NoReturn
 
 import numpy as np
 from mpi4py import MPI
 
-from ddlfast import _core
-from ddlfast.config import check_variable_names, load_settings
+from ddlfast import _core, process
+from ddlfast.config import check_environment, load_settings
 from ddlfast.engine import halves, requests, small
 from ddlfast.engine.agreement import Name, check_name, creation_layout
 from ddlfast.engine.control import Control
@@ -34,16 +39,33 @@ from ddlfast.topology.placement import Topology
 CLOSE_TIMEOUT_S = 60.0
 _THREAD_LEVELS = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled", MPI.THREAD_SERIALIZED: "serialized"}
 Work = Callable[[], Any]
+_FORKED = -1  # no thread's ident: every call in a fork() child takes the refusing side of the check
+_get_ident = threading.get_ident  # one lookup less on the latency path
+_delegate = threading.local()  # .context: the Context this thread issues for, inside Context.delegated()
 
 
 class Context:
-    """Communication state for one MPI intracommunicator (default COMM_WORLD)."""
+    """Communication state for one MPI intracommunicator (default COMM_WORLD).
+
+    One issuing thread. The ranks pair their collectives on a context by order alone, so two threads issuing
+    on one context would pair different threads' calls across ranks (wrong sums, no error). So a Context has
+    one issuing thread: the first thread that issues a collective on it (blocking or `*_async`, also through
+    `submit`); a call from any other thread raises DdlfastError at once, naming both threads. Use one Context
+    per thread instead: `ddlfast.Context(comm.Dup())`. Work running on the context's own communication thread
+    (asynchronous calls, `submit`) may issue, and `hand_over()` moves the role explicitly, e.g. to a training
+    thread; `delegated()` lets a thread issue while the issuing thread is blocked waiting for it (autograd's
+    device threads run gradient hooks while the thread that called backward() waits). `close()` may be called
+    from any thread; a submit that loses the race with it raises DdlfastError.
+
+    One process. A fork() child must not use its parent's contexts (their MPI state is the parent's): every
+    collective there raises DdlfastError, and close() and the exit hooks do nothing in the child.
+    """
 
     def __init__(self, comm: MPI.Intracomm | None = None) -> None:
         comm = MPI.COMM_WORLD if comm is None else comm
         if not isinstance(comm, MPI.Comm):
             raise DdlfastError(f"comm must be an mpi4py communicator, not {type(comm).__name__}")
-        check_variable_names()
+        check_environment()  # every DDLFAST_* variable, also those read only later (ddlfast/config.py)
         settings = load_settings()
         core = _core.Engine(comm, settings.timeout_s)  # a private duplicate: the one transport
         control, created = comm.Idup()  # agreement descriptions and Python-side collectives
@@ -54,10 +76,17 @@ class Context:
         self._worker: CommThread | None = None
         self._lock = threading.Lock()
         self._closed = False
+        # The thread allowed to issue collectives: bound by the first one (None until then), _FORKED in a child.
+        self._issuer: int | None = None
+        self._issuer_name = ""
+        self._issuer_lock = threading.Lock()  # not _lock: that one is held for a whole inline collective
+        self._pid = process.track(self._forked)
         # Settings that size messages or drive the topology must match on every rank; then placement detection
         # (collective) runs where every rank has just proven it is present.
         self._state.agreement.check(creation_layout(settings))
         self._state.topology_for(settings.bucket_bytes)
+        if _core.deferred_interrupts:
+            raise _core.deferred_interrupts.pop()
 
     @property
     def rank(self) -> int:
@@ -84,6 +113,8 @@ class Context:
             if self._closed:
                 return
             self._closed = True
+        if self._issuer == _FORKED:
+            return  # a fork() child: the MPI state, the thread and the communicators are the parent's
         drained = True
         if self._worker is not None:
             timeout_s = load_settings().timeout_s
@@ -95,6 +126,65 @@ class Context:
         if drained and not MPI.Is_finalized():
             self._state.close()
         self._state.fused.clear()
+
+    # -- who may issue: one thread, one process --------------------------------------------------------------------
+
+    def _check_caller(self) -> None:
+        """Every entry point's first step (the latency path spells out the compare)."""
+        if _get_ident() != self._issuer:
+            self._other_caller()
+
+    def _other_caller(self) -> None:
+        """The slow side of the check: bind the first issuing thread, let the communication thread and a
+        delegate through, refuse any other thread and every call in a fork() child."""
+        if self._issuer == _FORKED or process.in_child(self._pid):
+            raise DdlfastError(
+                f"rank {self.rank}: this ddlfast context was created in process {self._pid}, and process "
+                f"{os.getpid()} is a fork() child of it: the context's MPI state belongs to the parent, so no "
+                "collective may run here. Communicate from the parent, or start workers with the 'spawn' or "
+                "'forkserver' start method and give each its own MPI job")
+        worker = self._worker
+        if worker is not None and worker.on_thread():
+            return
+        if getattr(_delegate, "context", None) is self:
+            return
+        me = threading.current_thread()
+        with self._issuer_lock:
+            if self._issuer is None:
+                self._issuer, self._issuer_name = me.ident, me.name
+                return
+        raise DdlfastError(
+            f"rank {self.rank}: thread {me.name!r} called a collective on a ddlfast context whose issuing thread "
+            f"is {self._issuer_name!r}: the ranks pair collectives by order, and two threads' calls would pair "
+            "differently on different ranks. Use one Context per thread (e.g. ddlfast.Context(comm.Dup()) in "
+            "each), or move the context with hand_over() once the other thread stopped issuing")
+
+    def hand_over(self) -> None:
+        """Make the calling thread this context's issuing thread (e.g. a context created on the main thread,
+        used by a training thread). Call it only once the previous issuing thread issues no more: ddlfast cannot
+        see that, and two threads issuing at once would pair different calls across ranks."""
+        if self._issuer == _FORKED or process.in_child(self._pid):
+            self._other_caller()  # raises
+        me = threading.current_thread()
+        with self._issuer_lock:
+            self._issuer, self._issuer_name = me.ident, me.name
+
+    @contextmanager
+    def delegated(self) -> Iterator[None]:
+        """Inside the block the calling thread may issue on this context for its issuing thread, which must be
+        blocked waiting for it meanwhile (autograd runs gradient hooks on device threads while the thread that
+        called backward() waits; ddlfast.torch's hooks issue through this)."""
+        previous = getattr(_delegate, "context", None)
+        _delegate.context = self
+        try:
+            yield
+        finally:
+            _delegate.context = previous
+
+    def _forked(self) -> None:
+        """In a fork() child (ddlfast/process.py): refuse every call, make close() do nothing."""
+        self._issuer = _FORKED
+        self._worker = None  # the communication thread did not survive the fork
 
     # -- ordering: one order of collectives on every rank ----------------------------------------------------------
 
@@ -132,7 +222,11 @@ class Context:
     def _locked(self, work: Work) -> Any:
         with self._lock:
             self._check_open()
-            return work()
+            try:
+                return work()
+            finally:
+                if _core.deferred_interrupts:  # Ctrl-C that came as a call into the core completed: raised now,
+                    raise _core.deferred_interrupts.pop()  # with the collective done (the context stays usable)
 
     def _wait(self, handle: Handle) -> Any:
         timeline = self._state.timeline
@@ -146,6 +240,7 @@ class Context:
 
     def _now(self, prepare: Callable[[], Work], description: str, name: object = None) -> Any:
         """Validate on the caller's thread (bad input joins the agreement as an error), then run in order."""
+        self._check_caller()
         self._check_open()
         try:
             work = self._prepared(prepare, description, name)
@@ -155,6 +250,7 @@ class Context:
 
     def _queued(self, prepare: Callable[[], Work], description: Callable[[], str], name: object = None) -> Handle:
         """Validate on the caller's thread, then queue on the communication thread."""
+        self._check_caller()
         worker = self._ensure_worker()
         try:
             work = self._prepared(prepare, "an asynchronous collective", name)
@@ -207,6 +303,7 @@ class Context:
 
     def submit(self, work: Work, description: str) -> Handle:
         """Run `work` on the communication thread, in this context's one order of collectives."""
+        self._check_caller()
         return self._ensure_worker().submit(work, description)
 
     def submit_collective(self, work: Work, description: str) -> Handle:
@@ -238,6 +335,7 @@ class Context:
 
     def refuse_async(self, error: DdlfastError) -> None:
         """Bad input for an asynchronous call: the refusal takes the call's place in the queue."""
+        self._check_caller()
         if isinstance(error, DdlfastBrokenError) or self._closed:
             return
 
@@ -263,6 +361,7 @@ class Context:
         state, settings = self._state, load_settings()
         if state.topology_known(every_tier):
             return state.topology  # nothing collective to do
+        self._check_caller()
         return self._in_order(lambda: state.agreed(("topology", every_tier),
                                                    lambda: state.topology_for(settings.bucket_bytes, every_tier)),
                               "topology")
@@ -272,6 +371,8 @@ class Context:
     def allreduce(self, array: np.ndarray, *, op: str = "sum", dims: object = None,
                   compression: object = None, stream: object = None, name: Name = None) -> np.ndarray:
         """One array: the latency path (ddlfast/engine/fast_path.py) where it applies."""
+        if _get_ident() != self._issuer:  # _check_caller's compare, spelled out: the latency path
+            self._other_caller()
         settings = load_settings()
         plan = None
         if (type(array) is np.ndarray and stream is None and self._state.timeline is None

@@ -9,20 +9,31 @@ saying how to rebuild.
 Libraries of one ABI family interoperate: MPICH, Intel MPI, MVAPICH and Cray MPICH share MPICH's ABI; Open MPI
 and IBM Spectrum MPI share Open MPI's. Within one vendor the major version must match as well.
 
+Every compiled module is checked, not only the core: the record lists the modules that build made (file name and
+size), and a compiled module beside them that it did not make — a `_cuda` module an earlier build for another MPI
+left behind, which imports with `RuntimeWarning: mpi4py.MPI.Comm size changed` and then runs on the wrong MPI's
+handles — is refused at import (ImportError naming it and how to rebuild) and named once in a warning.
+
 This module imports nothing from ddlfast at the top: setup.py loads it by path before ddlfast is built.
 """
 
 from __future__ import annotations
 
+import importlib.abc
 import re
 import runpy
 import subprocess
+import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 # Beside the compiled modules (read by path: a staged copy of the package must not find the source tree's record
 # through an editable install's finder).
 RECORD = Path(__file__).with_name("_mpi_build.py")
+
+# The package's compiled modules (setup.py builds them all in one CMake build).
+COMPILED_MODULES = ("_core", "_cuda", "_testing", "_testing_cuda")
 
 # (vendor, ABI family, pattern of Get_library_version's first lines giving the version)
 _LIBRARY_PATTERNS = [
@@ -108,6 +119,66 @@ def built_with() -> tuple[MpiIdentity, str] | None:
     return MpiIdentity(values["VENDOR"], values["FAMILY"], values["VERSION"]), values["MPICC"]
 
 
+def stale_modules(directory: Path | None = None, record: Path | None = None) -> list[str]:
+    """Compiled modules in the package the recorded build did not make (file names); [] for a build that did not
+    record its modules."""
+    record = RECORD if record is None else record
+    if not record.exists():
+        return []
+    built = runpy.run_path(str(record)).get("MODULES")
+    if built is None:
+        return []
+    directory = record.parent if directory is None else directory
+    stale = []
+    for name in COMPILED_MODULES:
+        for path in sorted(directory.glob(f"{name}.*.so")):
+            if built.get(path.name) != path.stat().st_size:
+                stale.append(path.name)
+    return stale
+
+
+class StaleModuleWarning(RuntimeWarning):
+    """A compiled module of ddlfast that the current build did not make was found and is refused."""
+
+
+class _RefuseStale(importlib.abc.MetaPathFinder):
+    """Import of a stale compiled module raises ImportError saying why (ddlfast.buffers.device then runs without
+    CUDA, as for a build without it), instead of loading a module compiled for another MPI."""
+
+    def __init__(self, refused: dict[str, str]) -> None:
+        self.refused = refused
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        if name in self.refused:
+            raise ImportError(self.refused[name], name=name)
+        return None
+
+
+def refuse_stale_modules(directory: Path | None = None, record: Path | None = None) -> list[str]:
+    """Refuse (and name, in one StaleModuleWarning) every stale compiled module; returns their file names. A
+    stale core is an error: nothing works without it."""
+    stale = stale_modules(directory, record)
+    if not stale:
+        return []
+    recorded = built_with()
+    built = f"the build against {recorded[0]}" if recorded else "the current build"
+    fix = ("delete it, or rebuild: `bash scripts/setup.sh` (DDLFAST_MPI=... for another MPI; docs/mpi.md) removes "
+           "modules a build does not make")
+    refused = {}
+    for file_name in stale:
+        module = "ddlfast." + file_name.split(".")[0]
+        message = (f"ddlfast: {module} ({file_name}) was not made by {built}; it is left over from an earlier build, "
+                   f"maybe for another MPI library, and is not loaded: {fix}")
+        if module == "ddlfast._core":
+            from ddlfast.errors import DdlfastError
+
+            raise DdlfastError(message)
+        refused[module] = message
+    sys.meta_path.insert(0, _RefuseStale(refused))
+    warnings.warn("; ".join(refused.values()), StaleModuleWarning, stacklevel=3)
+    return stale
+
+
 def running_on() -> MpiIdentity:
     """The MPI library mpi4py runs on."""
     from mpi4py import MPI
@@ -123,6 +194,7 @@ def verify() -> None:
     built, mpicc = recorded
     running = running_on()
     if compatible(built, running):
+        refuse_stale_modules()  # the core matches; every other compiled module must be this build's too
         return
     from ddlfast.errors import DdlfastError
 

@@ -71,6 +71,11 @@ class FastPath:
         except DdlfastConsistentError:
             raise
         except BaseException as error:
+            if not isinstance(error, Exception) and not state.core.broken:
+                # Ctrl-C (a signal handler's exception) that Python raised once the one call into the core had
+                # returned: the collective completed on every rank, and stands; the core abandons it itself
+                # (the context is then broken) when the signal comes during a wait.
+                raise
             state.raise_after_failure(error)
         if outcome == 0:
             agreement = state.agreement

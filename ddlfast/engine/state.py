@@ -102,7 +102,11 @@ class EngineState:
         (the other ranks are told). Raises a DdlfastBrokenError (so the abort hook ends the job if it goes
         uncaught), or re-raises KeyboardInterrupt and the like as they are."""
         if not self.core.broken:
-            self.core.abandon(f"rank {self.rank}: {type(error).__name__}: {error}")
+            if isinstance(error, KeyboardInterrupt):  # Ctrl-C between two steps of the collective, in Python
+                self.core.abandon(f"rank {self.rank} was interrupted (KeyboardInterrupt) between two steps of "
+                                  f"collective #{self.core.sequence}", True)
+            else:
+                self.core.abandon(f"rank {self.rank}: {type(error).__name__}: {error}")
         if isinstance(error, DdlfastBrokenError) or not isinstance(error, Exception):
             raise  # the exception the caller is handling, as it is
         if isinstance(error, DdlfastError):

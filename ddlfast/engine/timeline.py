@@ -15,6 +15,7 @@ import threading
 
 from ddlfast import config
 from ddlfast.errors import DdlfastError
+from ddlfast.files import create_file
 
 DEFAULT_MAX_EVENTS = 100_000
 _context_numbers = itertools.count()  # so two contexts never overwrite each other's file
@@ -32,8 +33,10 @@ class Timeline:
         directory = os.path.dirname(os.path.abspath(self.path))
         if not os.path.isdir(directory):
             raise DdlfastError(f"DDLFAST_TIMELINE={path!r}: directory {directory} does not exist")
-        with open(self.path, "w") as file:
-            file.write("[]")
+        try:  # a fresh file of our own: a link planted at the name is replaced, never followed (ddlfast/files.py)
+            self._file = create_file(self.path, "[]")
+        except OSError as error:
+            raise DdlfastError(f"DDLFAST_TIMELINE={path!r}: cannot create {self.path}: {error}") from None
 
     @staticmethod
     def from_env(rank: int) -> Timeline | None:
@@ -56,9 +59,10 @@ class Timeline:
         with self._lock:
             if not self._events:
                 return
-            with open(self.path, "rb+") as file:
-                file.seek(-1, os.SEEK_END)  # drop the closing bracket
-                prefix = "," if self._written else ""
-                file.write((prefix + ",".join(json.dumps(e) for e in self._events) + "]").encode())
+            file = self._file  # the descriptor opened at creation: the name is never opened again
+            file.seek(-1, os.SEEK_END)  # drop the closing bracket
+            prefix = "," if self._written else ""
+            file.write((prefix + ",".join(json.dumps(e) for e in self._events) + "]").encode())
+            file.flush()
             self._written += len(self._events)
             self._events.clear()

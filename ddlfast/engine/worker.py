@@ -87,17 +87,22 @@ class CommThread:
         self._running = threading.Lock()
         self._count_lock = threading.Lock()
         self._outstanding = 0
+        # Makes "not closed, then queued" one step against close()'s "closed, then the stop marker": without it a
+        # submit racing close() could queue work behind the marker, and its handle would never complete.
+        self._submit_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._closed = False
         self._thread.start()
 
     def submit(self, work: Callable[[], Any], description: str) -> Handle:
-        if self._closed:
-            raise DdlfastError(f"cannot submit {description}: the context is closed")
+        """Queue `work`; raises DdlfastError once close() has begun (never a handle that cannot complete)."""
         handle = Handle(description)
-        with self._count_lock:
-            self._outstanding += 1
-        self._queue.put((work, handle))
+        with self._submit_lock:
+            if self._closed:
+                raise DdlfastError(f"cannot submit {description}: the context is closed")
+            with self._count_lock:
+                self._outstanding += 1
+            self._queue.put((work, handle))
         return handle
 
     def run_if_idle(self, work: Callable[[], Any]) -> tuple[bool, Any]:
@@ -113,9 +118,10 @@ class CommThread:
 
     def close(self, timeout: float | None = None) -> bool:
         """Finish what was submitted, then stop; False if the thread is still busy after `timeout`."""
-        if not self._closed:
-            self._closed = True
-            self._queue.put(_STOP)
+        with self._submit_lock:
+            if not self._closed:
+                self._closed = True
+                self._queue.put(_STOP)
         self._thread.join(timeout)
         return not self._thread.is_alive()
 

@@ -3,6 +3,7 @@ view on the CPU, the tensor itself on a GPU) and the stream a CUDA tensor's prod
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -11,7 +12,7 @@ from ddlfast.buffers.host import numpy_view
 
 SUPPORTED_DTYPES = {torch.float32, torch.float64, torch.float16, torch.bfloat16}
 
-__all__ = ["SUPPORTED_DTYPES", "collective_view", "numpy_view", "stream_of"]
+__all__ = ["SUPPORTED_DTYPES", "collective_view", "for_backward", "numpy_view", "stream_of"]
 
 
 def collective_view(tensor: torch.Tensor) -> Any:
@@ -24,3 +25,12 @@ def stream_of(tensor: torch.Tensor) -> int | None:
     if tensor.device.type != "cuda":
         return None
     return torch.cuda.current_stream(tensor.device).cuda_stream
+
+
+def for_backward(context: Any) -> contextlib.AbstractContextManager:
+    """Where a gradient hook issues a collective: inside a backward pass, autograd may run the hook on a device
+    thread of its own while the thread that called backward() waits for it, so the hook issues for that thread
+    (Context.delegated()); outside one, the caller's thread is checked as usual (one issuing thread per context)."""
+    if torch._C._current_graph_task_id() != -1:
+        return context.delegated()
+    return contextlib.nullcontext()

@@ -44,7 +44,7 @@ from ddlfast.context import Context
 from ddlfast.engine.worker import Handle
 from ddlfast.errors import DdlfastError
 from ddlfast.fusion.bucketing import assign_buckets
-from ddlfast.integrations.tensors import SUPPORTED_DTYPES, collective_view, numpy_view, stream_of
+from ddlfast.integrations.tensors import SUPPORTED_DTYPES, collective_view, for_backward, numpy_view, stream_of
 from ddlfast.integrations.torch_backend import register as _register_backend
 from ddlfast.integrations.torch_ddp import HookState, allreduce_hook, bf16_hook, fp16_hook
 from ddlfast.integrations.torch_ddp import init_process_group as _init_from_mpi
@@ -271,8 +271,9 @@ class GradientReducer:
         while (self._next_to_submit < len(self.buckets)
                and len(self.buckets[self._next_to_submit].ready) == len(self.buckets[self._next_to_submit].params)):
             bucket = self.buckets[self._next_to_submit]
-            bucket.handle = self.context.fused_allreduce_async([bucket.flat_view], op=self.op, dims=self.dims,
-                                                               stream=stream_of(bucket.flat))
+            with for_backward(self.context):  # a gradient hook, maybe on an autograd device thread
+                bucket.handle = self.context.fused_allreduce_async([bucket.flat_view], op=self.op, dims=self.dims,
+                                                                   stream=stream_of(bucket.flat))
             self._next_to_submit += 1
 
     # -- the step ------------------------------------------------------------------------------------------------

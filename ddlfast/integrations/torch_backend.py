@@ -20,6 +20,7 @@ ddlfast. docs/torch.md lists what a Python process group cannot do in torch 2.13
 from __future__ import annotations
 
 import datetime
+import os
 import sys
 import threading
 import weakref
@@ -37,7 +38,7 @@ import ddlfast
 from ddlfast import abort, api
 from ddlfast.engine.worker import Handle
 from ddlfast.errors import DdlfastConsistentError, DdlfastError
-from ddlfast.integrations.tensors import collective_view, numpy_view, stream_of
+from ddlfast.integrations.tensors import collective_view, for_backward, numpy_view, stream_of
 from ddlfast.integrations.torch_ddp import complete_future, raise_if_failed
 
 BACKEND = "ddlfast"
@@ -72,9 +73,12 @@ def _abort_when_broken() -> None:
     DdlfastTimeoutError, so ddlfast/abort.py's hook does not recognise it: when any exception goes uncaught while
     a ddlfast group's context is broken, end the job the same way (DDLFAST_ABORT_ON_STALL=0 turns both off)."""
     previous = sys.excepthook
+    installed_in = os.getpid()
 
     def hook(kind: type[BaseException], error: BaseException, trace: TracebackType | None) -> None:
         previous(kind, error, trace)  # prints it (and aborts for DdlfastBrokenError itself)
+        if os.getpid() != installed_in:
+            return  # a fork() child: COMM_WORLD is the parent's job
         broken = [g for g in list(_groups) if g._context.broken_reason is not None]
         if broken and abort.abort_on_stall_enabled() and MPI.Is_initialized() and not MPI.Is_finalized():
             sys.stderr.write(f"ddlfast: uncaught {kind.__name__} while the ddlfast process group is broken "
@@ -352,7 +356,8 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
             views = [collective_view(t) for t in tensors]
         except DdlfastError as error:
             raise self._refuse(error) from None
-        handle = self._context.fused_allreduce_async(views, op=op, result=tensors, stream=stream_of(tensors[0]))
+        with for_backward(self._context):  # DDP's reducer calls it in backward, maybe on an autograd thread
+            handle = self._context.fused_allreduce_async(views, op=op, result=tensors, stream=stream_of(tensors[0]))
         return DdlfastWork(handle, tensors)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> DdlfastWork:

@@ -26,7 +26,7 @@ from ddlfast.api import default_context, has_cuda
 from ddlfast.context import Context
 from ddlfast.engine.worker import Handle
 from ddlfast.errors import DdlfastError
-from ddlfast.integrations.tensors import SUPPORTED_DTYPES, collective_view, stream_of
+from ddlfast.integrations.tensors import SUPPORTED_DTYPES, collective_view, for_backward, stream_of
 
 _LAUNCH = "launch with mpiexec, e.g. `mpiexec -n 4 python train.py` (torchrun does not start MPI)"
 _WIRE = {None: None, "none": None, "fp16": "fp16", "bf16": "bf16"}
@@ -135,8 +135,9 @@ class HookState:
                                "float16 and bfloat16 gradients")
         if compression is not None and self.error_feedback:
             self._add_residual(bucket.index(), tensor, compression)
-        handle = self.context.fused_allreduce_async([collective_view(tensor)], op="average", dims=self.dims,
-                                                    compression=compression, stream=stream_of(tensor))
+        with for_backward(self.context):  # DDP runs comm hooks in backward, maybe on an autograd device thread
+            handle = self.context.fused_allreduce_async([collective_view(tensor)], op="average", dims=self.dims,
+                                                        compression=compression, stream=stream_of(tensor))
         future: torch.futures.Future = torch.futures.Future()
         handle.add_done_callback(complete_future(future, tensor))
         return future.then(raise_if_failed)

@@ -27,7 +27,6 @@ import json
 import math
 import os
 import stat
-import tempfile
 import time
 import warnings
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from mpi4py import MPI
 from ddlfast import _core, config
 from ddlfast.buffers.dtypes import DTYPE_CODES
 from ddlfast.errors import DdlfastTimeoutError
+from ddlfast.files import replace_file
 from ddlfast.topology.cost_model import DEFAULT_GAMMA, DEFAULT_INTER, DEFAULT_INTRA, Link
 
 SMALL_BYTES = 8
@@ -318,23 +318,13 @@ def _reject_constant(name: str) -> float:
 def _write_cache(key: str, links: Links) -> None:
     """Atomically replace the cache file; never follows a link, never raises for file-system trouble."""
     directory = cache_dir()
-    temporary = None
     try:
         if not directory.exists():
             directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        descriptor, temporary = tempfile.mkstemp(prefix=f".probe-{key}.", suffix=".tmp", dir=directory)
-        with os.fdopen(descriptor, "w") as file:  # mkstemp: O_EXCL, mode 0600
-            file.write(json.dumps({**links.as_dict(), "written": time.time()}, allow_nan=False))
-        os.replace(temporary, directory / f"probe-{key}.json")  # renames over a link, never through it
-        temporary = None
+        replace_file(directory / f"probe-{key}.json",
+                     json.dumps({**links.as_dict(), "written": time.time()}, allow_nan=False))
     except (OSError, ValueError):
         pass  # a read-only home only costs a probe next time
-    finally:
-        if temporary is not None:
-            try:
-                os.unlink(temporary)
-            except OSError:
-                pass
 
 
 # What rank 0 sends the others: [hit, intra alpha, intra beta, inter alpha, inter beta, group alpha, group beta,

@@ -19,6 +19,9 @@ enum class StatusCode : int {
   // Refused on every rank alike at the same point, with nothing in flight (a
   // check on data every rank holds identically): the context stays usable.
   kConsistent = 6,
+  // A signal handler raised while this rank waited (Ctrl-C: KeyboardInterrupt):
+  // the collective was abandoned and the other ranks were told.
+  kInterrupted = 7,
 };
 
 class Status {

@@ -65,6 +65,7 @@ constexpr int kVerdictTag = 3;
 // What a census ask says of its sender: it passed the stall limit, or it abandoned a collective after an error.
 constexpr std::int64_t kAskAfterStall = 0;
 constexpr std::int64_t kAskAfterFailure = 1;
+constexpr std::int64_t kAskAfterInterrupt = 2;  // a signal (Ctrl-C) interrupted its wait
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -308,6 +309,14 @@ Status MpiTransport::idle(std::chrono::steady_clock::time_point since, const cha
     mark_broken("the context was closed while rank " + std::to_string(rank_) + " waited for " + what);
     return refuse_if_broken();
   }
+  if (interrupt_check_ != nullptr) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= next_interrupt_check_) {
+      next_interrupt_check_ = now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                        std::chrono::duration<double>(kInterruptCheckSeconds));
+      if (interrupt_check_()) return interrupted(what, peer);
+    }
+  }
   if (census_ask_arrived()) return answer_census(what, peer);
   const double waited = seconds_since(since);
   if (timeout_s_ > 0 && waited > timeout_s_) return stalled(what, peer, waited);
@@ -344,12 +353,14 @@ void MpiTransport::reply_to_census() {
 Status MpiTransport::answer_census(const char* what, int peer) {
   const int asker = static_cast<int>(scratch_->census_ask[0]);
   const auto asker_sequence = scratch_->census_ask[1];
-  const bool asker_failed = scratch_->census_ask[2] == kAskAfterFailure;
+  const bool asker_failed = scratch_->census_ask[2] != kAskAfterStall;
+  const bool asker_interrupted = scratch_->census_ask[2] == kAskAfterInterrupt;
   reply_to_census();
   std::vector<std::int64_t> verdict(static_cast<std::size_t>(size_) + 1, -1);
   MPI_Request receive;
   std::string missing;
-  if (MPI_Irecv(verdict.data(), size_ + 1, MPI_INT64_T, asker, kVerdictTag, census_comm_, &receive) == MPI_SUCCESS) {
+  // An interrupted rank sends no verdict: it told every rank at once and returned to its user.
+  if (!asker_interrupted && MPI_Irecv(verdict.data(), size_ + 1, MPI_INT64_T, asker, kVerdictTag, census_comm_, &receive) == MPI_SUCCESS) {
     const auto start = std::chrono::steady_clock::now();
     int done = 0;
     while (!done && seconds_since(start) < kCensusSeconds + 1.0) {
@@ -372,13 +383,27 @@ Status MpiTransport::answer_census(const char* what, int peer) {
   std::string text = "rank " + std::to_string(rank_) + " stopped waiting for " + what;
   if (peer >= 0) text += " from rank " + std::to_string(peer);
   text += " (collective #" + std::to_string(sequence_) + "): rank " + std::to_string(asker) +
-          (asker_failed ? " abandoned collective #" + std::to_string(asker_sequence) +
+          (asker_interrupted ? " was interrupted (a signal, e.g. Ctrl-C) in collective #" +
+                                   std::to_string(asker_sequence) + " and abandoned it"
+           : asker_failed ? " abandoned collective #" + std::to_string(asker_sequence) +
                               " after an error there (its own message says which)"
                         : " gave up waiting in collective #" + std::to_string(asker_sequence) +
                               " after DDLFAST_TIMEOUT_S (" + seconds_text(timeout_s_) + " s)") +
-          "; " + missing + ". Abort the job: this communicator is out of step.";
+          (missing.empty() ? "" : "; " + missing) + ". Abort the job: this communicator is out of step.";
   mark_broken(text);
   return Status(asker_failed ? StatusCode::kBroken : StatusCode::kTimeout, text);
+}
+
+// A signal handler raised during this wait (Ctrl-C): the collective cannot complete here, so abandon it now
+// and tell the other ranks, who fail naming this rank instead of waiting for their stall limit.
+Status MpiTransport::interrupted(const char* what, int peer) {
+  std::string text = "rank " + std::to_string(rank_) + " was interrupted (a signal, e.g. Ctrl-C) while it waited for " +
+                     what;
+  if (peer >= 0) text += " from rank " + std::to_string(peer);
+  text += " in collective #" + std::to_string(sequence_);
+  const Status status(StatusCode::kInterrupted, text);
+  abandon(status, /*force=*/true);
+  return status;
 }
 
 // This rank passed the stall limit: ask every rank whether it is alive, tell the ones that are who is not.
@@ -404,6 +429,19 @@ Status MpiTransport::stalled(const char* what, int peer, double waited) {
 std::vector<int> MpiTransport::census(std::int64_t kind) {
   std::vector<int> missing;
   if (size_ == 1 || census_comm_ == MPI_COMM_NULL) return missing;
+  if (kind == kAskAfterInterrupt) {
+    // Ctrl-C: the user waits for KeyboardInterrupt, so only tell every rank (no answers, no verdict); the ask
+    // lives where abandoned buffers live, since its sends may complete after this returns.
+    std::vector<std::int64_t>& ask = scratch_->verdicts.emplace_back(
+        std::vector<std::int64_t>{rank_, static_cast<std::int64_t>(sequence_), kind});
+    for (int r = 0; r < size_; ++r) {
+      MPI_Request send;
+      if (r != rank_ && MPI_Isend(ask.data(), 3, MPI_INT64_T, r, kAskTag, census_comm_, &send) == MPI_SUCCESS) {
+        MPI_Request_free(&send);
+      }
+    }
+    return missing;
+  }
   const std::int64_t ask[3] = {rank_, static_cast<std::int64_t>(sequence_), kind};
   std::vector<std::int64_t> replies(2 * static_cast<std::size_t>(size_), -1);
   std::vector<MPI_Request> receives(static_cast<std::size_t>(size_), MPI_REQUEST_NULL);
@@ -471,14 +509,15 @@ void MpiTransport::abandon(const Status& failure, bool force) {
   if (failure.code() == StatusCode::kTimeout || failure.code() == StatusCode::kBroken) {
     mark_broken(failure.message());  // the stall census already told the other ranks
   } else if (abandoned || force) {
-    abandon_and_tell(failure.message());
+    abandon_and_tell(failure.message(), failure.code() == StatusCode::kInterrupted);
   }
 }
 
-void MpiTransport::abandon_and_tell(const std::string& reason) {
+void MpiTransport::abandon_and_tell(const std::string& reason, bool interrupted) {
   if (broken()) return;
   mark_broken(reason);
-  census(kAskAfterFailure);  // ranks waiting for this one fail now instead of at their stall limit
+  // ranks waiting for this one fail now instead of at their stall limit
+  census(interrupted ? kAskAfterInterrupt : kAskAfterFailure);
 }
 
 Status MpiTransport::agree(std::uint64_t digest, bool* agreed) {

@@ -104,7 +104,7 @@ class MpiTransport final : public Transport {
   // was in flight and the failure did not abandon a collective (unless force).
   void abandon(const Status& failure, bool force = false);
   // The same for a failure outside the transport (the Python side's).
-  void abandon_and_tell(const std::string& reason);
+  void abandon_and_tell(const std::string& reason, bool interrupted = false);
   void mark_broken(const std::string& reason);
   // Thread-safe: the reason is written once, before the flag is published.
   bool broken() const { return broken_flag_.load(std::memory_order_acquire); }
@@ -116,6 +116,17 @@ class MpiTransport final : public Transport {
   // context is torn down.
   void request_stop() { stop_requested_.store(true, std::memory_order_relaxed); }
 
+  // Ctrl-C during a wait. Every kInterruptCheckSeconds of a wait that gave
+  // its core away, idle() calls `check` (the bindings' PyErr_CheckSignals,
+  // run on the main thread only); when it returns true (a signal handler
+  // raised) the collective is abandoned at once — receives cancelled, the
+  // other ranks told, so they fail naming this rank instead of at their stall
+  // limit — and the wait returns kInterrupted. The Python side then raises
+  // what the handler raised (KeyboardInterrupt).
+  using InterruptCheck = bool (*)();
+  void set_interrupt_check(InterruptCheck check) { interrupt_check_ = check; }
+  static constexpr double kInterruptCheckSeconds = 0.005;
+
  private:
   MpiTransport() = default;
   Status check(int code, const char* what, int peer) const;
@@ -125,6 +136,7 @@ class MpiTransport final : public Transport {
   Status refuse_if_broken() const;
   Status stalled(const char* what, int peer, double waited);
   Status answer_census(const char* what, int peer);
+  Status interrupted(const char* what, int peer);
   std::vector<int> census(std::int64_t kind);
   bool census_ask_arrived();
   void post_census_ask();
@@ -160,6 +172,8 @@ class MpiTransport final : public Transport {
   std::string broken_;  // written once, by the thread running collectives, then never again
   std::atomic<bool> broken_flag_{false};
   std::atomic<bool> stop_requested_{false};
+  InterruptCheck interrupt_check_ = nullptr;
+  std::chrono::steady_clock::time_point next_interrupt_check_{};
 };
 
 }  // namespace ddlfast

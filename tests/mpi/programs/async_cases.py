@@ -57,15 +57,26 @@ params = np.full(10, float(rank), np.float32)
 ddlfast.broadcast(params, root=world - 1)
 expect(np.all(params == world - 1), f"broadcast gave {params[:3]}")
 
-# allreduce_async from another Python thread while the main thread waits.
+# Another Python thread: the default context's issuing thread is the main thread, so the other thread is
+# refused at once (naming both threads); with a context of its own it works.
 thread_result: dict = {}
 def worker() -> None:
     arr = np.ones(100, np.float32)
-    thread_result["value"] = ddlfast.allreduce_async(arr).wait()
-t = threading.Thread(target=worker)
+    try:
+        ddlfast.allreduce_async(arr)
+        thread_result["refused"] = None
+    except ddlfast.DdlfastError as error:
+        thread_result["refused"] = str(error)
+    own = ddlfast.Context(comm.Dup())
+    thread_result["value"] = own.allreduce_async(arr).wait()
+    own.close()
+t = threading.Thread(target=worker, name="helper")
 t.start()
 t.join(60)
 expect("value" in thread_result and np.all(thread_result["value"] == world), "allreduce_async from a thread failed")
+refusal = thread_result.get("refused") or ""
+expect("'helper'" in refusal and "'MainThread'" in refusal and "one Context per thread" in refusal,
+       f"a second thread on the default context: {refusal!r}")
 
 # A closed context: done handles keep results, new work is refused with DdlfastError.
 context = ddlfast.Context(comm)
