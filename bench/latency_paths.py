@@ -27,7 +27,7 @@ def main() -> None:
         x = np.ones(nbytes // 4, np.float32)
         steps = iter(range(1 << 62))  # name= as a trainer passes its step: a new name every call
         paths = {"allreduce": lambda x=x: ddlfast.allreduce(x),
-                 "allreduce(name=step)": lambda x=x: ddlfast.allreduce(x, name=next(steps)),
+                 "allreduce(name=step)": lambda x=x, s=steps: ddlfast.allreduce(x, name=next(s)),
                  "fused_allreduce([x])": lambda x=x: ddlfast.fused_allreduce([x]),
                  "MPI_Allreduce": lambda x=x: comm.Allreduce(MPI.IN_PLACE, x)}
         times: dict[str, list[float]] = {name: [] for name in paths}

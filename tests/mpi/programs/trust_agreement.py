@@ -157,7 +157,7 @@ def validation_exception() -> None:
             message = raises(lambda f=form, op=op: forms(op)[f](), ddlfast.DdlfastError, "rank 1")
             expect(type(failure).__name__ in message, f"{form}: the exception is not named: {message}")
         x = np.arange(10, dtype=np.float32)
-        raises(lambda: ddlfast.broadcast(x, root=_BadRoot(0) if rank == 1 else 0), ddlfast.DdlfastError,
+        raises(lambda x=x: ddlfast.broadcast(x, root=_BadRoot(0) if rank == 1 else 0), ddlfast.DdlfastError,
                "rank 1", "RuntimeError")
     check_healthy()
 
