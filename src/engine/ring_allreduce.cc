@@ -105,11 +105,8 @@ Status RingAllreduce::run_small(const SegmentedBuffer& data, DType dtype, Reduce
   }
   DDLFAST_RETURN_IF_ERROR(
       transport_.native_allreduce(contiguous, count, dtype, op == ReduceOp::kAverage ? ReduceOp::kSum : op));
-  if (divisor != 1) {
-    // One extra pass over a tiny buffer is cheaper than a custom MPI op per divisor.
-    std::vector<char> zeros(count * esize, 0);
-    reduce_into(dtype, contiguous, zeros.data(), count, divisor);
-  }
+  // One extra pass over a tiny buffer is cheaper than a custom MPI op per divisor.
+  divide_in_place(dtype, contiguous, count, divisor);
   if (!packed.empty()) {
     for (std::size_t done = 0; done < count;) {
       const std::size_t n = data.contiguous_from(done);
@@ -298,10 +295,7 @@ Status RingAllreduce::reduce_scatter_small(const SegmentedBuffer& data, const st
   std::vector<char> mine(own.count() * esize + 1);
   DDLFAST_RETURN_IF_ERROR(transport_.native_reduce_scatter(send.data(), mine.data(), rank_counts, dtype,
                                                           op == ReduceOp::kAverage ? ReduceOp::kSum : op));
-  if (divisor != 1) {
-    std::vector<char> zeros(own.count() * esize, 0);
-    reduce_into(dtype, mine.data(), zeros.data(), own.count(), divisor);
-  }
+  divide_in_place(dtype, mine.data(), own.count(), divisor);
   copy_elements(contiguous(mine.data(), own.count(), esize), own);
   if (options.events) options.events->push_back({2, -1, start, monotonic_seconds(), data.count() * esize});
   return Status::ok();
