@@ -233,7 +233,7 @@ def _run(state: EngineState, request: HalfRequest) -> None:
     for staging, target in request.copy_back:
         target[...] = staging
     if wire:
-        check_wire_overflows(state, request.codec, request.op)
+        check_wire_overflows(state, request.codec, request.op, gathers=request.kind == ALLGATHER)
     if gpu is not None:
         gpu.from_host(request.gpu[1], request.outputs, wait_on_host=True)
 
