@@ -49,6 +49,13 @@ def test_average_of_signed_zeros_on_every_path(ranks: int, env: dict | None) -> 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("ranks", [2, 3])
+def test_average_of_signed_zeros_on_gpu_arrays(ranks: int) -> None:
+    """The GPU executor on emulated device lanes (no GPU needed): its small path and its ring."""
+    run_cases(ranks, "gpu")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [2, 3])
 def test_collectives_in_bounded_pieces(ranks: int) -> None:
     run_cases(ranks, "pieces")
 

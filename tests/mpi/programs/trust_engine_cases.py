@@ -7,6 +7,7 @@
            description exchange with control.MAX_MESSAGE_BYTES lowered, so each runs in many pieces
   zeros    average of signed zeros on every path (small and ring; allreduce, fused, reduce_scatter, async;
            float32/float64/float16/bfloat16; fp16/bf16 on the wire)
+  gpu      the same for GPU arrays on emulated device lanes (the GPU executor's small path and ring)
   faults   bad input on one rank after layouts were cached and after an earlier caught error; the allgather's
            wire-overflow message
 
@@ -23,6 +24,7 @@ import hashlib
 import pickle
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -305,6 +307,30 @@ def zeros() -> None:
                 bit_equal(f"{label} fused_reduce_scatter", shards[1], mine)
 
 
+def zeros_on_gpu_arrays() -> None:
+    """The GPU executor's paths (its small path divides after MPI's sum too) on emulated device lanes
+    (tests/cuda/emulated_gpu.py: host memory behind __cuda_array_interface__, the real GPU ring executor)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+    from tests.cuda import emulated_gpu
+
+    emulated_gpu.install()
+    case = 7000
+    for dtype_name in ("float32", "float64"):
+        for size in (SMALL, BIG):
+            case += 10
+            label = f"zeros gpu {dtype_name} {'small' if size == SMALL else 'ring'}"
+            inputs = [contribution(r, dtype_name, size, case) for r in range(WORLD)]
+            want = reference(inputs, "average", dtype_name)
+            x = emulated_gpu.HostArray(inputs[RANK])
+            ddlfast.allreduce(x, op="average")
+            bit_equal(f"{label} allreduce", x.get(), want)
+            pair = [emulated_gpu.HostArray(inputs[RANK]), emulated_gpu.HostArray(inputs[RANK][:WORLD * 3])]
+            ddlfast.fused_allreduce_async(pair, op="average").wait()
+            bit_equal(f"{label} fused_allreduce_async", pair[0].get(), want)
+            bit_equal(f"{label} fused_allreduce_async short", pair[1].get(),
+                      reference([i[:WORLD * 3] for i in inputs], "average", dtype_name))
+
+
 # -- faults ------------------------------------------------------------------------------------------------------
 
 
@@ -366,7 +392,8 @@ def faults() -> None:
     allgather_call("faults ag after errors", [("float32", BIG // WORLD), ("float32", 5)], "fp16", True, False, 9500)
 
 
-SECTIONS = {"halves": halves, "many": many, "pieces": pieces, "zeros": zeros, "faults": faults}
+SECTIONS = {"halves": halves, "many": many, "pieces": pieces, "zeros": zeros, "gpu": zeros_on_gpu_arrays,
+            "faults": faults}
 
 if __name__ == "__main__":
     for section in sys.argv[1:] or list(SECTIONS):
