@@ -160,7 +160,11 @@ def halves() -> None:
              ("int32", BIG, True), ("float16", BIG, False), ("bfloat16", BIG // 3 * 3, True), ("int64", BIG, False),
              ("float64", 2 * WORLD, False), ("float16", BIG, True)]
     small = [("float32", SMALL, False), ("float32", SMALL + 1, True), ("float64", SMALL, False)]
-    for specs in (one_dtype, mixed, small, [("float32", BIG, True), ("float32", BIG, True)]):
+    # Integer average (quotients and remainders) and the half types' pre-scaling and overflow check, each with
+    # several arrays of one dtype.
+    exact = [("int32", BIG, True), ("int32", BIG // 2, False), ("int64", BIG, False), ("int64", WORLD, True),
+             ("float16", BIG, True), ("float16", BIG, False), ("bfloat16", BIG, False), ("bfloat16", 2 * WORLD, True)]
+    for specs in (one_dtype, mixed, small, exact, [("float32", BIG, True), ("float32", BIG, True)]):
         for op in ("sum", "average"):
             for asynchronous in (False, True):
                 for with_out in (False, True):
@@ -368,6 +372,13 @@ def faults() -> None:
     # Then the cached layout runs again, right.
     reduce_scatter_call("faults after errors", [(d, n, u) for d, n, u in specs], "average", None, False, False, 9000)
     reduce_scatter_call("faults after errors async", [(d, n, u) for d, n, u in specs], "sum", None, True, True, 9000)
+    # A float16 sum that overflows in one array of several (on one rank's block only): an error on every rank.
+    halves16 = [np.full(BIG, 40000 if i == 1 else 1, np.float16) for i in range(3)]
+    halves16[1][:-1] = 1  # only the last element, which lies in the last rank's block
+    expect_everywhere("float16 sum overflow in one block", lambda: ddlfast.fused_reduce_scatter(halves16),
+                      "float16 reduce-scatter sum overflowed", consistent=True)
+    reduce_scatter_call("faults after the overflow", [(d, n, u) for d, n, u in specs], "sum", None, False, False,
+                        9000)
     # An allgather past fp16's range on one rank: its own message (no partial sums, no op='average').
     def values_of(rank: int) -> np.ndarray:
         values = np.full(BIG // WORLD, 1.0, np.float32)
