@@ -7,6 +7,11 @@ census and broken-context refusal as the ring itself, for the host and the GPU
 paths alike. Data a caller owns is never handed to MPI directly: a collective
 abandoned after a stall can complete later, so it writes into a copy that is
 then kept alive for good (`_ABANDONED`).
+
+No MPI call here moves more than MAX_MESSAGE_BYTES in one count or displacement: MPI-3's counts and
+displacements are C ints, and Open MPI 5 refuses a broadcast of 2 GiB or more with MPI_ERR_ARG (which would
+break the context). Larger collectives run in pieces, all posted at once (MPI orders the collectives of one
+communicator) and completed through one wait, as the ring cuts its messages into chunks.
 """
 
 from __future__ import annotations
@@ -19,6 +24,15 @@ from mpi4py import MPI
 
 # Buffers of collectives abandoned after a stall: MPI may still write into them, so they are never freed.
 _ABANDONED: list[Any] = []
+
+# The most bytes one MPI call here sends or receives in one count (a power of two well inside a C int). Read at
+# each call, so tests lower it to run the pieced paths on small buffers (tests/mpi/programs/trust_engine_cases.py).
+MAX_MESSAGE_BYTES = 1 << 30
+
+
+def _pieces(nbytes: int, piece: int) -> list[tuple[int, int]]:
+    """(start, stop) of consecutive pieces of at most `piece` bytes covering nbytes (one empty piece for 0)."""
+    return [(start, min(start + piece, nbytes)) for start in range(0, max(nbytes, 1), piece)]
 
 
 class InvalidValue:
@@ -64,11 +78,12 @@ class Control:
         self.size = comm.Get_size()
         self._core = core
 
-    def complete(self, request: MPI.Request, buffers: tuple, what: str) -> None:
+    def complete(self, request: MPI.Request | list[MPI.Request], buffers: tuple, what: str) -> None:
+        requests = request if isinstance(request, list) else [request]
         try:
-            self._core.wait_requests([request], what)
+            self._core.wait_requests(requests, what)
         except BaseException:
-            _ABANDONED.append((request, buffers))
+            _ABANDONED.append((requests, buffers))
             raise
 
     def allgather_bytes(self, payload: bytes, what: str) -> list[bytes]:
@@ -76,12 +91,25 @@ class Control:
         mine = np.array([len(payload)], dtype=np.int64)
         lengths = np.zeros(self.size, dtype=np.int64)
         self.complete(self.comm.Iallgather(mine, lengths), (mine, lengths), what)
-        displacements = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
-        gathered = np.empty(int(lengths.sum()), dtype=np.uint8)
         send = np.frombuffer(payload, dtype=np.uint8).copy()
-        request = self.comm.Iallgatherv(send, [gathered, (lengths.tolist(), displacements.tolist()), MPI.BYTE])
-        self.complete(request, (send, gathered), what)
-        return [gathered[d:d + n].tobytes() for d, n in zip(displacements.tolist(), lengths.tolist(), strict=True)]
+        # Round k carries bytes [k*share, (k+1)*share) of every rank's payload, so no count and no displacement
+        # of a round passes MAX_MESSAGE_BYTES; one round when everything fits.
+        share = max(1, MAX_MESSAGE_BYTES // self.size)
+        rounds = max(1, -(-int(lengths.max(initial=0)) // share)) if lengths.sum() > MAX_MESSAGE_BYTES else 1
+        if rounds == 1:
+            share = max(int(lengths.max(initial=0)), 1)
+        requests, received = [], []
+        for k in range(rounds):
+            counts = np.clip(lengths - k * share, 0, share)
+            displacements = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
+            gathered = np.empty(int(counts.sum()), dtype=np.uint8)
+            piece = send[k * share:k * share + int(counts[self.rank])]
+            requests.append(self.comm.Iallgatherv(piece, [gathered, (counts.tolist(), displacements.tolist()),
+                                                          MPI.BYTE]))
+            received.append((gathered, counts.tolist(), displacements.tolist()))
+        self.complete(requests, (send, received), what)
+        return [b"".join(gathered[d[r]:d[r] + c[r]].tobytes() for gathered, c, d in received)
+                for r in range(self.size)]
 
     def allgather_values(self, value: object, what: str) -> list:
         """Every rank's plain value (JSON: str, int, float, bool, None, lists, str-keyed dicts), in rank order.
@@ -92,18 +120,18 @@ class Control:
         return [decode_value(payload, peer) for peer, payload in enumerate(payloads)]
 
     def bcast_into(self, target: np.ndarray, root: int, what: str) -> None:
-        """Overwrite `target` (C-contiguous, writable) with root's bytes.
+        """Overwrite `target` (C-contiguous, writable) with root's bytes, in pieces of MAX_MESSAGE_BYTES.
 
         Root sends straight from `target` (MPI only reads it; abandoned after a stall, the array is kept alive in
         _ABANDONED). The others receive into a staging buffer, so a broadcast abandoned after a stall can never
         write into the caller's array later; one copy, not two."""
-        if self.rank == root:
-            self.complete(self.comm.Ibcast([target.reshape(-1).view(np.uint8), MPI.BYTE], root=root), (target,),
-                           what)
-            return
-        staging = np.empty(target.nbytes, dtype=np.uint8)
-        self.complete(self.comm.Ibcast([staging, MPI.BYTE], root=root), (staging,), what)
-        target.reshape(-1).view(np.uint8)[...] = staging
+        flat = target.reshape(-1).view(np.uint8)
+        buffer = flat if self.rank == root else np.empty(target.nbytes, dtype=np.uint8)
+        requests = [self.comm.Ibcast([buffer[start:stop], MPI.BYTE], root=root)
+                    for start, stop in _pieces(buffer.nbytes, MAX_MESSAGE_BYTES)]
+        self.complete(requests, (target if self.rank == root else buffer,), what)
+        if self.rank != root:
+            flat[...] = buffer
 
     def allreduce_sum(self, values: np.ndarray, what: str) -> np.ndarray:
         """The elementwise sum over ranks of `values` (a new array)."""
@@ -116,9 +144,22 @@ class Control:
         """Every rank's array (same shape and dtype everywhere), stacked in rank order."""
         send = np.ascontiguousarray(array).copy()
         result = np.empty((self.size, *send.shape), dtype=send.dtype)
-        flat = result.reshape(-1).view(np.uint8)
-        self.complete(self.comm.Iallgather([send.reshape(-1).view(np.uint8), MPI.BYTE], [flat, MPI.BYTE]),
-                       (send, result), what)
+        share = max(1, MAX_MESSAGE_BYTES // self.size)
+        if send.nbytes <= share:
+            flat = result.reshape(-1).view(np.uint8)
+            self.complete(self.comm.Iallgather([send.reshape(-1).view(np.uint8), MPI.BYTE], [flat, MPI.BYTE]),
+                           (send, result), what)
+            return result
+        # In pieces: round k gathers bytes [start, stop) of every rank's array.
+        mine = send.reshape(-1).view(np.uint8)
+        by_rank = result.reshape(self.size, -1).view(np.uint8)
+        rounds = [(start, stop, np.empty((self.size, stop - start), dtype=np.uint8))
+                  for start, stop in _pieces(send.nbytes, share)]
+        requests = [self.comm.Iallgather([mine[start:stop], MPI.BYTE], [pieces, MPI.BYTE])
+                    for start, stop, pieces in rounds]
+        self.complete(requests, (send, rounds), what)
+        for start, stop, pieces in rounds:
+            by_rank[:, start:stop] = pieces
         return result
 
     def barrier(self, what: str) -> None:

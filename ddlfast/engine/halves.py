@@ -120,14 +120,31 @@ def _extent(array: np.ndarray) -> tuple[int, int]:
 
 
 def _check_outputs_apart(outputs: Sequence[np.ndarray], inputs: Sequence[np.ndarray], rank: int) -> None:
-    """Outputs may share memory with nothing (inputs may repeat: they are only read)."""
-    spans = [(*_extent(o), f"out {i}") for i, o in enumerate(outputs)] + [
-        (*_extent(a), f"array {i}") for i, a in enumerate(inputs)]
-    for i, (start, size, name) in enumerate(spans[:len(outputs)]):
-        for other_start, other_size, other in spans[i + 1:]:
-            if size and other_size and start < other_start + other_size and other_start < start + size:
-                raise DdlfastError(f"{name} on rank {rank} overlaps {other} in memory; the output must be "
-                                   "memory of its own")
+    """Outputs may share memory with nothing (inputs may repeat: they are only read). One sweep over the spans
+    sorted by start (n log n, so a call of 100k arrays validates as fast as one of 100k allreduce arrays): a
+    span that starts before the furthest end so far overlaps the span that reaches there."""
+    spans = sorted((start, start + size, is_input, i)
+                   for is_input, arrays in ((False, outputs), (True, inputs))
+                   for i, (start, size) in enumerate(map(_extent, arrays)) if size)
+    reach_any = reach_out = -1
+    holder_any = holder_out = (False, -1)  # (is_input, index) of the span reaching furthest, of any kind / an out
+    for start, end, is_input, i in spans:
+        if not is_input and start < reach_any:
+            _raise_overlap((False, i), holder_any, rank)
+        if is_input and start < reach_out:
+            _raise_overlap(holder_out, (True, i), rank)
+        if end > reach_any:
+            reach_any, holder_any = end, (is_input, i)
+        if not is_input and end > reach_out:
+            reach_out, holder_out = end, (False, i)
+
+
+def _raise_overlap(first: tuple[bool, int], second: tuple[bool, int], rank: int) -> None:
+    """An output and another span share memory: named output first (the lower index of two outputs)."""
+    output, other = sorted((first, second))
+    names = [f"{'array' if is_input else 'out'} {i}" for is_input, i in (output, other)]
+    raise DdlfastError(f"{names[0]} on rank {rank} overlaps {names[1]} in memory; the output must be memory of "
+                       "its own")
 
 
 def _host_out(out: object, dtype: np.dtype, elements: int, where: str) -> np.ndarray:
@@ -216,7 +233,7 @@ def _run(state: EngineState, request: HalfRequest) -> None:
     for staging, target in request.copy_back:
         target[...] = staging
     if wire:
-        check_wire_overflows(state, request.codec, request.op)
+        check_wire_overflows(state, request.codec, request.op, gathers=request.kind == ALLGATHER)
     if gpu is not None:
         gpu.from_host(request.gpu[1], request.outputs, wait_on_host=True)
 

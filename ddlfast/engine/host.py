@@ -116,13 +116,20 @@ def _reduce_bucket(state: EngineState, members: list[HostBuffer], request: HostR
         check_wire_overflows(state, request.compression, request.op)
 
 
-def check_wire_overflows(state: EngineState, compression: tuple[str, ...], op: str) -> None:
-    """The encoders count finite values that became inf; ranks that saw none must raise too."""
+def check_wire_overflows(state: EngineState, compression: tuple[str, ...], op: str, gathers: bool = False) -> None:
+    """The encoders count finite values that became inf; ranks that saw none must raise too. `gathers`: an
+    allgather, which sums nothing, so only its values themselves can be out of the wire type's range."""
     overflowed = int(state.control.allreduce_sum(np.array([state.core.take_overflows()], dtype=np.int64),
                                                  "the count of wire overflows")[0])
     if overflowed:
+        codecs = [n for n in compression if n != "none"]
+        remedy = "compression='none'" if set(codecs) == {"bf16"} else "compression='bf16' or compression='none'"
+        if gathers:
+            raise DdlfastConsistentError(
+                f"wire overflow on rank {state.rank}: {overflowed} values are out of the range of "
+                f"{'/'.join(codecs)} on the wire and the gathered result holds inf there; use {remedy}")
         raise DdlfastConsistentError(
             f"wire overflow on rank {state.rank}: {overflowed} "
             f"{'partial sums' if op in SUMMING_OPS else 'values'} exceeded the range of "
-            f"{'/'.join(n for n in compression if n != 'none')} and the result holds inf; use "
-            "compression='bf16'" + (" or op='average' (which pre-scales)" if op == "sum" else ""))
+            f"{'/'.join(codecs)} and the result holds inf; use {remedy}"
+            + (" or op='average' (which pre-scales)" if op == "sum" else ""))

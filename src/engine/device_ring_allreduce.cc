@@ -152,10 +152,7 @@ Status DeviceRingAllreduce::run_small(const SegmentedBuffer& data, DType dtype, 
   DDLFAST_RETURN_IF_ERROR(lanes->mark(kNowMarker, Lane::kInbound));
   DDLFAST_RETURN_IF_ERROR(lanes->wait(kNowMarker));
   DDLFAST_RETURN_IF_ERROR(transport_.native_allreduce(host.data(), count, dtype));
-  if (divisor != 1) {
-    std::vector<char> zeros(count * esize, 0);
-    reduce_into(dtype, host.data(), zeros.data(), count, divisor);
-  }
+  divide_in_place(dtype, host.data(), count, divisor);
   for (std::size_t done = 0; done < count;) {
     const std::size_t n = data.contiguous_from(done);
     DDLFAST_RETURN_IF_ERROR(lanes->copy(data.address(done), host.data() + done * esize, n * esize, Lane::kInbound));

@@ -47,16 +47,9 @@ std::uint16_t bits_at(const SegmentedBuffer& data, std::size_t element) {
   return bits;
 }
 
-// In place: x = round(float(x) * float32(1/divisor)). The reduce kernel adds
-// -0.0 (x + -0 == x for every x, signed zeros and nan included) and scales,
-// which is exactly that product, rounded once, on the fastest kernel path.
+// In place: x = round(float(x) * float32(1/divisor)), rounded once (divide_in_place adds -0.0 and scales).
 void prescale_halves(DType dtype, char* values, std::size_t n, int divisor) {
-  static const std::vector<std::uint16_t> negative_zeros(4096, 0x8000);  // the same bits in fp16 and bf16
-  for (std::size_t done = 0; done < n;) {
-    const std::size_t block = std::min(n - done, negative_zeros.size());
-    reduce_into(dtype, values + done * 2, negative_zeros.data(), block, divisor);
-    done += block;
-  }
+  divide_in_place(dtype, values, n, divisor);
 }
 
 }  // namespace

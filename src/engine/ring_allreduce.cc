@@ -105,11 +105,8 @@ Status RingAllreduce::run_small(const SegmentedBuffer& data, DType dtype, Reduce
   }
   DDLFAST_RETURN_IF_ERROR(
       transport_.native_allreduce(contiguous, count, dtype, op == ReduceOp::kAverage ? ReduceOp::kSum : op));
-  if (divisor != 1) {
-    // One extra pass over a tiny buffer is cheaper than a custom MPI op per divisor.
-    std::vector<char> zeros(count * esize, 0);
-    reduce_into(dtype, contiguous, zeros.data(), count, divisor);
-  }
+  // One extra pass over a tiny buffer is cheaper than a custom MPI op per divisor.
+  divide_in_place(dtype, contiguous, count, divisor);
   if (!packed.empty()) {
     for (std::size_t done = 0; done < count;) {
       const std::size_t n = data.contiguous_from(done);
@@ -209,18 +206,32 @@ Status RingAllreduce::reduce_scatter(const SegmentedBuffer& input, const Segment
   const std::size_t esize = dtype_size(dtype);
   const std::size_t total = input.count();
   // The working copy, in rank order: this rank's block is `output` itself, the other blocks live in work_.
+  // The ring cuts its messages at segment boundaries, so the working copy must be cut where every other rank
+  // cuts it, whatever its memory looks like here: it takes the input's pieces (block q of each array, the same
+  // sizes on every rank), also where one piece of work_ or of `output` would hold several.
   if (work_.size() < (total - counts[me]) * esize) work_.resize((total - counts[me]) * esize);
   std::vector<char*> bases;
   std::vector<std::size_t> sizes;
-  std::size_t cursor = 0;
+  std::size_t start = 0, cursor = 0;
   for (int q = 0; q < world; ++q) {
-    if (q == me) {
-      append_runs(output, {0, counts[me]}, &bases, &sizes);
-    } else {
-      bases.push_back(work_.data() + cursor * esize);
-      sizes.push_back(counts[q]);
-      cursor += counts[q];
+    std::vector<char*> pieces;
+    std::vector<std::size_t> piece_counts;
+    append_runs(input, {start, counts[q]}, &pieces, &piece_counts);
+    std::size_t within = 0;
+    for (std::size_t n : piece_counts) {
+      if (q == me) {
+        if (output.contiguous_from(within) < n) {
+          return Status::invalid("reduce-scatter output pieces do not follow the input's block pieces");
+        }
+        bases.push_back(output.address(within));
+      } else {
+        bases.push_back(work_.data() + (cursor + within) * esize);
+      }
+      sizes.push_back(n);
+      within += n;
     }
+    if (q != me) cursor += counts[q];
+    start += counts[q];
   }
   const SegmentedBuffer working(std::move(bases), sizes, esize);
   copy_elements(input, working);
@@ -284,10 +295,7 @@ Status RingAllreduce::reduce_scatter_small(const SegmentedBuffer& data, const st
   std::vector<char> mine(own.count() * esize + 1);
   DDLFAST_RETURN_IF_ERROR(transport_.native_reduce_scatter(send.data(), mine.data(), rank_counts, dtype,
                                                           op == ReduceOp::kAverage ? ReduceOp::kSum : op));
-  if (divisor != 1) {
-    std::vector<char> zeros(own.count() * esize, 0);
-    reduce_into(dtype, mine.data(), zeros.data(), own.count(), divisor);
-  }
+  divide_in_place(dtype, mine.data(), own.count(), divisor);
   copy_elements(contiguous(mine.data(), own.count(), esize), own);
   if (options.events) options.events->push_back({2, -1, start, monotonic_seconds(), data.count() * esize});
   return Status::ok();

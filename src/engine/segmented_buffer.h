@@ -1,7 +1,10 @@
 // A logical buffer made of several arrays back to back, so a fusion bucket
 // can be reduced where its arrays lie instead of being packed and unpacked.
-// All ranks hold the same segment sizes (the agreement check guarantees it),
-// so splitting chunks at segment boundaries gives matching messages.
+// The ring cuts its messages at segment boundaries, so every rank must build
+// the buffers it moves with the same segment sizes: sizes from the agreed
+// layout (the agreement check guarantees those match), never from how this
+// rank's memory happens to be split (RingAllreduce::reduce_scatter cuts its
+// working copy like the input for that reason).
 #pragma once
 
 #include <algorithm>

@@ -73,6 +73,12 @@ inline void reduce_into(DType dtype, ReduceOp op, void* dst, const void* src, st
   }
 }
 
+// values[i] /= divisor with the reduce kernel's arithmetic (floats: times 1/divisor, rounded once), keeping
+// every sign: the kernel adds the additive identity that changes no bits, -0.0 for the floating types
+// (x + -0 == x for every x, -0 and nan included; x + +0 would turn -0 into +0), 0 for integers. So average on
+// a path that sums first and divides after (MPI's own collectives) gives the ring's bits.
+void divide_in_place(DType dtype, void* values, std::size_t n, int divisor);
+
 inline std::size_t wire_size(WireType) { return 2; }
 
 // Smallest magnitudes that round to inf: 65520 for fp16, bits 0x7f7f8000 for bf16.

@@ -1,4 +1,8 @@
 // Portable kernels: plain C++ the compiler may vectorise with the baseline ISA.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <iterator>
 #include <type_traits>
 
 #include "kernels/cpu/combine_generic.h"
@@ -37,6 +41,40 @@ const KernelTable& best_kernels() {
     return avx2 != nullptr ? avx2 : &scalar_kernels();
   }();
   return *chosen;
+}
+
+void divide_in_place(DType dtype, void* values, std::size_t n, int divisor) {
+  if (divisor == 1 || n == 0) return;
+  constexpr std::size_t kBlockBytes = 1 << 14;
+  // The sign bit alone in each element: -0.0 for the floating types; integers add 0.
+  alignas(64) static const auto negative_zeros = [] {
+    struct Blocks {
+      std::uint32_t f32[kBlockBytes / 4];
+      std::uint64_t f64[kBlockBytes / 8];
+      std::uint16_t half[kBlockBytes / 2];  // the same bits in fp16 and bf16
+      std::uint64_t zero[kBlockBytes / 8];
+    } blocks{};
+    std::fill(std::begin(blocks.f32), std::end(blocks.f32), 0x80000000u);
+    std::fill(std::begin(blocks.f64), std::end(blocks.f64), 0x8000000000000000ull);
+    std::fill(std::begin(blocks.half), std::end(blocks.half), std::uint16_t{0x8000});
+    return blocks;
+  }();
+  const void* identity = negative_zeros.zero;
+  switch (dtype) {
+    case DType::kFloat32: identity = negative_zeros.f32; break;
+    case DType::kFloat64: identity = negative_zeros.f64; break;
+    case DType::kFloat16:
+    case DType::kBFloat16: identity = negative_zeros.half; break;
+    default: break;
+  }
+  const std::size_t esize = dtype_size(dtype);
+  const std::size_t block = kBlockBytes / esize;
+  char* bytes = static_cast<char*>(values);
+  for (std::size_t done = 0; done < n;) {
+    const std::size_t count = std::min(n - done, block);
+    reduce_into(dtype, bytes + done * esize, identity, count, divisor);
+    done += count;
+  }
 }
 
 }  // namespace ddlfast
