@@ -180,14 +180,15 @@ def _check_dtype(dtype: np.dtype, kind: str, where: str) -> None:
         raise DdlfastError(f"{where} has dtype {dtype}; allgather copies fixed-size elements (no objects)")
 
 
-def _per_array(value: object, n: int, name: str, single: bool) -> list:
+def _per_array(value: object, n: int, name: str, single: bool, rank: int) -> list:
     """A per-array argument of a fused call: None for all, or one entry per array."""
     if value is None:
         return [None] * n
     if single:
         return [value]
     if not isinstance(value, (list, tuple)) or len(value) != n:
-        raise DdlfastError(f"{name}= of a fused call needs one entry per array ({n})")
+        raise DdlfastError(f"{name}= of a fused call on rank {rank} needs one entry per array ({n}), not "
+                           f"{len(value) if isinstance(value, (list, tuple)) else type(value).__name__}")
     return list(value)
 
 
@@ -244,13 +245,13 @@ def _validate(kind: str, arrays: object, op: str, dims: tuple[int, ...], counts:
     """The call's arrays, counts and outputs into a request; raises DdlfastError naming the rank."""
     name = f"fused_{kind}" if not single else kind
     if isinstance(arrays, np.ndarray) or not isinstance(arrays, Sequence):
-        raise DdlfastError(f"{name} takes a list of arrays; use ddlfast.{kind} for one array")
+        raise DdlfastError(f"{name} on rank {rank} takes a list of arrays; use ddlfast.{kind} for one array")
     if len(arrays) == 0:
-        raise DdlfastError(f"{name} got an empty list of arrays")
+        raise DdlfastError(f"{name} on rank {rank} got an empty list of arrays")
     if kind == ALLGATHER and counts is not None:
-        raise DdlfastError("allgather takes no counts= (every rank passes the same shape)")
-    outs = _per_array(out, len(arrays), "out", single)
-    explicit = _per_array(counts, len(arrays), "counts", single)
+        raise DdlfastError(f"allgather on rank {rank} takes no counts= (every rank passes the same shape)")
+    outs = _per_array(out, len(arrays), "out", single, rank)
+    explicit = _per_array(counts, len(arrays), "counts", single, rank)
     where = [f"array {i} on rank {rank}" for i in range(len(arrays))]
     on_gpu = any_device_array(arrays)
     if on_gpu:

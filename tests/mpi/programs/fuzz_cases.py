@@ -36,6 +36,7 @@ import dataclasses
 import hashlib
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -215,7 +216,10 @@ def draw_env(specs: list[ArraySpec], rng: np.random.Generator) -> dict[str, str]
 # names that rank, without a stall, and the next case must run normally on the same context.
 # "name": the calls pass name=<the case>, and that rank's names the next case (as a rank that skipped a step
 # would). "exception": a RuntimeError (not a DdlfastError) while that rank's arguments are validated.
-FAULTS = ("dtype", "length", "op", "strided", "extra-array", "name", "exception")
+# "thread" and "fork" are that rank's alone: it first calls the collective from a second thread, or from a fork()
+# child, which must be refused there at once without any rank noticing; then the case runs and is checked as usual.
+FAULTS = ("dtype", "length", "op", "strided", "extra-array", "name", "exception", "thread", "fork")
+LOCAL_FAULTS = ("thread", "fork")
 
 
 def draw_fault(seed: int, world: int, index: int, chance: float) -> tuple[str, int] | None:
@@ -468,6 +472,46 @@ def run_faulty_case(comm: MPI.Intracomm, case: Case, arrays: list[np.ndarray]) -
     return [f"fault {kind} on rank {culprit} was not detected"]
 
 
+def refused_elsewhere(case: Case, arrays: list[np.ndarray]) -> list[str]:
+    """The case's collective from a second thread, or in a fork() child: refused there, nothing sent."""
+    kind = case.fault[0]
+    if kind == "thread":
+        outcome: list[BaseException | None] = []
+
+        def call() -> None:
+            try:
+                collective(case, arrays, case.op)
+                outcome.append(None)
+            except BaseException as error:  # noqa: BLE001 - checked below
+                outcome.append(error)
+
+        thread = threading.Thread(target=call, name="fuzz-second-thread")
+        thread.start()
+        thread.join()
+        error = outcome[0]
+        if not isinstance(error, ddlfast.DdlfastError) or "thread" not in str(error):
+            return [f"fault thread: a second thread's call was not refused: {error!r}"]
+        return []
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child: refused, then gone without touching MPI (os._exit runs no exit hooks)
+        os.close(read)
+        try:
+            collective(case, arrays, case.op)
+            verdict = b"not refused"
+        except ddlfast.DdlfastError as error:
+            verdict = b"ok" if b"fork" in str(error).encode() else str(error).encode()
+        except BaseException as error:  # noqa: BLE001 - reported to the parent
+            verdict = repr(error).encode()
+        os.write(write, verdict[:500])
+        os._exit(0)
+    os.close(write)
+    verdict = os.read(read, 600)
+    os.close(read)
+    os.waitpid(child, 0)
+    return [] if verdict == b"ok" else [f"fault fork: the child's call was not refused: {verdict.decode()}"]
+
+
 def run_case(comm: MPI.Intracomm, seed: int, case: Case) -> list[str]:
     rank, world = comm.Get_rank(), comm.Get_size()
     buffers, arrays = [], []
@@ -475,13 +519,16 @@ def run_case(comm: MPI.Intracomm, seed: int, case: Case) -> list[str]:
         buffer, view = placed(contribution(seed, case, i, rank), spec)
         buffers.append(buffer)
         arrays.append(view)
-    if case.fault is not None:
-        return run_faulty_case(comm, case, arrays)
     problems = []
+    if case.fault is not None and case.fault[0] in LOCAL_FAULTS:
+        if rank == case.fault[1]:
+            problems += refused_elsewhere(case, arrays)
+    elif case.fault is not None:
+        return run_faulty_case(comm, case, arrays)
     returned = collective(case, arrays, case.op)
     if case.api in SCATTERING or case.api in GATHERING[:3]:  # new arrays: checked on every rank
         if len(returned) != len(arrays):
-            return [f"returned {len(returned)} results for {len(arrays)} arrays"]
+            return [*problems, f"returned {len(returned)} results for {len(arrays)} arrays"]
         for i, got in enumerate(returned):
             if case.api in SCATTERING:
                 problem = check_values(seed, case, i, got, world, block_of(case, i, rank, world))
@@ -535,6 +582,7 @@ def main() -> int:
     if rank == 0:
         print(f"fuzz seed {args.seed} on {world} ranks: cases {indices[0]}..{indices[-1]} "
               f"(core: {_core.__file__})", flush=True)
+    ddlfast.barrier()  # the main thread is the context's issuing thread, whatever case comes first
     start = time.perf_counter()
     failures: list[str] = []
     ran = rejected = injected = 0
