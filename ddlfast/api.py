@@ -101,7 +101,10 @@ def fused_allreduce(
     "bf16", "none,fp16" (per ring dimension) or a ddlfast.compression.Codec /
     hook; error_feedback keeps the wire rounding's residual per bucket. Every
     rank must pass the same shapes and dtypes in the same order; if they do
-    not, every rank raises DdlfastError.
+    not, every rank raises DdlfastError. name: a str or an int (e.g. the
+    training step) that every rank must pass alike; every collective takes it,
+    and it makes a rank that skipped a call in a loop of same-layout calls an
+    error at its next named call (docs/trust.md).
     """
     return _context_for(comm).fused_allreduce(arrays, op=op, dims=dims, compression=compression,
                                               error_feedback=error_feedback, stream=stream, name=name)
