@@ -148,8 +148,8 @@ def _reduce_op(opts: Any) -> str:
 
 
 def _flat_bytes(tensor: torch.Tensor) -> np.ndarray:
-    """A contiguous CPU tensor's bytes (any dtype), sharing its memory."""
-    return tensor.view(-1).view(torch.uint8).numpy() if tensor.numel() else np.empty(0, np.uint8)
+    """A contiguous CPU tensor's bytes (any dtype), sharing its memory (read detached when it requires grad)."""
+    return tensor.detach().view(-1).view(torch.uint8).numpy() if tensor.numel() else np.empty(0, np.uint8)
 
 
 class DdlfastWork(dist.Work):
