@@ -373,26 +373,32 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
             self._host_only(tensors, "broadcast of several tensors" if len(tensors) > 1 else "broadcast")
         except DdlfastError as error:
             raise self._refuse(error) from None
+        mpi = self._mpi
         if len(tensors) == 1:
             target = _flat_bytes(tensors[0])
-            return DdlfastWork(self._submit(lambda: context.broadcast_bytes(target, root), "broadcast"), tensors)
-        flat = torch.empty(sum(t.numel() * t.element_size() for t in tensors), dtype=torch.uint8)
+            run: Callable[[], None] = lambda: mpi.bcast_into(target, root, "a torch broadcast")  # noqa: E731
+        else:
+            flat = torch.empty(sum(t.numel() * t.element_size() for t in tensors), dtype=torch.uint8)
 
-        def run() -> None:
-            offset = 0
-            for t in tensors:
-                n = t.numel() * t.element_size()
-                flat[offset:offset + n].copy_(t.reshape(-1).view(torch.uint8))
-                offset += n
-            context.broadcast_bytes(flat.numpy(), root)
-            offset = 0
-            with torch.no_grad():
+            def run() -> None:
+                offset = 0
                 for t in tensors:
                     n = t.numel() * t.element_size()
-                    t.copy_(flat[offset:offset + n].view(t.dtype).view_as(t))
+                    flat[offset:offset + n].copy_(t.detach().reshape(-1).view(torch.uint8))
                     offset += n
+                mpi.bcast_into(flat.numpy(), root, f"a torch broadcast of {len(tensors)} tensors")
+                offset = 0
+                with torch.no_grad():
+                    for t in tensors:
+                        n = t.numel() * t.element_size()
+                        t.copy_(flat[offset:offset + n].view(t.dtype).view_as(t))
+                        offset += n
 
-        return DdlfastWork(self._submit(run, f"broadcast of {len(tensors)} tensors"), tensors)
+        # Every tensor's dtype and shape, in order, are in the agreement (not only the byte count): float32[4] on
+        # the root and int32[4] elsewhere, or a coalesced broadcast in another dtype order, raise on every rank.
+        layout = ("broadcast", root, tuple((_dtype_text(t.dtype), tuple(t.shape)) for t in tensors))
+        description = "broadcast" if len(tensors) == 1 else f"broadcast of {len(tensors)} tensors"
+        return DdlfastWork(context.submit_agreed(layout, run, description), tensors)
 
     def reduce(self, tensors: torch.Tensor | list[torch.Tensor], opts: Any = None) -> DdlfastWork:
         """ddlfast's allreduce, kept on the root only (other ranks reduce a copy: their tensors stay as they are)."""
@@ -730,6 +736,11 @@ def _dtype_code(dtype: torch.dtype) -> int:
         for name in names:
             _DTYPE_CODES.setdefault(getattr(torch, name), len(_DTYPE_CODES))
     return _DTYPE_CODES.get(dtype, -1)
+
+
+def _dtype_text(dtype: torch.dtype) -> str:
+    """A torch dtype as an agreement layout names it ("float32", as a NumPy array's; "bool", "bfloat16")."""
+    return str(dtype).removeprefix("torch.")
 
 
 def _dtype_name(code: int) -> str:
