@@ -35,6 +35,7 @@ from torch._C._distributed_c10d import ReduceOp
 
 import ddlfast
 from ddlfast import abort, api
+from ddlfast.config import load_settings
 from ddlfast.engine.worker import Handle
 from ddlfast.errors import DdlfastConsistentError, DdlfastError
 from ddlfast.integrations.tensors import collective_view, numpy_view, stream_of
@@ -48,6 +49,8 @@ _CREATE_GROUP_TAG = 0x7D1F
 _HEADER = 3  # int64s ahead of each point-to-point message: sender's rank, byte count, dtype
 
 
+# How long destroy_process_group waits for queued work when there is no stall limit (DDLFAST_TIMEOUT_S=0).
+SHUTDOWN_TIMEOUT_S = 60.0
 # DDP's buffer broadcasts go out in one ddlfast broadcast per this many bytes (see _broadcast_coalesced).
 PACK_BYTES = 64 << 20
 _torch_broadcast_coalesced = dist._broadcast_coalesced
@@ -721,9 +724,21 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
         return self._agreed_work(layout, run, "scatter", [output])
 
     def shutdown(self) -> None:
-        """Finish what was queued (destroy_process_group calls it); the contexts close at exit."""
-        handle = self._submit(lambda: None, "shutdown")
-        handle.wait()
+        """Finish what was queued (destroy_process_group calls it); the contexts close at exit.
+
+        Teardown is quiet and bounded: after a failure (a broken or closed context) there is nothing left to
+        finish and nothing is raised (the failure was raised where it happened); otherwise queued work gets the
+        stall limit plus 10 s (work queued behind a stall fails at its own limit), and a failure of that work
+        was, or will be, raised by its own Work."""
+        context = self._context
+        if context.broken_reason is not None:
+            return
+        try:
+            handle = self._submit(lambda: None, "shutdown")
+            timeout_s = load_settings().timeout_s
+            handle.wait(timeout_s + 10.0 if timeout_s > 0 else SHUTDOWN_TIMEOUT_S)
+        except DdlfastError:
+            pass
 
 
 _DTYPE_CODES: dict[torch.dtype, int] = {}
