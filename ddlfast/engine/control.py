@@ -30,9 +30,11 @@ class Control:
         self.size = comm.Get_size()
         self._core = core
 
-    def complete(self, request: MPI.Request, buffers: tuple, what: str) -> None:
+    def complete(self, request: MPI.Request, buffers: tuple, what: str,
+                 waiting: tuple[int, int, int] | None = None) -> None:
+        """waiting=(kind, peer, tag) marks a point-to-point wait for the stall census (Engine.wait_requests)."""
         try:
-            self._core.wait_requests([request], what)
+            self._core.wait_requests([request], what, waiting)
         except BaseException:
             _ABANDONED.append((request, buffers))
             raise
