@@ -19,6 +19,7 @@ ddlfast. docs/torch.md lists what a Python process group cannot do in torch 2.13
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import sys
 import threading
@@ -46,7 +47,9 @@ _OPS = {ReduceOp.SUM: "sum", ReduceOp.AVG: "average", ReduceOp.MIN: "min", Reduc
         ReduceOp.PRODUCT: "product"}
 # MPI_Comm_create_group's tag: torch creates groups one at a time, in the same order on every member.
 _CREATE_GROUP_TAG = 0x7D1F
-_HEADER = 3  # int64s ahead of each point-to-point message: sender's rank, byte count, dtype
+_HEADER = 4  # int64s ahead of each point-to-point message: sender's rank, byte count, dtype, the user's tag
+# What a point-to-point wait is, for the stall census (MpiTransport::kWaitReceive, kWaitSend).
+_WAIT_RECEIVE, _WAIT_SEND = 1, 2
 
 
 # How long destroy_process_group waits for queued work when there is no stall limit (DDLFAST_TIMEOUT_S=0).
@@ -262,6 +265,9 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
         self._context = api._context_for(comm)  # the default context for COMM_WORLD: one thread, one order
         # MPI-side operations on a communicator of their own, completed through the core's stall-limited wait.
         self._mpi = self._context.control_on(comm.Dup())
+        self._data = comm.Dup()  # point-to-point data messages (headers go on self._mpi.comm)
+        self._tag_bound = int(self._data.Get_attr(MPI.TAG_UB))
+        self._sends: list[tuple[list[Any], tuple]] = []  # posted sends: requests, and buffers kept until done
         self._group_name = ""
         self._group_desc = ""
         _groups.add(self)
@@ -511,23 +517,44 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
         mpi = self._mpi
         return self._agreed_work(("barrier",), lambda: mpi.barrier("a torch barrier"), "barrier", [])
 
+    # Point to point. Each message is a header (_HEADER int64s: sender, byte count, dtype, the user's tag) on the
+    # group's MPI communicator, then the data on a communicator of its own (self._data), both under the MPI tag
+    # _mpi_tag(tag): the user's tag itself up to MPI_TAG_UB, so a recv matches the sends MPI would match for
+    # that tag, headers and data alike in posting order; a larger tag (gloo takes any) is folded into that
+    # range and the header's copy of it is checked, so a fold that meets another tag's message raises.
+
+    def _mpi_tag(self, tag: object, what: str) -> int:
+        if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or tag < 0:
+            raise DdlfastError(f"{what} on rank {self.rank()}: tag {tag!r} is not an int >= 0")
+        return int(tag) % (self._tag_bound + 1)
+
+    def _reap_sends(self) -> None:
+        """Forget sends that completed without being waited for (dist.isend's Work dropped): their requests
+        and buffers were kept here until MPI was done with them."""
+        if self._sends:
+            self._sends = [entry for entry in self._sends if not MPI.Request.Testall(entry[0])]
+
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> DdlfastWork:
         tensors = _tensors(tensors)
         self._check(tensors, "send")
         self._host_only(tensors, "send")
         self._check_peer(dst, "send to")
+        mpi_tag = self._mpi_tag(tag, "send")
         tensor = tensors[0]
-        header = np.array([self.rank(), tensor.numel() * tensor.element_size(), _dtype_code(tensor.dtype)],
+        header = np.array([self.rank(), tensor.numel() * tensor.element_size(), _dtype_code(tensor.dtype), tag],
                           np.int64)
         data = _flat_bytes(tensor)
-        comm = self._mpi.comm
-        box: dict[str, Any] = {}
+        comm, data_comm = self._mpi.comm, self._data
+        entry: tuple[list[Any], tuple] = ([], (header, data, tensor))
 
         def post() -> None:
-            box["requests"] = [comm.Isend(header, dst, 2 * tag), comm.Isend([data, MPI.BYTE], dst, 2 * tag + 1)]
+            self._reap_sends()
+            entry[0].extend([comm.Isend(header, dst, mpi_tag), data_comm.Isend([data, MPI.BYTE], dst, mpi_tag)])
+            self._sends.append(entry)
 
         def complete() -> None:
-            self._wait_all(box["requests"], (header, data, tensor), f"a send to rank {dst} (tag {tag})")
+            self._wait_all(entry[0], entry[1], f"a send to rank {dst} (tag {tag})", (_WAIT_SEND, dst, tag))
+            self._reap_sends()
 
         description = f"send to rank {dst} (tag {tag})"
         return _PointToPointWork(self._submit(post, description), tensors, complete, self, description)
@@ -538,22 +565,31 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
         self._host_only(tensors, "recv")
         if src != MPI.ANY_SOURCE:
             self._check_peer(src, "recv from")
+        mpi_tag = self._mpi_tag(tag, "recv")
         tensor = tensors[0]
         header = np.zeros(_HEADER, np.int64)
-        comm = self._mpi.comm
+        comm, data_comm = self._mpi.comm, self._data
         box: dict[str, Any] = {}
         where = f"a recv from {'any rank' if src == MPI.ANY_SOURCE else f'rank {src}'} (tag {tag})"
+        peer = -1 if src == MPI.ANY_SOURCE else src
 
         def post() -> None:
-            box["header"] = comm.Irecv(header, src, 2 * tag)
+            box["header"] = comm.Irecv(header, src, mpi_tag)
 
         def complete() -> None:
-            self._wait_all([box["header"]], (header,), where)
-            sender, nbytes, code = (int(v) for v in header)
+            box["completing"] = True
+            self._wait_all([box["header"]], (header,), where, (_WAIT_RECEIVE, peer, tag))
+            sender, nbytes, code, sent_tag = (int(v) for v in header)
             expected = tensor.numel() * tensor.element_size()
+            fits = nbytes == expected and sent_tag == tag
             # The data message is received even when it does not fit, so it cannot match a later recv.
-            target = _flat_bytes(tensor) if nbytes == expected else np.empty(nbytes, np.uint8)
-            self._wait_all([comm.Irecv([target, MPI.BYTE], sender, 2 * tag + 1)], (target, tensor), where)
+            target = _flat_bytes(tensor) if fits else np.empty(nbytes, np.uint8)
+            self._wait_all([data_comm.Irecv([target, MPI.BYTE], sender, mpi_tag)], (target, tensor), where,
+                           (_WAIT_RECEIVE, sender, tag))
+            if sent_tag != tag:
+                raise DdlfastError(f"{where} on rank {self.rank()} got rank {sender}'s message with tag {sent_tag}: "
+                                   f"tags above MPI_TAG_UB={self._tag_bound} share MPI tags (tag modulo "
+                                   f"{self._tag_bound + 1}), and these two met; use tags that differ below that")
             if nbytes != expected or code != _dtype_code(tensor.dtype):
                 raise DdlfastError(f"{where} on rank {self.rank()}: rank {sender} sent {nbytes} bytes of "
                                    f"{_dtype_name(code)}, this rank expected {expected} bytes of {tensor.dtype} "
@@ -561,8 +597,35 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
             box["sender"] = sender
 
         description = f"recv from rank {src} (tag {tag})"
-        return _PointToPointWork(self._submit(post, description), tensors, complete, self, description,
+        work = _PointToPointWork(self._submit(post, description), tensors, complete, self, description,
                                  source_rank=lambda: box["sender"])
+        weakref.finalize(work, self._drop_recv, box, header, mpi_tag)
+        return work
+
+    def _drop_recv(self, box: dict[str, Any], header: np.ndarray, mpi_tag: int) -> None:
+        """A recv's Work was dropped without wait(): its posted header receive must not take the header of a
+        message meant for a later recv. Cancelled on the communication thread (in order, after its post); if a
+        header had already arrived, its data message is received and discarded, so later data stays matched."""
+        if box.get("completing") or self._context.broken_reason is not None:
+            return
+
+        def drop() -> None:
+            request = box.get("header")
+            if request is None or box.get("completing"):
+                return
+            if not request.Test():
+                request.Cancel()
+                status = MPI.Status()
+                request.Wait(status)
+                if status.Is_cancelled():
+                    return
+            sender, nbytes = int(header[0]), int(header[1])
+            scratch = np.empty(nbytes, np.uint8)
+            self._mpi.complete(self._data.Irecv([scratch, MPI.BYTE], sender, mpi_tag), (scratch,),
+                               "the data of a dropped recv's message")
+
+        with contextlib.suppress(DdlfastError):  # a closed context: nothing more will be received
+            self._submit(drop, "a dropped recv")
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> DdlfastWork:
         return self.recv(tensors, MPI.ANY_SOURCE, tag)
@@ -572,11 +635,12 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
             raise DdlfastError(f"{what} rank {peer} on rank {self.rank()}: the peer must be another rank of this "
                                f"group of {self.size()}")
 
-    def _wait_all(self, requests: list[Any], keep: tuple, what: str) -> None:
-        """Stall-limited completion; a failure leaves the context broken (the other ranks are told)."""
+    def _wait_all(self, requests: list[Any], keep: tuple, what: str, waiting: tuple[int, int, int]) -> None:
+        """Stall-limited completion; a failure leaves the context broken (the other ranks are told). `waiting`
+        (kind, peer, tag) is what a stall census reports of this rank's wait."""
         try:
             for request in requests:
-                self._mpi.complete(request, keep, what)
+                self._mpi.complete(request, keep, what, waiting)
         except BaseException as error:
             self._context.raise_after_failure(error)
 
