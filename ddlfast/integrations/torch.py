@@ -42,7 +42,7 @@ from ddlfast.api import default_context
 from ddlfast.config import load_settings
 from ddlfast.context import Context
 from ddlfast.engine.worker import Handle
-from ddlfast.errors import DdlfastError
+from ddlfast.errors import DdlfastConsistentError, DdlfastError
 from ddlfast.fusion.bucketing import assign_buckets
 from ddlfast.integrations.tensors import SUPPORTED_DTYPES, collective_view, numpy_view, stream_of
 from ddlfast.integrations.torch_backend import register as _register_backend
@@ -131,6 +131,12 @@ class GradientReducer:
                  broadcast_buffers: bool = True, find_unused_parameters: bool = False,
                  sparse_as_dense: bool = False) -> None:
         self.context = context or default_context()
+        self._model = model
+        self._options = {"op": op, "dims": dims, "bucket_bytes": bucket_bytes,
+                         "first_bucket_bytes": first_bucket_bytes, "context": self.context,
+                         "backward_passes_per_step": backward_passes_per_step,
+                         "broadcast_buffers": broadcast_buffers, "find_unused_parameters": find_unused_parameters,
+                         "sparse_as_dense": sparse_as_dense}
         if op not in ("average", "sum"):
             raise DdlfastError(f"op must be 'average' or 'sum', not {op!r}")
         if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
@@ -141,6 +147,8 @@ class GradientReducer:
         self.sparse_as_dense = sparse_as_dense
         self._names = {id(p): name for name, p in model.named_parameters()}
         params = [p for p in model.parameters() if p.requires_grad]
+        self._planned = [id(p) for p in params]  # the trainable parameters the plan covers, in order
+        self._stale: str | None = None  # this sync pass: why the plan no longer covers the model (see _plan_change)
         if not params:
             raise DdlfastError("the model has no parameters that require gradients")
         _check_tensors(params, "parameters")
@@ -177,6 +185,43 @@ class GradientReducer:
     def _name(self, param: torch.Tensor) -> str:
         return self._names.get(id(param), f"parameter of shape {tuple(param.shape)}")
 
+    def _plan_change(self) -> str | None:
+        """Why the buckets no longer cover the model's trainable parameters (one unfrozen with requires_grad_(True)
+        or added since distribute(), or one frozen since), or None. A parameter outside the plan is never
+        averaged, so the ranks' models would drift apart silently; a frozen one would get averaged zeros."""
+        now = [(name, p) for name, p in self._model.named_parameters() if p.requires_grad]
+        if [id(p) for _, p in now] == self._planned:
+            return None
+        planned, current = set(self._planned), {id(p) for _, p in now}
+        added = [name for name, p in now if id(p) not in planned]
+        names = {pid: name for name, p in self._model.named_parameters() for pid in [id(p)]}
+        frozen = [names.get(pid, self._names.get(pid, "a removed parameter")) for pid in self._planned
+                  if pid not in current]
+        parts = []
+        if added:
+            parts.append(f"{', '.join(added[:4])}{' ...' if len(added) > 4 else ''} require"
+                         f"{'s' if len(added) == 1 else ''} gradients but did not when distribute() was called "
+                         "(unfrozen with requires_grad_(True), or added since): never averaged")
+        if frozen:
+            parts.append(f"{', '.join(frozen[:4])}{' ...' if len(frozen) > 4 else ''} no longer require"
+                         f"{'s' if len(frozen) == 1 else ''} gradients")
+        if not parts:
+            parts.append("the trainable parameters are in another order than when distribute() was called")
+        return (f"the model's trainable parameters on rank {self.context.rank} changed after distribute(): "
+                f"{'; '.join(parts)}. Call reducer.rebuild() on every rank after changing which parameters train")
+
+    def rebuild(self) -> None:
+        """Plan the buckets again for the parameters that train now, on every rank, between steps (after
+        requires_grad_() changed or parameters were added). The gradients start again from zero."""
+        if self._in_pass:
+            raise DdlfastError("rebuild() was called during backward")
+        self.discard()
+        self.remove()
+        for bucket in self.buckets:
+            for p in bucket.params:
+                p.grad = None
+        self.__init__(self._model, **self._options)  # type: ignore[misc]
+
     # -- forward -------------------------------------------------------------------------------------------------
 
     def _broadcast_buffers(self, module: torch.nn.Module, inputs: Any) -> None:
@@ -211,6 +256,9 @@ class GradientReducer:
         self._sync_pass = self._no_sync_depth == 0 and self._passes + 1 >= self.backward_passes_per_step
         torch.autograd.Variable._execution_engine.queue_callback(self._end_pass)
         if self._sync_pass:
+            # Before any bucket goes out: a stale plan makes this rank refuse every bucket of the step instead,
+            # so every rank's buckets fail alike (through the agreement) and synchronize() raises everywhere.
+            self._stale = self._plan_change()
             for bucket in self.buckets:
                 bucket.ready.clear()
             for pid in self._unreached or ():
@@ -271,9 +319,21 @@ class GradientReducer:
         while (self._next_to_submit < len(self.buckets)
                and len(self.buckets[self._next_to_submit].ready) == len(self.buckets[self._next_to_submit].params)):
             bucket = self.buckets[self._next_to_submit]
-            bucket.handle = self.context.fused_allreduce_async([bucket.flat_view], op=self.op, dims=self.dims,
-                                                               stream=stream_of(bucket.flat))
+            if self._stale is not None:
+                bucket.handle = self._refused(self._stale)
+            else:
+                bucket.handle = self.context.fused_allreduce_async([bucket.flat_view], op=self.op, dims=self.dims,
+                                                                   stream=stream_of(bucket.flat))
             self._next_to_submit += 1
+
+    def _refused(self, error: str) -> Handle:
+        """A bucket's place in the order of collectives, taken by this rank's refusal: the others' allreduce of
+        the bucket meets it in the agreement, and every rank's handle fails with a DdlfastConsistentError that
+        quotes `error` (nothing was sent; the context stays usable)."""
+        def refuse() -> None:
+            raise DdlfastConsistentError(error)
+
+        return self.context.submit_agreed(("error", error), refuse, "a refused bucket")
 
     # -- the step ------------------------------------------------------------------------------------------------
 
@@ -295,14 +355,21 @@ class GradientReducer:
             raise DdlfastError("synchronize() was called during backward")
         if self._phase == _IDLE:
             return
-        if self._phase == _ACCUMULATING:
+        if self._phase == _ACCUMULATING:  # no sync pass checked the plan: check it before the buckets go out
+            self._stale = self._plan_change()
             self._flush()
         start = time.perf_counter()
         try:
-            for bucket in self.buckets:
+            failure: DdlfastError | None = None
+            for bucket in self.buckets:  # every bucket, so none is left in flight behind a failed one
                 if bucket.handle is not None:
-                    bucket.handle.wait()
+                    try:
+                        bucket.handle.wait()
+                    except DdlfastError as error:
+                        failure = failure or error
                     self.communication_s += bucket.handle.duration_s
+            if failure is not None:
+                raise failure
             if self.sparse_params:
                 self._reduce_sparse()
         finally:
@@ -326,11 +393,26 @@ class GradientReducer:
         self._next_to_submit = 0
         self._passes = 0
         self._phase = _IDLE
+        self._stale = None
 
     def _reduce_sparse(self) -> None:
         """Allgather every sparse gradient's indices and values (as sums into zeros: the public API has no
         allgather) and average them; every rank builds the same coalesced tensor."""
         rank, world = self.context.rank, self.context.size
+        # Every rank's sparse parameters, full shapes and dtypes, must match (as the dense buckets' agreement
+        # refuses dense ones that differ): a table of 10 rows on one rank and 4000 on another would otherwise
+        # gather indices that are out of range on the smaller one. A stale plan (_plan_change) joins this
+        # agreement too (with dense buckets it has already failed them).
+        stale = self._stale
+        shapes = "; ".join(f"{self._name(p)} {str(p.dtype).removeprefix('torch.')}[{','.join(map(str, p.shape))}]"
+                           for p in self.sparse_params)
+
+        def check() -> None:
+            if stale is not None:
+                raise DdlfastConsistentError(stale)
+
+        layout = ("sparse gradients of Embedding(sparse=True)", shapes + (f"; {stale}" if stale else ""))
+        self.context.submit_agreed(layout, check, "the sparse gradients' shapes").wait()
         grads = []
         for p in self.sparse_params:
             g = p.grad.coalesce() if p.grad is not None else None
@@ -356,6 +438,15 @@ class GradientReducer:
             slots.append((p, indices, values))
         if arrays:
             self.context.fused_allreduce(arrays, op="sum")
+        for p, indices, _ in slots:
+            # Every rank holds the same gathered indices, so every rank reaches the same verdict.
+            outside = np.flatnonzero((indices[0] < 0) | (indices[0] >= p.shape[0]))
+            if outside.size:
+                row = counts[self.sparse_params.index(p)]
+                culprit = int(np.searchsorted(np.cumsum(row), outside[0], side="right"))
+                raise DdlfastConsistentError(
+                    f"{self._name(p)}: rank {culprit}'s sparse gradient has row index {int(indices[0, outside[0]])}, "
+                    f"outside the table's {p.shape[0]} rows (shape {tuple(p.shape)})")
         for p, indices, values in slots:
             if self.op == "average":
                 values /= world
