@@ -51,6 +51,21 @@ from ddlfast.integrations.torch_ddp import init_process_group as _init_from_mpi
 
 _SPARSE_MODULES = (torch.nn.Embedding, torch.nn.EmbeddingBag)
 
+# Parameters and submodules registered on any module since import (torch's global registration hooks, installed
+# by the first distribute()): a reducer walks its model's parameters only after this count changed.
+_registrations = [0]
+
+
+def _registrations_seen() -> int:
+    if not _registrations[1:]:
+        def count(*_: Any) -> None:
+            _registrations[0] += 1
+
+        torch.nn.modules.module.register_module_parameter_registration_hook(count)
+        torch.nn.modules.module.register_module_module_registration_hook(count)
+        _registrations.append(1)  # installed
+    return _registrations[0]
+
 # Phases of one step (see the module docstring).
 _IDLE, _ACCUMULATING, _SUBMITTED = "idle", "accumulating", "submitted"
 
@@ -148,6 +163,10 @@ class GradientReducer:
         self._names = {id(p): name for name, p in model.named_parameters()}
         params = [p for p in model.parameters() if p.requires_grad]
         self._planned = [id(p) for p in params]  # the trainable parameters the plan covers, in order
+        # What the per-step check reads (_plan_change): the parameters frozen when planned, and how many
+        # parameters and modules had been registered anywhere (a new one may be this model's).
+        self._frozen = [p for p in model.parameters() if not p.requires_grad]
+        self._registrations = _registrations_seen()
         self._stale: str | None = None  # this sync pass: why the plan no longer covers the model (see _plan_change)
         if not params:
             raise DdlfastError("the model has no parameters that require gradients")
@@ -185,12 +204,21 @@ class GradientReducer:
     def _name(self, param: torch.Tensor) -> str:
         return self._names.get(id(param), f"parameter of shape {tuple(param.shape)}")
 
-    def _plan_change(self) -> str | None:
+    def _plan_change(self, planned: Iterable[torch.Tensor] = ()) -> str | None:
         """Why the buckets no longer cover the model's trainable parameters (one unfrozen with requires_grad_(True)
         or added since distribute(), or one frozen since), or None. A parameter outside the plan is never
-        averaged, so the ranks' models would drift apart silently; a frozen one would get averaged zeros."""
+        averaged, so the ranks' models would drift apart silently; a frozen one would get averaged zeros.
+
+        Cheap in a step where nothing changed: it reads requires_grad of the parameters frozen when planned and
+        of `planned` (the planned ones that got no gradient this pass: only those can have been frozen since),
+        about 0.3 us each, and walks the model only after a parameter or module was registered somewhere."""
+        if (_registrations[0] == self._registrations and not any(p.requires_grad for p in self._frozen)
+                and all(p.requires_grad for p in planned)):
+            return None
         now = [(name, p) for name, p in self._model.named_parameters() if p.requires_grad]
         if [id(p) for _, p in now] == self._planned:
+            if not any(p.requires_grad for p in self._frozen):
+                self._registrations = _registrations[0]  # the registrations were another model's
             return None
         planned, current = set(self._planned), {id(p) for _, p in now}
         added = [name for name, p in now if id(p) not in planned]
@@ -258,7 +286,7 @@ class GradientReducer:
         if self._sync_pass:
             # Before any bucket goes out: a stale plan makes this rank refuse every bucket of the step instead,
             # so every rank's buckets fail alike (through the agreement) and synchronize() raises everywhere.
-            self._stale = self._plan_change()
+            self._stale = self._plan_change(self._params_of(self._unreached or ()))
             for bucket in self.buckets:
                 bucket.ready.clear()
             for pid in self._unreached or ():
@@ -304,8 +332,17 @@ class GradientReducer:
         if self._sync_pass:
             self._flush()
 
+    def _params_of(self, ids: Iterable[int]) -> list[torch.Tensor]:
+        return [self.buckets[b].params[position] for b, position in (self._slot[pid] for pid in ids)]
+
     def _flush(self) -> None:
         """Mark every parameter ready and put every bucket on the wire (end of a sync pass, or synchronize())."""
+        if self._stale is None:
+            # A planned parameter that got no gradient may have been frozen since: checked before its bucket
+            # (and every later one) goes out, so from that bucket on this rank refuses, and every rank fails alike.
+            unready = [bucket.params[position] for bucket in self.buckets[self._next_to_submit:]
+                       for position in range(len(bucket.params)) if position not in bucket.ready]
+            self._stale = self._plan_change([*unready, *self.sparse_params])
         for bucket in self.buckets:
             for position in range(len(bucket.params)):
                 if position not in bucket.ready:
@@ -355,8 +392,7 @@ class GradientReducer:
             raise DdlfastError("synchronize() was called during backward")
         if self._phase == _IDLE:
             return
-        if self._phase == _ACCUMULATING:  # no sync pass checked the plan: check it before the buckets go out
-            self._stale = self._plan_change()
+        if self._phase == _ACCUMULATING:  # no sync pass checked the plan: _flush checks it before buckets go out
             self._flush()
         start = time.perf_counter()
         try:
