@@ -268,6 +268,7 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
         self._data = comm.Dup()  # point-to-point data messages (headers go on self._mpi.comm)
         self._tag_bound = int(self._data.Get_attr(MPI.TAG_UB))
         self._sends: list[tuple[list[Any], tuple]] = []  # posted sends: requests, and buffers kept until done
+        self._recvs: list[dict[str, Any]] = []  # posted recvs whose data receive is not posted yet, in order
         self._group_name = ""
         self._group_desc = ""
         _groups.add(self)
@@ -568,24 +569,24 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
         mpi_tag = self._mpi_tag(tag, "recv")
         tensor = tensors[0]
         header = np.zeros(_HEADER, np.int64)
-        comm, data_comm = self._mpi.comm, self._data
+        comm = self._mpi.comm
         box: dict[str, Any] = {}
         where = f"a recv from {'any rank' if src == MPI.ANY_SOURCE else f'rank {src}'} (tag {tag})"
         peer = -1 if src == MPI.ANY_SOURCE else src
 
+        box.update(header_array=header, tensor=tensor, tag=tag, mpi_tag=mpi_tag)
+
         def post() -> None:
             box["header"] = comm.Irecv(header, src, mpi_tag)
+            self._recvs.append(box)
 
         def complete() -> None:
             box["completing"] = True
             self._wait_all([box["header"]], (header,), where, (_WAIT_RECEIVE, peer, tag))
+            self._post_data_receives()  # this recv's too: its header has arrived
             sender, nbytes, code, sent_tag = (int(v) for v in header)
             expected = tensor.numel() * tensor.element_size()
-            fits = nbytes == expected and sent_tag == tag
-            # The data message is received even when it does not fit, so it cannot match a later recv.
-            target = _flat_bytes(tensor) if fits else np.empty(nbytes, np.uint8)
-            self._wait_all([data_comm.Irecv([target, MPI.BYTE], sender, mpi_tag)], (target, tensor), where,
-                           (_WAIT_RECEIVE, sender, tag))
+            self._wait_all([box["data"]], (box["target"], tensor), where, (_WAIT_RECEIVE, sender, tag))
             if sent_tag != tag:
                 raise DdlfastError(f"{where} on rank {self.rank()} got rank {sender}'s message with tag {sent_tag}: "
                                    f"tags above MPI_TAG_UB={self._tag_bound} share MPI tags (tag modulo "
@@ -602,6 +603,29 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
         weakref.finalize(work, self._drop_recv, box, header, mpi_tag)
         return work
 
+    def _post_data_receives(self) -> None:
+        """On the communication thread: post the data receive of every posted recv whose header has arrived, in
+        posting order. Data messages from one sender with one tag arrive in the order of their headers, which MPI
+        matched to recvs in posting order, so a recv waited for before an earlier one with the same sender and tag
+        does not take the earlier one's data (an earlier recv whose header has not arrived cannot be waiting for
+        an earlier message)."""
+        still = []
+        for box in self._recvs:
+            if box["header"].Test():
+                self._post_data(box)
+            else:
+                still.append(box)
+        self._recvs = still
+
+    def _post_data(self, box: dict[str, Any]) -> None:
+        """The data receive for a recv whose header arrived: into the tensor when it fits, else into scratch
+        (the data message is received even when it does not fit, so it cannot match a later recv)."""
+        sender, nbytes, _, sent_tag = (int(v) for v in box["header_array"])
+        tensor = box["tensor"]
+        fits = nbytes == tensor.numel() * tensor.element_size() and sent_tag == box["tag"]
+        box["target"] = _flat_bytes(tensor) if fits else np.empty(nbytes, np.uint8)
+        box["data"] = self._data.Irecv([box["target"], MPI.BYTE], sender, box["mpi_tag"])
+
     def _drop_recv(self, box: dict[str, Any], header: np.ndarray, mpi_tag: int) -> None:
         """A recv's Work was dropped without wait(): its posted header receive must not take the header of a
         message meant for a later recv. Cancelled on the communication thread (in order, after its post); if a
@@ -613,16 +637,16 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
             request = box.get("header")
             if request is None or box.get("completing"):
                 return
-            if not request.Test():
-                request.Cancel()
-                status = MPI.Status()
-                request.Wait(status)
-                if status.Is_cancelled():
-                    return
-            sender, nbytes = int(header[0]), int(header[1])
-            scratch = np.empty(nbytes, np.uint8)
-            self._mpi.complete(self._data.Irecv([scratch, MPI.BYTE], sender, mpi_tag), (scratch,),
-                               "the data of a dropped recv's message")
+            if "data" not in box:
+                if not request.Test():
+                    request.Cancel()
+                    status = MPI.Status()
+                    request.Wait(status)
+                    if status.Is_cancelled():
+                        self._recvs = [b for b in self._recvs if b is not box]
+                        return
+                self._post_data_receives()
+            self._mpi.complete(box["data"], (box["target"], box["tensor"]), "the data of a dropped recv's message")
 
         with contextlib.suppress(DdlfastError):  # a closed context: nothing more will be received
             self._submit(drop, "a dropped recv")

@@ -281,6 +281,17 @@ if group_of == "inputs":
             dist.recv(into, 0, tag=7)
             if into.tolist() != [4.0, 5.0]:
                 fail("dropped recv", f"the later recv got {into.tolist()}")
+        # Two recvs from one sender with one tag, waited for in the other order: each gets its own message.
+        if rank == 0:
+            dist.send(torch.tensor([1.0, 1.0]), ODD, tag=13)
+            dist.send(torch.tensor([2.0, 2.0]), ODD, tag=13)
+        elif rank == ODD:
+            first, second = torch.empty(2), torch.empty(2)
+            a, b = dist.irecv(first, 0, tag=13), dist.irecv(second, 0, tag=13)
+            b.wait()
+            a.wait()
+            if first.tolist() != [1.0, 1.0] or second.tolist() != [2.0, 2.0]:
+                fail("recvs waited out of order", f"got {first.tolist()} and {second.tolist()}")
         # Sends never waited for are reaped once complete (not kept for good).
         if rank == 0:
             for k in range(40):
