@@ -108,7 +108,10 @@ def _dtype_name(dtype: object) -> str:
     if isinstance(dtype, str) and dtype.startswith("cuda "):
         return dtype
     try:
-        return np.dtype(dtype).name
+        dtype = np.dtype(dtype)
+        if dtype.names:  # a structured dtype names its fields (ddlfast.torch.broadcast_parameters: each tensor)
+            return "{" + ", ".join(dtype.names) + "}"
+        return dtype.name
     except TypeError:  # a name NumPy does not know (a torch dtype's, "bfloat16" without ml_dtypes)
         return str(dtype)
 

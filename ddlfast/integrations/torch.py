@@ -598,12 +598,33 @@ def broadcast_parameters(params: torch.nn.Module | dict | Iterable[torch.Tensor]
             n = t.numel() * t.element_size()
             flat[offset:offset + n].copy_(t.detach().reshape(-1).cpu().view(torch.uint8))
             offset += n
-        context.broadcast_bytes(flat.numpy(), root)
+        # Broadcast as one element of a structured dtype whose fields name each tensor's dtype and shape: the
+        # agreement then compares them (not only the byte count), so ranks whose models differ in dtypes or
+        # shapes with the same total bytes raise on every rank instead of reinterpreting root's bytes.
+        context.broadcast(flat.numpy().view(_layout_dtype(tensors)), root)
         offset = 0
         for t in tensors:
             n = t.numel() * t.element_size()
             t.copy_(flat[offset:offset + n].to(t.device).view(t.dtype).view_as(t))
             offset += n
+
+
+_LAYOUT_DTYPES: dict[tuple, np.dtype] = {}
+
+
+def _layout_dtype(tensors: list[torch.Tensor]) -> np.dtype:
+    """A structured NumPy dtype of the tensors' bytes, one field per tensor named "<index>:<dtype>[<shape>]"
+    (cached: broadcast_parameters runs before every training forward when buffers follow rank 0)."""
+    key = tuple((t.dtype, t.shape) for t in tensors)
+    dtype = _LAYOUT_DTYPES.get(key)
+    if dtype is None:
+        if len(_LAYOUT_DTYPES) >= 256:
+            _LAYOUT_DTYPES.clear()
+        names = [f"{i}:{str(d).removeprefix('torch.')}[{','.join(map(str, shape))}]"
+                 for i, (d, shape) in enumerate(key)]
+        formats = [f"V{t.numel() * t.element_size()}" for t in tensors]
+        dtype = _LAYOUT_DTYPES[key] = np.dtype({"names": names, "formats": formats})
+    return dtype
 
 
 def init_process_group(backend: str = "gloo", **kwargs: Any) -> None:

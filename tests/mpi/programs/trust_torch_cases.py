@@ -3,9 +3,9 @@ after the same call succeeded, and after an earlier caught error), every rank's 
 and that its message names what and where, or results equal to an independent NumPy reference and bit-identical
 on every rank. argv[1]:
 
-- "inputs" (DDLFAST_TIMEOUT_S large): sparse gradients whose table differs per rank, a broadcast whose dtypes
-  differ per rank, a parameter unfrozen after distribute(), tensors that require grad, point-to-point tags and
-  dropped/unwaited Works;
+- "inputs" (DDLFAST_TIMEOUT_S large): sparse gradients whose table differs per rank, a broadcast (backend's and
+  broadcast_parameters) whose dtypes differ per rank, a parameter unfrozen after distribute(), tensors that
+  require grad, point-to-point tags, dropped/unwaited Works and recvs waited for out of order;
 - "deadlock" (DDLFAST_TIMEOUT_S small): every rank receives from the next one, which never sends: every rank
   raises DdlfastTimeoutError naming the point-to-point receives, then destroy_process_group() is quiet.
 
@@ -176,6 +176,24 @@ if group_of == "inputs":
         group.broadcast(pair, dist.BroadcastOptions()).wait()
         equal("coalesced after errors a", pair[0], np.zeros(2))
         equal("coalesced after errors b", pair[1], np.zeros(3))
+
+    @case
+    def broadcast_parameters_layouts_differ() -> None:
+        def params(r: int, wide: bool = False) -> dict[str, torch.Tensor]:
+            weight = torch.full((2, 2), float(r), dtype=torch.float64) if wide else torch.full((2, 4), float(r))
+            return {"weight": weight, "bias": torch.full((2,), 10.0 + r)}
+
+        mine = params(rank)
+        dt.broadcast_parameters(mine, root=0)  # the layout cached
+        equal("broadcast_parameters weight", mine["weight"], np.zeros((2, 4)))
+        equal("broadcast_parameters bias", mine["bias"], np.full(2, 10.0))
+        # The same 40 bytes on one rank as float64[2,2] + float32[2]: every rank raises, naming both layouts.
+        odd = params(rank, wide=rank == ODD)
+        raises("broadcast_parameters dtypes", lambda: dt.broadcast_parameters(odd, root=0), DdlfastConsistentError,
+               "0:float32[2,4]", "0:float64[2,2]", f"rank {ODD} passed")
+        mine = params(rank)
+        dt.broadcast_parameters(mine, root=0)
+        equal("broadcast_parameters after the error", mine["weight"], np.zeros((2, 4)))
 
     @case
     def parameter_unfrozen_after_distribute() -> None:
