@@ -337,6 +337,8 @@ if group_of == "deadlock":
     def point_to_point_deadlock() -> None:
         t = torch.ones(2)
         dist.all_reduce(t)  # layouts cached, the group healthy
+        raises("mismatch before the deadlock", lambda: dist.all_reduce(torch.ones(2 + (rank == ODD))),
+               DdlfastConsistentError, "disagree")  # an earlier caught error
         # Every rank receives from the next one; nobody sends.
         source = (rank + 1) % world
         raises("p2p deadlock", lambda: dist.recv(torch.empty(2), source, tag=5), DdlfastTimeoutError,
