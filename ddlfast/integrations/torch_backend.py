@@ -600,7 +600,8 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
         description = f"recv from rank {src} (tag {tag})"
         work = _PointToPointWork(self._submit(post, description), tensors, complete, self, description,
                                  source_rank=lambda: box["sender"])
-        weakref.finalize(work, self._drop_recv, box, header, mpi_tag)
+        # Not at interpreter exit: the contexts close then, and nothing more is received.
+        weakref.finalize(work, self._drop_recv, box, header, mpi_tag).atexit = False
         return work
 
     def _post_data_receives(self) -> None:
