@@ -222,7 +222,7 @@ class GradientReducer:
             return None
         planned, current = set(self._planned), {id(p) for _, p in now}
         added = [name for name, p in now if id(p) not in planned]
-        names = {pid: name for name, p in self._model.named_parameters() for pid in [id(p)]}
+        names = {id(p): name for name, p in self._model.named_parameters()}
         frozen = [names.get(pid, self._names.get(pid, "a removed parameter")) for pid in self._planned
                   if pid not in current]
         parts = []
@@ -439,15 +439,17 @@ class GradientReducer:
         # refuses dense ones that differ): a table of 10 rows on one rank and 4000 on another would otherwise
         # gather indices that are out of range on the smaller one. A stale plan (_plan_change) joins this
         # agreement too (with dense buckets it has already failed them).
-        stale = self._stale
+        # So does each rank's own check of its gradients' row indices: torch's coalesce() itself corrupts memory
+        # on a negative one, so a bad gradient is refused before it, on every rank alike.
+        problem = self._stale or self._sparse_index_problem()
         shapes = "; ".join(f"{self._name(p)} {str(p.dtype).removeprefix('torch.')}[{','.join(map(str, p.shape))}]"
                            for p in self.sparse_params)
 
         def check() -> None:
-            if stale is not None:
-                raise DdlfastConsistentError(stale)
+            if problem is not None:
+                raise DdlfastConsistentError(problem)
 
-        layout = ("sparse gradients of Embedding(sparse=True)", shapes + (f"; {stale}" if stale else ""))
+        layout = ("sparse gradients of Embedding(sparse=True)", shapes + (f"; {problem}" if problem else ""))
         self.context.submit_agreed(layout, check, "the sparse gradients' shapes").wait()
         grads = []
         for p in self.sparse_params:
@@ -471,23 +473,41 @@ class GradientReducer:
                 indices[:, offset:offset + g.indices().shape[1]] = g.indices().numpy()
                 values[offset:offset + g.values().shape[0]] = g.values()
             arrays += [indices, numpy_view(values)]
-            slots.append((p, indices, values))
+            slots.append((p, indices, values, row))
         if arrays:
             self.context.fused_allreduce(arrays, op="sum")
-        for p, indices, _ in slots:
+        for p, indices, _, row in slots:
             # Every rank holds the same gathered indices, so every rank reaches the same verdict.
             outside = np.flatnonzero((indices[0] < 0) | (indices[0] >= p.shape[0]))
             if outside.size:
-                row = counts[self.sparse_params.index(p)]
                 culprit = int(np.searchsorted(np.cumsum(row), outside[0], side="right"))
                 raise DdlfastConsistentError(
                     f"{self._name(p)}: rank {culprit}'s sparse gradient has row index {int(indices[0, outside[0]])}, "
                     f"outside the table's {p.shape[0]} rows (shape {tuple(p.shape)})")
-        for p, indices, values in slots:
+        for p, indices, values, _ in slots:
             if self.op == "average":
                 values /= world
             p.grad = torch.sparse_coo_tensor(torch.from_numpy(indices), values, p.shape,
                                              check_invariants=False).coalesce()
+
+    def _sparse_index_problem(self) -> str | None:
+        """What is wrong with this rank's sparse gradients (a row index outside the table, more than one sparse
+        dimension), or None; one min/max over each gradient's indices."""
+        for p in self.sparse_params:
+            g = p.grad
+            if g is None or not g.is_sparse:
+                continue
+            if g.sparse_dim() != 1:
+                return (f"{self._name(p)}: rank {self.context.rank}'s sparse gradient has {g.sparse_dim()} sparse "
+                        "dimensions; an Embedding's has 1 (its rows)")
+            rows = g._indices()
+            if rows.numel():
+                low, high = int(rows.min()), int(rows.max())
+                if low < 0 or high >= p.shape[0]:
+                    return (f"{self._name(p)}: rank {self.context.rank}'s sparse gradient has row index "
+                            f"{low if low < 0 else high}, outside the table's {p.shape[0]} rows (shape "
+                            f"{tuple(p.shape)})")
+        return None
 
     def remove(self) -> None:
         for hook in self._hooks:

@@ -151,6 +151,21 @@ if group_of == "inputs":
         raises("sparse index out of range", lambda: embedding_step(10, 10, corrupt=rank == ODD),
                DdlfastConsistentError, f"rank {ODD}", "row index 12", "10 rows")
         equal("sparse after the index error", embedding_step(10, 10), embedding_reference(10), 1e-6)
+        # Two sparse tables, the second one's gradient corrupt on one rank: named by parameter and rank.
+        torch.manual_seed(0)
+        model = torch.nn.ModuleDict({"a": torch.nn.Embedding(10, 3, sparse=True),
+                                     "b": torch.nn.Embedding(10, 3, sparse=True)})
+        reducer = dt.distribute(model)
+        idx = torch.tensor([(rank * 3 + k) % 10 for k in range(4)])
+        (model["a"](idx).sum() + model["b"](idx).sum()).backward()
+        if rank == ODD:
+            g = model["b"].weight.grad.coalesce()
+            bad = g.indices().clone()
+            bad[0, -1] = -1
+            model["b"].weight.grad = torch.sparse_coo_tensor(bad, g.values(), (10, 3), check_invariants=False)
+        raises("sparse index, second table", reducer.synchronize, DdlfastConsistentError, "b.weight",
+               f"rank {ODD}'s", "row index -1")
+        reducer.remove()
 
     @case
     def broadcast_dtypes_differ() -> None:
