@@ -1,6 +1,6 @@
 # C++ declarations of the compiled core, in one place (as mpi4py's libmpi.pxd).
 from libc.stddef cimport size_t
-from libc.stdint cimport uint64_t
+from libc.stdint cimport int64_t, uint64_t
 from libcpp cimport bool
 from libcpp.memory cimport unique_ptr
 from libcpp.string cimport string
@@ -116,6 +116,8 @@ cdef extern from "transport/mpi_transport.h" namespace "ddlfast" nogil:
         void set_spin_us(double microseconds)
         double spin_us()
         Status wait_request(MPI_Request* request, const char* what, int peer) except +
+        Status wait_point_to_point(MPI_Request* request, const char* what, int64_t kind, int peer,
+                                   int64_t tag) except +
         Status agree(uint64_t digest, bool* agreed) except +
         uint64_t sequence()
         void abandon_and_tell(const string& reason, bool interrupted) except +

@@ -5,7 +5,7 @@ here; every loop that touches data runs in C++ with the GIL released."""
 
 from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.exc cimport PyErr_CheckSignals
-from libc.stdint cimport uint64_t, uintptr_t
+from libc.stdint cimport int64_t, uint64_t, uintptr_t
 from libc.stddef cimport size_t
 from libcpp cimport bool
 from libcpp.memory cimport unique_ptr
@@ -175,17 +175,27 @@ cdef class Engine:
         """The number of the collective in progress (of the latest agreement) on this context."""
         return self.get().transport().sequence()
 
-    def wait_requests(self, requests, what: str) -> None:
-        """Complete mpi4py requests (any communicator) through the core's one stall-limited poll loop."""
+    def wait_requests(self, requests, what: str, waiting=None) -> None:
+        """Complete mpi4py requests (any communicator) through the core's one stall-limited poll loop.
+        waiting=(kind, peer, tag): a point-to-point wait (kind 1 receive, 2 send; peer -1: any rank), which a
+        stall census then reports as such."""
         cdef MPI.Request request
         cdef Status status
         cdef Context* context = self.get()
         cdef bytes what_bytes = what.encode()
         cdef const char* what_text = what_bytes
+        cdef int64_t kind = 0
+        cdef int peer = -1
+        cdef int64_t tag = 0
+        if waiting is not None:
+            kind, peer, tag = waiting
         for item in requests:
             request = <MPI.Request?>item
             with nogil:
-                status = context.transport().wait_request(&request.ob_mpi, what_text, -1)
+                if kind == 0:
+                    status = context.transport().wait_request(&request.ob_mpi, what_text, -1)
+                else:
+                    status = context.transport().wait_point_to_point(&request.ob_mpi, what_text, kind, peer, tag)
             finish_call(status)
 
     def abandon(self, reason: str, bint interrupted=False) -> None:

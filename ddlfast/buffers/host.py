@@ -62,8 +62,11 @@ def torch_tensor_module(obj: object) -> Any:
 
 
 def numpy_view(tensor: Any) -> np.ndarray:
-    """A NumPy array sharing a CPU torch tensor's memory (bfloat16 through ml_dtypes)."""
+    """A NumPy array sharing a CPU torch tensor's memory (bfloat16 through ml_dtypes). A tensor that requires
+    grad is read detached, as gloo reads it: the view shares its storage, so in-place results land in it."""
     torch = torch_tensor_module(tensor)
+    if tensor.requires_grad:
+        tensor = tensor.detach()
     if tensor.dtype == torch.bfloat16:
         return tensor.view(torch.int16).numpy().view(numpy_dtype("bfloat16"))
     return tensor.numpy()

@@ -122,7 +122,13 @@ def _dtype_name(dtype: object) -> str:
     """A NumPy dtype's name; GPU layouts carry their own text ("cuda float32")."""
     if isinstance(dtype, str) and dtype.startswith("cuda "):
         return dtype
-    return np.dtype(dtype).name
+    try:
+        dtype = np.dtype(dtype)
+        if dtype.names:  # a structured dtype names its fields (ddlfast.torch.broadcast_parameters: each tensor)
+            return "{" + ", ".join(dtype.names) + "}"
+        return dtype.name
+    except TypeError:  # a name NumPy does not know (a torch dtype's, "bfloat16" without ml_dtypes)
+        return str(dtype)
 
 
 def _size_settings(sizes: tuple) -> dict:
@@ -253,7 +259,8 @@ def disagreement_message(descriptions: list[dict]) -> str:
         return (f"ranks disagree on {name} (the ranks' settings must match): " +
                 _by_rank(descriptions, lambda d: f"{name}={d['settings'][name]!r}"))
     if _differs(descriptions, "details"):
-        return "ranks disagree on the context's settings: " + _by_rank(descriptions, lambda d: repr(d["details"]))
+        return (f"ranks disagree on the arguments of {descriptions[0]['kind']}: " +
+                _by_rank(descriptions, lambda d: repr(d["details"])))
     if len({len(d.get("arrays", ())) for d in descriptions}) > 1:
         return "ranks disagree on the number of arrays: " + _by_rank(
             descriptions, lambda d: f"{len(d['arrays'])} arrays")

@@ -78,10 +78,12 @@ class Control:
         self.size = comm.Get_size()
         self._core = core
 
-    def complete(self, request: MPI.Request | list[MPI.Request], buffers: tuple, what: str) -> None:
+    def complete(self, request: MPI.Request | list[MPI.Request], buffers: tuple, what: str,
+                 waiting: tuple[int, int, int] | None = None) -> None:
+        """waiting=(kind, peer, tag) marks a point-to-point wait for the stall census (Engine.wait_requests)."""
         requests = request if isinstance(request, list) else [request]
         try:
-            self._core.wait_requests(requests, what)
+            self._core.wait_requests(requests, what, waiting)
         except BaseException:
             _ABANDONED.append((requests, buffers))
             raise

@@ -16,8 +16,11 @@ __all__ = ["SUPPORTED_DTYPES", "collective_view", "for_backward", "numpy_view", 
 
 
 def collective_view(tensor: torch.Tensor) -> Any:
-    """What ddlfast reduces: a NumPy view of a CPU tensor, the tensor itself on a GPU."""
-    return tensor if tensor.device.type == "cuda" else numpy_view(tensor)
+    """What ddlfast reduces: a NumPy view of a CPU tensor, the tensor itself on a GPU (detached when it requires
+    grad: DLPack refuses such tensors; the detached tensor shares the storage)."""
+    if tensor.device.type == "cuda":
+        return tensor.detach() if tensor.requires_grad else tensor
+    return numpy_view(tensor)
 
 
 def stream_of(tensor: torch.Tensor) -> int | None:

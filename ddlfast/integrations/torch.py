@@ -42,7 +42,7 @@ from ddlfast.api import default_context
 from ddlfast.config import load_settings
 from ddlfast.context import Context
 from ddlfast.engine.worker import Handle
-from ddlfast.errors import DdlfastError
+from ddlfast.errors import DdlfastConsistentError, DdlfastError
 from ddlfast.fusion.bucketing import assign_buckets
 from ddlfast.integrations.tensors import SUPPORTED_DTYPES, collective_view, for_backward, numpy_view, stream_of
 from ddlfast.integrations.torch_backend import register as _register_backend
@@ -50,6 +50,21 @@ from ddlfast.integrations.torch_ddp import HookState, allreduce_hook, bf16_hook,
 from ddlfast.integrations.torch_ddp import init_process_group as _init_from_mpi
 
 _SPARSE_MODULES = (torch.nn.Embedding, torch.nn.EmbeddingBag)
+
+# Parameters and submodules registered on any module since import (torch's global registration hooks, installed
+# by the first distribute()): a reducer walks its model's parameters only after this count changed.
+_registrations = [0]
+
+
+def _registrations_seen() -> int:
+    if not _registrations[1:]:
+        def count(*_: Any) -> None:
+            _registrations[0] += 1
+
+        torch.nn.modules.module.register_module_parameter_registration_hook(count)
+        torch.nn.modules.module.register_module_module_registration_hook(count)
+        _registrations.append(1)  # installed
+    return _registrations[0]
 
 # Phases of one step (see the module docstring).
 _IDLE, _ACCUMULATING, _SUBMITTED = "idle", "accumulating", "submitted"
@@ -131,6 +146,12 @@ class GradientReducer:
                  broadcast_buffers: bool = True, find_unused_parameters: bool = False,
                  sparse_as_dense: bool = False) -> None:
         self.context = context or default_context()
+        self._model = model
+        self._options = {"op": op, "dims": dims, "bucket_bytes": bucket_bytes,
+                         "first_bucket_bytes": first_bucket_bytes, "context": self.context,
+                         "backward_passes_per_step": backward_passes_per_step,
+                         "broadcast_buffers": broadcast_buffers, "find_unused_parameters": find_unused_parameters,
+                         "sparse_as_dense": sparse_as_dense}
         if op not in ("average", "sum"):
             raise DdlfastError(f"op must be 'average' or 'sum', not {op!r}")
         if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
@@ -141,6 +162,12 @@ class GradientReducer:
         self.sparse_as_dense = sparse_as_dense
         self._names = {id(p): name for name, p in model.named_parameters()}
         params = [p for p in model.parameters() if p.requires_grad]
+        self._planned = [id(p) for p in params]  # the trainable parameters the plan covers, in order
+        # What the per-step check reads (_plan_change): the parameters frozen when planned, and how many
+        # parameters and modules had been registered anywhere (a new one may be this model's).
+        self._frozen = [p for p in model.parameters() if not p.requires_grad]
+        self._registrations = _registrations_seen()
+        self._stale: str | None = None  # this sync pass: why the plan no longer covers the model (see _plan_change)
         if not params:
             raise DdlfastError("the model has no parameters that require gradients")
         _check_tensors(params, "parameters")
@@ -177,6 +204,52 @@ class GradientReducer:
     def _name(self, param: torch.Tensor) -> str:
         return self._names.get(id(param), f"parameter of shape {tuple(param.shape)}")
 
+    def _plan_change(self, planned: Iterable[torch.Tensor] = ()) -> str | None:
+        """Why the buckets no longer cover the model's trainable parameters (one unfrozen with requires_grad_(True)
+        or added since distribute(), or one frozen since), or None. A parameter outside the plan is never
+        averaged, so the ranks' models would drift apart silently; a frozen one would get averaged zeros.
+
+        Cheap in a step where nothing changed: it reads requires_grad of the parameters frozen when planned and
+        of `planned` (the planned ones that got no gradient this pass: only those can have been frozen since),
+        about 0.3 us each, and walks the model only after a parameter or module was registered somewhere."""
+        if (_registrations[0] == self._registrations and not any(p.requires_grad for p in self._frozen)
+                and all(p.requires_grad for p in planned)):
+            return None
+        now = [(name, p) for name, p in self._model.named_parameters() if p.requires_grad]
+        if [id(p) for _, p in now] == self._planned:
+            if not any(p.requires_grad for p in self._frozen):
+                self._registrations = _registrations[0]  # the registrations were another model's
+            return None
+        planned, current = set(self._planned), {id(p) for _, p in now}
+        added = [name for name, p in now if id(p) not in planned]
+        names = {id(p): name for name, p in self._model.named_parameters()}
+        frozen = [names.get(pid, self._names.get(pid, "a removed parameter")) for pid in self._planned
+                  if pid not in current]
+        parts = []
+        if added:
+            parts.append(f"{', '.join(added[:4])}{' ...' if len(added) > 4 else ''} require"
+                         f"{'s' if len(added) == 1 else ''} gradients but did not when distribute() was called "
+                         "(unfrozen with requires_grad_(True), or added since): never averaged")
+        if frozen:
+            parts.append(f"{', '.join(frozen[:4])}{' ...' if len(frozen) > 4 else ''} no longer require"
+                         f"{'s' if len(frozen) == 1 else ''} gradients")
+        if not parts:
+            parts.append("the trainable parameters are in another order than when distribute() was called")
+        return (f"the model's trainable parameters on rank {self.context.rank} changed after distribute(): "
+                f"{'; '.join(parts)}. Call reducer.rebuild() on every rank after changing which parameters train")
+
+    def rebuild(self) -> None:
+        """Plan the buckets again for the parameters that train now, on every rank, between steps (after
+        requires_grad_() changed or parameters were added). The gradients start again from zero."""
+        if self._in_pass:
+            raise DdlfastError("rebuild() was called during backward")
+        self.discard()
+        self.remove()
+        for bucket in self.buckets:
+            for p in bucket.params:
+                p.grad = None
+        self.__init__(self._model, **self._options)  # type: ignore[misc]
+
     # -- forward -------------------------------------------------------------------------------------------------
 
     def _broadcast_buffers(self, module: torch.nn.Module, inputs: Any) -> None:
@@ -211,6 +284,9 @@ class GradientReducer:
         self._sync_pass = self._no_sync_depth == 0 and self._passes + 1 >= self.backward_passes_per_step
         torch.autograd.Variable._execution_engine.queue_callback(self._end_pass)
         if self._sync_pass:
+            # Before any bucket goes out: a stale plan makes this rank refuse every bucket of the step instead,
+            # so every rank's buckets fail alike (through the agreement) and synchronize() raises everywhere.
+            self._stale = self._plan_change(self._params_of(self._unreached or ()))
             for bucket in self.buckets:
                 bucket.ready.clear()
             for pid in self._unreached or ():
@@ -256,8 +332,17 @@ class GradientReducer:
         if self._sync_pass:
             self._flush()
 
+    def _params_of(self, ids: Iterable[int]) -> list[torch.Tensor]:
+        return [self.buckets[b].params[position] for b, position in (self._slot[pid] for pid in ids)]
+
     def _flush(self) -> None:
         """Mark every parameter ready and put every bucket on the wire (end of a sync pass, or synchronize())."""
+        if self._stale is None:
+            # A planned parameter that got no gradient may have been frozen since: checked before its bucket
+            # (and every later one) goes out, so from that bucket on this rank refuses, and every rank fails alike.
+            unready = [bucket.params[position] for bucket in self.buckets[self._next_to_submit:]
+                       for position in range(len(bucket.params)) if position not in bucket.ready]
+            self._stale = self._plan_change([*unready, *self.sparse_params])
         for bucket in self.buckets:
             for position in range(len(bucket.params)):
                 if position not in bucket.ready:
@@ -272,9 +357,21 @@ class GradientReducer:
                and len(self.buckets[self._next_to_submit].ready) == len(self.buckets[self._next_to_submit].params)):
             bucket = self.buckets[self._next_to_submit]
             with for_backward(self.context):  # a gradient hook, maybe on an autograd device thread
-                bucket.handle = self.context.fused_allreduce_async([bucket.flat_view], op=self.op, dims=self.dims,
-                                                                   stream=stream_of(bucket.flat))
+                if self._stale is not None:
+                    bucket.handle = self._refused(self._stale)
+                else:
+                    bucket.handle = self.context.fused_allreduce_async(
+                        [bucket.flat_view], op=self.op, dims=self.dims, stream=stream_of(bucket.flat))
             self._next_to_submit += 1
+
+    def _refused(self, error: str) -> Handle:
+        """A bucket's place in the order of collectives, taken by this rank's refusal: the others' allreduce of
+        the bucket meets it in the agreement, and every rank's handle fails with a DdlfastConsistentError that
+        quotes `error` (nothing was sent; the context stays usable)."""
+        def refuse() -> None:
+            raise DdlfastConsistentError(error)
+
+        return self.context.submit_agreed(("error", error), refuse, "a refused bucket")
 
     # -- the step ------------------------------------------------------------------------------------------------
 
@@ -296,14 +393,20 @@ class GradientReducer:
             raise DdlfastError("synchronize() was called during backward")
         if self._phase == _IDLE:
             return
-        if self._phase == _ACCUMULATING:
+        if self._phase == _ACCUMULATING:  # no sync pass checked the plan: _flush checks it before buckets go out
             self._flush()
         start = time.perf_counter()
         try:
-            for bucket in self.buckets:
+            failure: DdlfastError | None = None
+            for bucket in self.buckets:  # every bucket, so none is left in flight behind a failed one
                 if bucket.handle is not None:
-                    bucket.handle.wait()
+                    try:
+                        bucket.handle.wait()
+                    except DdlfastError as error:
+                        failure = failure or error
                     self.communication_s += bucket.handle.duration_s
+            if failure is not None:
+                raise failure
             if self.sparse_params:
                 self._reduce_sparse()
         finally:
@@ -327,11 +430,28 @@ class GradientReducer:
         self._next_to_submit = 0
         self._passes = 0
         self._phase = _IDLE
+        self._stale = None
 
     def _reduce_sparse(self) -> None:
         """Allgather every sparse gradient's indices and values (as sums into zeros: the public API has no
         allgather) and average them; every rank builds the same coalesced tensor."""
         rank, world = self.context.rank, self.context.size
+        # Every rank's sparse parameters, full shapes and dtypes, must match (as the dense buckets' agreement
+        # refuses dense ones that differ): a table of 10 rows on one rank and 4000 on another would otherwise
+        # gather indices that are out of range on the smaller one. A stale plan (_plan_change) joins this
+        # agreement too (with dense buckets it has already failed them).
+        # So does each rank's own check of its gradients' row indices: torch's coalesce() itself corrupts memory
+        # on a negative one, so a bad gradient is refused before it, on every rank alike.
+        problem = self._stale or self._sparse_index_problem()
+        shapes = "; ".join(f"{self._name(p)} {str(p.dtype).removeprefix('torch.')}[{','.join(map(str, p.shape))}]"
+                           for p in self.sparse_params)
+
+        def check() -> None:
+            if problem is not None:
+                raise DdlfastConsistentError(problem)
+
+        layout = ("sparse gradients of Embedding(sparse=True)", shapes + (f"; {problem}" if problem else ""))
+        self.context.submit_agreed(layout, check, "the sparse gradients' shapes").wait()
         grads = []
         for p in self.sparse_params:
             g = p.grad.coalesce() if p.grad is not None else None
@@ -354,14 +474,41 @@ class GradientReducer:
                 indices[:, offset:offset + g.indices().shape[1]] = g.indices().numpy()
                 values[offset:offset + g.values().shape[0]] = g.values()
             arrays += [indices, numpy_view(values)]
-            slots.append((p, indices, values))
+            slots.append((p, indices, values, row))
         if arrays:
             self.context.fused_allreduce(arrays, op="sum")
-        for p, indices, values in slots:
+        for p, indices, _, row in slots:
+            # Every rank holds the same gathered indices, so every rank reaches the same verdict.
+            outside = np.flatnonzero((indices[0] < 0) | (indices[0] >= p.shape[0]))
+            if outside.size:
+                culprit = int(np.searchsorted(np.cumsum(row), outside[0], side="right"))
+                raise DdlfastConsistentError(
+                    f"{self._name(p)}: rank {culprit}'s sparse gradient has row index {int(indices[0, outside[0]])}, "
+                    f"outside the table's {p.shape[0]} rows (shape {tuple(p.shape)})")
+        for p, indices, values, _ in slots:
             if self.op == "average":
                 values /= world
             p.grad = torch.sparse_coo_tensor(torch.from_numpy(indices), values, p.shape,
                                              check_invariants=False).coalesce()
+
+    def _sparse_index_problem(self) -> str | None:
+        """What is wrong with this rank's sparse gradients (a row index outside the table, more than one sparse
+        dimension), or None; one min/max over each gradient's indices."""
+        for p in self.sparse_params:
+            g = p.grad
+            if g is None or not g.is_sparse:
+                continue
+            if g.sparse_dim() != 1:
+                return (f"{self._name(p)}: rank {self.context.rank}'s sparse gradient has {g.sparse_dim()} sparse "
+                        "dimensions; an Embedding's has 1 (its rows)")
+            rows = g._indices()
+            if rows.numel():
+                low, high = int(rows.min()), int(rows.max())
+                if low < 0 or high >= p.shape[0]:
+                    return (f"{self._name(p)}: rank {self.context.rank}'s sparse gradient has row index "
+                            f"{low if low < 0 else high}, outside the table's {p.shape[0]} rows (shape "
+                            f"{tuple(p.shape)})")
+        return None
 
     def remove(self) -> None:
         for hook in self._hooks:
@@ -472,12 +619,33 @@ def broadcast_parameters(params: torch.nn.Module | dict | Iterable[torch.Tensor]
             n = t.numel() * t.element_size()
             flat[offset:offset + n].copy_(t.detach().reshape(-1).cpu().view(torch.uint8))
             offset += n
-        context.broadcast_bytes(flat.numpy(), root)
+        # Broadcast as one element of a structured dtype whose fields name each tensor's dtype and shape: the
+        # agreement then compares them (not only the byte count), so ranks whose models differ in dtypes or
+        # shapes with the same total bytes raise on every rank instead of reinterpreting root's bytes.
+        context.broadcast(flat.numpy().view(_layout_dtype(tensors)), root)
         offset = 0
         for t in tensors:
             n = t.numel() * t.element_size()
             t.copy_(flat[offset:offset + n].to(t.device).view(t.dtype).view_as(t))
             offset += n
+
+
+_LAYOUT_DTYPES: dict[tuple, np.dtype] = {}
+
+
+def _layout_dtype(tensors: list[torch.Tensor]) -> np.dtype:
+    """A structured NumPy dtype of the tensors' bytes, one field per tensor named "<index>:<dtype>[<shape>]"
+    (cached: broadcast_parameters runs before every training forward when buffers follow rank 0)."""
+    key = tuple((t.dtype, t.shape) for t in tensors)
+    dtype = _LAYOUT_DTYPES.get(key)
+    if dtype is None:
+        if len(_LAYOUT_DTYPES) >= 256:
+            _LAYOUT_DTYPES.clear()
+        names = [f"{i}:{str(d).removeprefix('torch.')}[{','.join(map(str, shape))}]"
+                 for i, (d, shape) in enumerate(key)]
+        formats = [f"V{t.numel() * t.element_size()}" for t in tensors]
+        dtype = _LAYOUT_DTYPES[key] = np.dtype({"names": names, "formats": formats})
+    return dtype
 
 
 def init_process_group(backend: str = "gloo", **kwargs: Any) -> None:

@@ -19,6 +19,7 @@ ddlfast. docs/torch.md lists what a Python process group cannot do in torch 2.13
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import sys
@@ -36,6 +37,7 @@ from torch._C._distributed_c10d import ReduceOp
 
 import ddlfast
 from ddlfast import abort, api
+from ddlfast.config import load_settings
 from ddlfast.engine.worker import Handle
 from ddlfast.errors import DdlfastConsistentError, DdlfastError
 from ddlfast.integrations.tensors import collective_view, for_backward, numpy_view, stream_of
@@ -46,9 +48,13 @@ _OPS = {ReduceOp.SUM: "sum", ReduceOp.AVG: "average", ReduceOp.MIN: "min", Reduc
         ReduceOp.PRODUCT: "product"}
 # MPI_Comm_create_group's tag: torch creates groups one at a time, in the same order on every member.
 _CREATE_GROUP_TAG = 0x7D1F
-_HEADER = 3  # int64s ahead of each point-to-point message: sender's rank, byte count, dtype
+_HEADER = 4  # int64s ahead of each point-to-point message: sender's rank, byte count, dtype, the user's tag
+# What a point-to-point wait is, for the stall census (MpiTransport::kWaitReceive, kWaitSend).
+_WAIT_RECEIVE, _WAIT_SEND = 1, 2
 
 
+# How long destroy_process_group waits for queued work when there is no stall limit (DDLFAST_TIMEOUT_S=0).
+SHUTDOWN_TIMEOUT_S = 60.0
 # DDP's buffer broadcasts go out in one ddlfast broadcast per this many bytes (see _broadcast_coalesced).
 PACK_BYTES = 64 << 20
 _torch_broadcast_coalesced = dist._broadcast_coalesced
@@ -152,8 +158,8 @@ def _reduce_op(opts: Any) -> str:
 
 
 def _flat_bytes(tensor: torch.Tensor) -> np.ndarray:
-    """A contiguous CPU tensor's bytes (any dtype), sharing its memory."""
-    return tensor.view(-1).view(torch.uint8).numpy() if tensor.numel() else np.empty(0, np.uint8)
+    """A contiguous CPU tensor's bytes (any dtype), sharing its memory (read detached when it requires grad)."""
+    return tensor.detach().view(-1).view(torch.uint8).numpy() if tensor.numel() else np.empty(0, np.uint8)
 
 
 class DdlfastWork(dist.Work):
@@ -263,6 +269,10 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
         self._context = api._context_for(comm)  # the default context for COMM_WORLD: one thread, one order
         # MPI-side operations on a communicator of their own, completed through the core's stall-limited wait.
         self._mpi = self._context.control_on(comm.Dup())
+        self._data = comm.Dup()  # point-to-point data messages (headers go on self._mpi.comm)
+        self._tag_bound = int(self._data.Get_attr(MPI.TAG_UB))
+        self._sends: list[tuple[list[Any], tuple]] = []  # posted sends: requests, and buffers kept until done
+        self._recvs: list[dict[str, Any]] = []  # posted recvs whose data receive is not posted yet, in order
         self._group_name = ""
         self._group_desc = ""
         _groups.add(self)
@@ -378,26 +388,32 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
             self._host_only(tensors, "broadcast of several tensors" if len(tensors) > 1 else "broadcast")
         except DdlfastError as error:
             raise self._refuse(error) from None
+        mpi = self._mpi
         if len(tensors) == 1:
             target = _flat_bytes(tensors[0])
-            return DdlfastWork(self._submit(lambda: context.broadcast_bytes(target, root), "broadcast"), tensors)
-        flat = torch.empty(sum(t.numel() * t.element_size() for t in tensors), dtype=torch.uint8)
+            run: Callable[[], None] = lambda: mpi.bcast_into(target, root, "a torch broadcast")  # noqa: E731
+        else:
+            flat = torch.empty(sum(t.numel() * t.element_size() for t in tensors), dtype=torch.uint8)
 
-        def run() -> None:
-            offset = 0
-            for t in tensors:
-                n = t.numel() * t.element_size()
-                flat[offset:offset + n].copy_(t.reshape(-1).view(torch.uint8))
-                offset += n
-            context.broadcast_bytes(flat.numpy(), root)
-            offset = 0
-            with torch.no_grad():
+            def run() -> None:
+                offset = 0
                 for t in tensors:
                     n = t.numel() * t.element_size()
-                    t.copy_(flat[offset:offset + n].view(t.dtype).view_as(t))
+                    flat[offset:offset + n].copy_(t.detach().reshape(-1).view(torch.uint8))
                     offset += n
+                mpi.bcast_into(flat.numpy(), root, f"a torch broadcast of {len(tensors)} tensors")
+                offset = 0
+                with torch.no_grad():
+                    for t in tensors:
+                        n = t.numel() * t.element_size()
+                        t.copy_(flat[offset:offset + n].view(t.dtype).view_as(t))
+                        offset += n
 
-        return DdlfastWork(self._submit(run, f"broadcast of {len(tensors)} tensors"), tensors)
+        # Every tensor's dtype and shape, in order, are in the agreement (not only the byte count): float32[4] on
+        # the root and int32[4] elsewhere, or a coalesced broadcast in another dtype order, raise on every rank.
+        layout = ("broadcast", root, tuple((_dtype_text(t.dtype), tuple(t.shape)) for t in tensors))
+        description = "broadcast" if len(tensors) == 1 else f"broadcast of {len(tensors)} tensors"
+        return DdlfastWork(context.submit_agreed(layout, run, description), tensors)
 
     def reduce(self, tensors: torch.Tensor | list[torch.Tensor], opts: Any = None) -> DdlfastWork:
         """ddlfast's allreduce, kept on the root only (other ranks reduce a copy: their tensors stay as they are)."""
@@ -507,23 +523,44 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
         mpi = self._mpi
         return self._agreed_work(("barrier",), lambda: mpi.barrier("a torch barrier"), "barrier", [])
 
+    # Point to point. Each message is a header (_HEADER int64s: sender, byte count, dtype, the user's tag) on the
+    # group's MPI communicator, then the data on a communicator of its own (self._data), both under the MPI tag
+    # _mpi_tag(tag): the user's tag itself up to MPI_TAG_UB, so a recv matches the sends MPI would match for
+    # that tag, headers and data alike in posting order; a larger tag (gloo takes any) is folded into that
+    # range and the header's copy of it is checked, so a fold that meets another tag's message raises.
+
+    def _mpi_tag(self, tag: object, what: str) -> int:
+        if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or tag < 0:
+            raise DdlfastError(f"{what} on rank {self.rank()}: tag {tag!r} is not an int >= 0")
+        return int(tag) % (self._tag_bound + 1)
+
+    def _reap_sends(self) -> None:
+        """Forget sends that completed without being waited for (dist.isend's Work dropped): their requests
+        and buffers were kept here until MPI was done with them."""
+        if self._sends:
+            self._sends = [entry for entry in self._sends if not MPI.Request.Testall(entry[0])]
+
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> DdlfastWork:
         tensors = _tensors(tensors)
         self._check(tensors, "send")
         self._host_only(tensors, "send")
         self._check_peer(dst, "send to")
+        mpi_tag = self._mpi_tag(tag, "send")
         tensor = tensors[0]
-        header = np.array([self.rank(), tensor.numel() * tensor.element_size(), _dtype_code(tensor.dtype)],
+        header = np.array([self.rank(), tensor.numel() * tensor.element_size(), _dtype_code(tensor.dtype), tag],
                           np.int64)
         data = _flat_bytes(tensor)
-        comm = self._mpi.comm
-        box: dict[str, Any] = {}
+        comm, data_comm = self._mpi.comm, self._data
+        entry: tuple[list[Any], tuple] = ([], (header, data, tensor))
 
         def post() -> None:
-            box["requests"] = [comm.Isend(header, dst, 2 * tag), comm.Isend([data, MPI.BYTE], dst, 2 * tag + 1)]
+            self._reap_sends()
+            entry[0].extend([comm.Isend(header, dst, mpi_tag), data_comm.Isend([data, MPI.BYTE], dst, mpi_tag)])
+            self._sends.append(entry)
 
         def complete() -> None:
-            self._wait_all(box["requests"], (header, data, tensor), f"a send to rank {dst} (tag {tag})")
+            self._wait_all(entry[0], entry[1], f"a send to rank {dst} (tag {tag})", (_WAIT_SEND, dst, tag))
+            self._reap_sends()
 
         description = f"send to rank {dst} (tag {tag})"
         return _PointToPointWork(self._submit(post, description), tensors, complete, self, description)
@@ -534,22 +571,31 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
         self._host_only(tensors, "recv")
         if src != MPI.ANY_SOURCE:
             self._check_peer(src, "recv from")
+        mpi_tag = self._mpi_tag(tag, "recv")
         tensor = tensors[0]
         header = np.zeros(_HEADER, np.int64)
         comm = self._mpi.comm
         box: dict[str, Any] = {}
         where = f"a recv from {'any rank' if src == MPI.ANY_SOURCE else f'rank {src}'} (tag {tag})"
+        peer = -1 if src == MPI.ANY_SOURCE else src
+
+        box.update(header_array=header, tensor=tensor, tag=tag, mpi_tag=mpi_tag)
 
         def post() -> None:
-            box["header"] = comm.Irecv(header, src, 2 * tag)
+            box["header"] = comm.Irecv(header, src, mpi_tag)
+            self._recvs.append(box)
 
         def complete() -> None:
-            self._wait_all([box["header"]], (header,), where)
-            sender, nbytes, code = (int(v) for v in header)
+            box["completing"] = True
+            self._wait_all([box["header"]], (header,), where, (_WAIT_RECEIVE, peer, tag))
+            self._post_data_receives()  # this recv's too: its header has arrived
+            sender, nbytes, code, sent_tag = (int(v) for v in header)
             expected = tensor.numel() * tensor.element_size()
-            # The data message is received even when it does not fit, so it cannot match a later recv.
-            target = _flat_bytes(tensor) if nbytes == expected else np.empty(nbytes, np.uint8)
-            self._wait_all([comm.Irecv([target, MPI.BYTE], sender, 2 * tag + 1)], (target, tensor), where)
+            self._wait_all([box["data"]], (box["target"], tensor), where, (_WAIT_RECEIVE, sender, tag))
+            if sent_tag != tag:
+                raise DdlfastError(f"{where} on rank {self.rank()} got rank {sender}'s message with tag {sent_tag}: "
+                                   f"tags above MPI_TAG_UB={self._tag_bound} share MPI tags (tag modulo "
+                                   f"{self._tag_bound + 1}), and these two met; use tags that differ below that")
             if nbytes != expected or code != _dtype_code(tensor.dtype):
                 raise DdlfastError(f"{where} on rank {self.rank()}: rank {sender} sent {nbytes} bytes of "
                                    f"{_dtype_name(code)}, this rank expected {expected} bytes of {tensor.dtype} "
@@ -557,8 +603,59 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
             box["sender"] = sender
 
         description = f"recv from rank {src} (tag {tag})"
-        return _PointToPointWork(self._submit(post, description), tensors, complete, self, description,
+        work = _PointToPointWork(self._submit(post, description), tensors, complete, self, description,
                                  source_rank=lambda: box["sender"])
+        # Not at interpreter exit: the contexts close then, and nothing more is received.
+        weakref.finalize(work, self._drop_recv, box, header, mpi_tag).atexit = False
+        return work
+
+    def _post_data_receives(self) -> None:
+        """On the communication thread: post the data receive of every posted recv whose header has arrived, in
+        posting order. Data messages from one sender with one tag arrive in the order of their headers, which MPI
+        matched to recvs in posting order, so a recv waited for before an earlier one with the same sender and tag
+        does not take the earlier one's data (an earlier recv whose header has not arrived cannot be waiting for
+        an earlier message)."""
+        still = []
+        for box in self._recvs:
+            if box["header"].Test():
+                self._post_data(box)
+            else:
+                still.append(box)
+        self._recvs = still
+
+    def _post_data(self, box: dict[str, Any]) -> None:
+        """The data receive for a recv whose header arrived: into the tensor when it fits, else into scratch
+        (the data message is received even when it does not fit, so it cannot match a later recv)."""
+        sender, nbytes, _, sent_tag = (int(v) for v in box["header_array"])
+        tensor = box["tensor"]
+        fits = nbytes == tensor.numel() * tensor.element_size() and sent_tag == box["tag"]
+        box["target"] = _flat_bytes(tensor) if fits else np.empty(nbytes, np.uint8)
+        box["data"] = self._data.Irecv([box["target"], MPI.BYTE], sender, box["mpi_tag"])
+
+    def _drop_recv(self, box: dict[str, Any], header: np.ndarray, mpi_tag: int) -> None:
+        """A recv's Work was dropped without wait(): its posted header receive must not take the header of a
+        message meant for a later recv. Cancelled on the communication thread (in order, after its post); if a
+        header had already arrived, its data message is received and discarded, so later data stays matched."""
+        if box.get("completing") or self._context.broken_reason is not None:
+            return
+
+        def drop() -> None:
+            request = box.get("header")
+            if request is None or box.get("completing"):
+                return
+            if "data" not in box:
+                if not request.Test():
+                    request.Cancel()
+                    status = MPI.Status()
+                    request.Wait(status)
+                    if status.Is_cancelled():
+                        self._recvs = [b for b in self._recvs if b is not box]
+                        return
+                self._post_data_receives()
+            self._mpi.complete(box["data"], (box["target"], box["tensor"]), "the data of a dropped recv's message")
+
+        with contextlib.suppress(DdlfastError):  # a closed context: nothing more will be received
+            self._submit(drop, "a dropped recv")
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> DdlfastWork:
         return self.recv(tensors, MPI.ANY_SOURCE, tag)
@@ -568,11 +665,12 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
             raise DdlfastError(f"{what} rank {peer} on rank {self.rank()}: the peer must be another rank of this "
                                f"group of {self.size()}")
 
-    def _wait_all(self, requests: list[Any], keep: tuple, what: str) -> None:
-        """Stall-limited completion; a failure leaves the context broken (the other ranks are told)."""
+    def _wait_all(self, requests: list[Any], keep: tuple, what: str, waiting: tuple[int, int, int]) -> None:
+        """Stall-limited completion; a failure leaves the context broken (the other ranks are told). `waiting`
+        (kind, peer, tag) is what a stall census reports of this rank's wait."""
         try:
             for request in requests:
-                self._mpi.complete(request, keep, what)
+                self._mpi.complete(request, keep, what, waiting)
         except BaseException as error:
             self._context.raise_after_failure(error)
 
@@ -720,9 +818,21 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
         return self._agreed_work(layout, run, "scatter", [output])
 
     def shutdown(self) -> None:
-        """Finish what was queued (destroy_process_group calls it); the contexts close at exit."""
-        handle = self._submit(lambda: None, "shutdown")
-        handle.wait()
+        """Finish what was queued (destroy_process_group calls it); the contexts close at exit.
+
+        Teardown is quiet and bounded: after a failure (a broken or closed context) there is nothing left to
+        finish and nothing is raised (the failure was raised where it happened); otherwise queued work gets the
+        stall limit plus 10 s (work queued behind a stall fails at its own limit), and a failure of that work
+        was, or will be, raised by its own Work."""
+        context = self._context
+        if context.broken_reason is not None:
+            return
+        try:
+            handle = self._submit(lambda: None, "shutdown")
+            timeout_s = load_settings().timeout_s
+            handle.wait(timeout_s + 10.0 if timeout_s > 0 else SHUTDOWN_TIMEOUT_S)
+        except DdlfastError:
+            pass
 
 
 _DTYPE_CODES: dict[torch.dtype, int] = {}
@@ -735,6 +845,11 @@ def _dtype_code(dtype: torch.dtype) -> int:
         for name in names:
             _DTYPE_CODES.setdefault(getattr(torch, name), len(_DTYPE_CODES))
     return _DTYPE_CODES.get(dtype, -1)
+
+
+def _dtype_text(dtype: torch.dtype) -> str:
+    """A torch dtype as an agreement layout names it ("float32", as a NumPy array's; "bool", "bfloat16")."""
+    return str(dtype).removeprefix("torch.")
 
 
 def _dtype_name(code: int) -> str:

@@ -71,6 +71,17 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+// What a rank waits in, as a census reports it: "collective #4", "a point-to-point receive from rank 0 with tag 7".
+std::string wait_text(std::int64_t kind, std::int64_t peer, std::int64_t tag, std::int64_t sequence) {
+  if (kind != MpiTransport::kWaitReceive && kind != MpiTransport::kWaitSend) {
+    return "collective #" + std::to_string(sequence);
+  }
+  const bool receive = kind == MpiTransport::kWaitReceive;
+  const std::string whom = peer < 0 ? std::string("any rank") : "rank " + std::to_string(peer);
+  return std::string("a point-to-point ") + (receive ? "receive from " : "send to ") + whom + " with tag " +
+         std::to_string(tag);
+}
+
 std::string rank_list(const std::vector<int>& ranks) {
   std::string text;
   for (int r : ranks) text += (text.empty() ? "" : ",") + std::to_string(r);
@@ -304,6 +315,18 @@ Status MpiTransport::wait_request(MPI_Request* request, const char* what, int pe
   return Status::ok();
 }
 
+Status MpiTransport::wait_point_to_point(MPI_Request* request, const char* what, std::int64_t kind, int peer,
+                                         std::int64_t tag) {
+  waiting_[0] = kind;
+  waiting_[1] = peer;
+  waiting_[2] = tag;
+  const Status status = wait_request(request, what, -1);  // `what` names the peer already
+  waiting_[0] = kWaitCollective;
+  waiting_[1] = -1;
+  waiting_[2] = 0;
+  return status;
+}
+
 Status MpiTransport::idle(std::chrono::steady_clock::time_point since, const char* what, int peer) {
   if (stop_requested_.load(std::memory_order_relaxed)) {
     mark_broken("the context was closed while rank " + std::to_string(rank_) + " waited for " + what);
@@ -325,7 +348,7 @@ Status MpiTransport::idle(std::chrono::steady_clock::time_point since, const cha
 
 void MpiTransport::post_census_ask() {
   if (size_ > 1 && census_comm_ != MPI_COMM_NULL) {
-    MPI_Irecv(scratch_->census_ask, 3, MPI_INT64_T, MPI_ANY_SOURCE, kAskTag, census_comm_, &census_ask_request_);
+    MPI_Irecv(scratch_->census_ask, 6, MPI_INT64_T, MPI_ANY_SOURCE, kAskTag, census_comm_, &census_ask_request_);
   }
 }
 
@@ -340,8 +363,9 @@ bool MpiTransport::census_ask_arrived() {
 void MpiTransport::reply_to_census() {
   scratch_->census_reply[0] = rank_;
   scratch_->census_reply[1] = static_cast<std::int64_t>(sequence_);
+  for (int i = 0; i < 3; ++i) scratch_->census_reply[2 + i] = waiting_[i];
   MPI_Request reply;
-  if (MPI_Isend(scratch_->census_reply, 2, MPI_INT64_T, static_cast<int>(scratch_->census_ask[0]), kReplyTag,
+  if (MPI_Isend(scratch_->census_reply, 5, MPI_INT64_T, static_cast<int>(scratch_->census_ask[0]), kReplyTag,
                 census_comm_, &reply) == MPI_SUCCESS) {
     MPI_Request_free(&reply);
   }
@@ -355,12 +379,14 @@ Status MpiTransport::answer_census(const char* what, int peer) {
   const auto asker_sequence = scratch_->census_ask[1];
   const bool asker_failed = scratch_->census_ask[2] != kAskAfterStall;
   const bool asker_interrupted = scratch_->census_ask[2] == kAskAfterInterrupt;
+  const std::int64_t asker_wait[3] = {scratch_->census_ask[3], scratch_->census_ask[4], scratch_->census_ask[5]};
   reply_to_census();
   std::vector<std::int64_t> verdict(static_cast<std::size_t>(size_) + 1, -1);
   MPI_Request receive;
   std::string missing;
   // An interrupted rank sends no verdict: it told every rank at once and returned to its user.
-  if (!asker_interrupted && MPI_Irecv(verdict.data(), size_ + 1, MPI_INT64_T, asker, kVerdictTag, census_comm_, &receive) == MPI_SUCCESS) {
+  if (!asker_interrupted &&
+      MPI_Irecv(verdict.data(), size_ + 1, MPI_INT64_T, asker, kVerdictTag, census_comm_, &receive) == MPI_SUCCESS) {
     const auto start = std::chrono::steady_clock::now();
     int done = 0;
     while (!done && seconds_since(start) < kCensusSeconds + 1.0) {
@@ -371,7 +397,11 @@ Status MpiTransport::answer_census(const char* what, int peer) {
     if (done) {
       std::vector<int> ranks;
       for (std::int64_t i = 0; i < verdict[0] && i < size_; ++i) ranks.push_back(static_cast<int>(verdict[1 + i]));
-      missing = ranks.empty() ? std::string("every rank answered its census")
+      const bool point_to_point = asker_wait[0] > kWaitCollective || waiting_[0] > kWaitCollective;
+      missing = ranks.empty() ? std::string("every rank answered its census") +
+                                    (point_to_point ? ", so no rank is sending what these point-to-point waits need "
+                                                      "(the program's sends and receives do not match)"
+                                                    : "")
                               : "rank" + std::string(ranks.size() > 1 ? "s " : " ") + rank_list(ranks) +
                                     " did not join";
     } else {
@@ -387,7 +417,8 @@ Status MpiTransport::answer_census(const char* what, int peer) {
                                    std::to_string(asker_sequence) + " and abandoned it"
            : asker_failed ? " abandoned collective #" + std::to_string(asker_sequence) +
                               " after an error there (its own message says which)"
-                        : " gave up waiting in collective #" + std::to_string(asker_sequence) +
+                        : " gave up waiting in " +
+                              wait_text(asker_wait[0], asker_wait[1], asker_wait[2], asker_sequence) +
                               " after DDLFAST_TIMEOUT_S (" + seconds_text(timeout_s_) + " s)") +
           (missing.empty() ? "" : "; " + missing) + ". Abort the job: this communicator is out of step.";
   mark_broken(text);
@@ -411,8 +442,16 @@ Status MpiTransport::stalled(const char* what, int peer, double waited) {
   std::string text = "rank " + std::to_string(rank_) + " waited " + seconds_text(waited) + " s for " + what;
   if (peer >= 0) text += " from rank " + std::to_string(peer);
   text += " in collective #" + std::to_string(sequence_) + " (DDLFAST_TIMEOUT_S=" + seconds_text(timeout_s_) + ")";
-  const std::vector<int> missing = census(kAskAfterStall);
-  if (size_ > 1 && missing.empty()) {
+  std::vector<std::int64_t> waits;
+  const std::vector<int> missing = census(kAskAfterStall, &waits);
+  bool point_to_point = false;
+  for (int r = 0; r < size_; ++r) point_to_point |= waits[3 * static_cast<std::size_t>(r)] > kWaitCollective;
+  if (size_ > 1 && missing.empty() && point_to_point) {
+    // Every rank is alive and waiting, some for a point-to-point message: a send/recv that nobody matches.
+    text += "; every rank answered the census within " + seconds_text(kCensusSeconds) + " s: " +
+            waits_text(waits) + ". No rank is sending (or receiving) what these point-to-point waits need: the "
+            "program's sends and receives do not match (a missing send, another peer or another tag)";
+  } else if (size_ > 1 && missing.empty()) {
     text += "; every rank answered the census within " + seconds_text(kCensusSeconds) +
             " s, so the collective was only slower than DDLFAST_TIMEOUT_S allows";
   } else if (!missing.empty()) {
@@ -426,32 +465,40 @@ Status MpiTransport::stalled(const char* what, int peer, double waited) {
 
 // Asks every other rank whether it is alive (ranks inside a ddlfast wait answer at once and fail their wait),
 // sends the answering ranks the list of those that did not answer within kCensusSeconds, and returns it.
-std::vector<int> MpiTransport::census(std::int64_t kind) {
+std::vector<int> MpiTransport::census(std::int64_t kind, std::vector<std::int64_t>* waits) {
   std::vector<int> missing;
+  std::vector<std::int64_t> replies(5 * static_cast<std::size_t>(size_), -1);
+  replies[5 * static_cast<std::size_t>(rank_) + 1] = static_cast<std::int64_t>(sequence_);
+  for (int i = 0; i < 3; ++i) replies[5 * static_cast<std::size_t>(rank_) + 2 + i] = waiting_[i];
+  if (waits != nullptr) {  // kind, peer, tag, sequence per rank; kind -1 until a rank answers
+    waits->assign(4 * static_cast<std::size_t>(size_), -1);
+    for (int i = 0; i < 3; ++i) (*waits)[4 * static_cast<std::size_t>(rank_) + i] = waiting_[i];
+    (*waits)[4 * static_cast<std::size_t>(rank_) + 3] = static_cast<std::int64_t>(sequence_);
+  }
   if (size_ == 1 || census_comm_ == MPI_COMM_NULL) return missing;
   if (kind == kAskAfterInterrupt) {
     // Ctrl-C: the user waits for KeyboardInterrupt, so only tell every rank (no answers, no verdict); the ask
     // lives where abandoned buffers live, since its sends may complete after this returns.
-    std::vector<std::int64_t>& ask = scratch_->verdicts.emplace_back(
-        std::vector<std::int64_t>{rank_, static_cast<std::int64_t>(sequence_), kind});
+    std::vector<std::int64_t>& ask = scratch_->verdicts.emplace_back(std::vector<std::int64_t>{
+        rank_, static_cast<std::int64_t>(sequence_), kind, waiting_[0], waiting_[1], waiting_[2]});
     for (int r = 0; r < size_; ++r) {
       MPI_Request send;
-      if (r != rank_ && MPI_Isend(ask.data(), 3, MPI_INT64_T, r, kAskTag, census_comm_, &send) == MPI_SUCCESS) {
+      if (r != rank_ && MPI_Isend(ask.data(), 6, MPI_INT64_T, r, kAskTag, census_comm_, &send) == MPI_SUCCESS) {
         MPI_Request_free(&send);
       }
     }
     return missing;
   }
-  const std::int64_t ask[3] = {rank_, static_cast<std::int64_t>(sequence_), kind};
-  std::vector<std::int64_t> replies(2 * static_cast<std::size_t>(size_), -1);
+  const std::int64_t ask[6] = {rank_, static_cast<std::int64_t>(sequence_), kind, waiting_[0], waiting_[1],
+                               waiting_[2]};
   std::vector<MPI_Request> receives(static_cast<std::size_t>(size_), MPI_REQUEST_NULL);
   std::vector<char> answered(static_cast<std::size_t>(size_), 0);
   answered[rank_] = 1;
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
     MPI_Request send;
-    if (MPI_Isend(ask, 3, MPI_INT64_T, r, kAskTag, census_comm_, &send) == MPI_SUCCESS) MPI_Request_free(&send);
-    MPI_Irecv(&replies[2 * r], 2, MPI_INT64_T, r, kReplyTag, census_comm_, &receives[r]);
+    if (MPI_Isend(ask, 6, MPI_INT64_T, r, kAskTag, census_comm_, &send) == MPI_SUCCESS) MPI_Request_free(&send);
+    MPI_Irecv(&replies[5 * r], 5, MPI_INT64_T, r, kReplyTag, census_comm_, &receives[r]);
   }
   const auto start = std::chrono::steady_clock::now();
   int waiting_for = size_ - 1;
@@ -473,6 +520,10 @@ std::vector<int> MpiTransport::census(std::int64_t kind) {
     if (r == rank_) continue;
     if (answered[r]) {
       alive.push_back(r);
+      if (waits != nullptr) {
+        for (int i = 0; i < 3; ++i) (*waits)[4 * static_cast<std::size_t>(r) + i] = replies[5 * r + 2 + i];
+        (*waits)[4 * static_cast<std::size_t>(r) + 3] = replies[5 * r + 1];
+      }
     } else {
       missing.push_back(r);
       MPI_Cancel(&receives[r]);
@@ -490,6 +541,18 @@ std::vector<int> MpiTransport::census(std::int64_t kind) {
     }
   }
   return missing;
+}
+
+// "rank 1 waits in a point-to-point receive from rank 0 with tag 7; rank 0 in collective #4", from census().
+std::string MpiTransport::waits_text(const std::vector<std::int64_t>& waits) const {
+  std::string text;
+  for (int r = 0; r < size_; ++r) {
+    const std::int64_t* wait = &waits[4 * static_cast<std::size_t>(r)];
+    if (wait[0] < 0) continue;
+    text += (text.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + (r == rank_ ? " (this rank)" : "") +
+            " waits in " + wait_text(wait[0], wait[1], wait[2], wait[3]);
+  }
+  return text;
 }
 
 void MpiTransport::abandon(const Status& failure, bool force) {

@@ -67,6 +67,15 @@ class MpiTransport final : public Transport {
   // request_stop() is called (kAborted). `what` names the wait in messages;
   // peer < 0: a collective.
   Status wait_request(MPI_Request* request, const char* what, int peer = -1);
+  // wait_request for a point-to-point message of the caller's own (the torch backend's send/recv): while it
+  // waits, a stall census reports this rank as waiting in a receive (kind kWaitReceive) or send (kWaitSend)
+  // with `peer` (-1: any rank) and the caller's `tag`, so a rank waiting for a message no rank sends is named
+  // as such, not as "only slower than DDLFAST_TIMEOUT_S".
+  static constexpr std::int64_t kWaitCollective = 0;
+  static constexpr std::int64_t kWaitReceive = 1;
+  static constexpr std::int64_t kWaitSend = 2;
+  Status wait_point_to_point(MPI_Request* request, const char* what, std::int64_t kind, int peer,
+                             std::int64_t tag);
   // What every wait does between polls (Transport::idle, through
   // StallWatch): fails when the context is being closed, answers a census,
   // and runs one (kTimeout) once nothing has moved since `since` for the
@@ -137,7 +146,10 @@ class MpiTransport final : public Transport {
   Status stalled(const char* what, int peer, double waited);
   Status answer_census(const char* what, int peer);
   Status interrupted(const char* what, int peer);
-  std::vector<int> census(std::int64_t kind);
+  // Asks who is alive; `waits` gets each rank's wait (kind, peer, tag) from its answer (this rank's own too;
+  // kind -1 for a rank that did not answer).
+  std::vector<int> census(std::int64_t kind, std::vector<std::int64_t>* waits = nullptr);
+  std::string waits_text(const std::vector<std::int64_t>& waits) const;
   bool census_ask_arrived();
   void post_census_ask();
   void reply_to_census();
@@ -153,6 +165,7 @@ class MpiTransport final : public Transport {
   double timeout_s_ = 0.0;  // 0: wait forever
   double spin_us_ = 0.0;  // how long a wait spins before it yields (0 when this host's ranks outnumber its cores)
   std::uint64_t sequence_ = 0;  // the collective this rank is in (agreements so far; in census answers too)
+  std::int64_t waiting_[3] = {kWaitCollective, -1, 0};  // what this rank waits in: kind, peer, tag (census)
   std::vector<MPI_Request> requests_;
   std::vector<int> peers_;
   std::vector<char> is_receive_;
@@ -163,8 +176,10 @@ class MpiTransport final : public Transport {
   struct Scratch {
     std::uint64_t agree[2] = {0, 0};
     std::vector<char> small;
-    std::int64_t census_ask[3] = {0, 0, 0};
-    std::int64_t census_reply[2] = {0, 0};
+    // asker, its collective, the ask's kind, then the asker's wait (kind, peer, tag)
+    std::int64_t census_ask[6] = {0, 0, 0, 0, -1, 0};
+    // who answers, its collective, its wait (kind, peer, tag)
+    std::int64_t census_reply[5] = {0, 0, 0, -1, 0};
     std::vector<std::vector<std::int64_t>> verdicts;  // census verdicts sent (fire and forget)
   };
   std::unique_ptr<Scratch> scratch_ = std::make_unique<Scratch>();
