@@ -17,7 +17,8 @@
 # bash scripts/test_second_mpi.sh` runs the subset on Debian's instead.
 #
 # The subset (extra arguments go to pytest): correctness over every factorization of 1..8 ranks, fused, async,
-# bad input, the fault-injection suite, rank death and stalls, torch hooks, DDLFAST_SPIN_US.
+# bad input, the fault-injection suite, rank death and stalls, torch hooks, DDLFAST_SPIN_US, the trust issue's fault
+# suites (agreement, engine, lifecycle, torch) and the seeded fuzz (NumPy collectives and the torch backend).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
@@ -55,5 +56,6 @@ PATH="$PWD/.venv/bin:$PATH" .venv/bin/python -m pytest -q -ra -p no:cacheprovide
   tests/unit \
   tests/mpi/test_allreduce.py tests/mpi/test_fused.py tests/mpi/test_async.py tests/mpi/test_bad_input.py \
   tests/mpi/test_faults.py tests/mpi/test_rank_death.py tests/mpi/test_stall.py tests/mpi/test_torch.py \
-  tests/mpi/test_spin.py "$@"
+  tests/mpi/test_spin.py tests/mpi/test_trust_agreement.py tests/mpi/test_trust_engine.py \
+  tests/mpi/test_trust_lifecycle.py tests/mpi/test_trust_torch.py tests/mpi/test_fuzz.py "$@"
 echo "ddlfast: second MPI passed: $(.venv/bin/python -m ddlfast.info --short)"

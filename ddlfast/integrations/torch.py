@@ -188,6 +188,10 @@ class GradientReducer:
                 p.grad = bucket.views[position]
         self._phase = _IDLE
         self._passes = 0  # backward passes since the last step
+        # Each bucket's collective is named (step << 20 | bucket index): the step set_step() was given, else the
+        # number of sync passes so far (docs/trust.md says what each catches).
+        self._sync_passes = 0
+        self._user_step: int | None = None
         self._in_pass = False
         self._sync_pass = False
         self._no_sync_depth = 0
@@ -284,6 +288,7 @@ class GradientReducer:
         self._sync_pass = self._no_sync_depth == 0 and self._passes + 1 >= self.backward_passes_per_step
         torch.autograd.Variable._execution_engine.queue_callback(self._end_pass)
         if self._sync_pass:
+            self._sync_passes += 1
             # Before any bucket goes out: a stale plan makes this rank refuse every bucket of the step instead,
             # so every rank's buckets fail alike (through the agreement) and synchronize() raises everywhere.
             self._stale = self._plan_change(self._params_of(self._unreached or ()))
@@ -361,8 +366,20 @@ class GradientReducer:
                     bucket.handle = self._refused(self._stale)
                 else:
                     bucket.handle = self.context.fused_allreduce_async(
-                        [bucket.flat_view], op=self.op, dims=self.dims, stream=stream_of(bucket.flat))
+                        [bucket.flat_view], op=self.op, dims=self.dims, stream=stream_of(bucket.flat),
+                        name=(self._sync_passes if self._user_step is None else self._user_step) << 20
+                        | self._next_to_submit)
             self._next_to_submit += 1
+
+    def set_step(self, step: int) -> None:
+        """The training loop's own step (e.g. `for step, batch in enumerate(loader)`): this step's buckets are
+        named by it, so a rank that skipped a batch is caught at its next bucket (every rank raises
+        DdlfastConsistentError naming the ranks' steps) instead of averaging one step's gradients with another's.
+        Without it the buckets are named by the number of sync passes, which a rank that skipped a whole step
+        also counts alike."""
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise DdlfastError(f"set_step takes the step as an int >= 0, not {step!r}")
+        self._user_step = step
 
     def _refused(self, error: str) -> Handle:
         """A bucket's place in the order of collectives, taken by this rank's refusal: the others' allreduce of

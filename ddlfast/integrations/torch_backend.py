@@ -310,9 +310,13 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
     def _submit(self, work: Callable[[], Any], description: str) -> Handle:
         return self._context.submit(work, description)
 
-    def _refuse(self, error: DdlfastError) -> DdlfastError:
-        """Bad input here: the refusal takes this operation's place in the queue (the other ranks' agreement
-        meets it and they raise too); the caller raises `error` at once."""
+    def _refuse(self, error: Exception) -> DdlfastError:
+        """Bad input here, or any exception while the arguments were checked: the refusal takes this operation's
+        place in the queue (the other ranks' agreement meets it and they raise too); the caller raises the
+        returned DdlfastError at once."""
+        if not isinstance(error, DdlfastError):
+            error = DdlfastError(f"rank {self.rank()}: the ddlfast backend could not take the call's arguments "
+                                 f"({type(error).__name__}: {error})")
         self._context.refuse_async(error)
         return error
 
@@ -364,8 +368,8 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
             op = _reduce_op(opts)
             self._check(tensors, "allreduce")
             views = [collective_view(t) for t in tensors]
-        except DdlfastError as error:
-            raise self._refuse(error) from None
+        except Exception as error:  # noqa: BLE001 - any exception on one rank must reach every rank (_refuse)
+            raise self._refuse(error) from error
         with for_backward(self._context):  # DDP's reducer calls it in backward, maybe on an autograd thread
             handle = self._context.fused_allreduce_async(views, op=op, result=tensors, stream=stream_of(tensors[0]))
         return DdlfastWork(handle, tensors)
@@ -386,8 +390,8 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
                 tensor = tensors[0]
                 return DdlfastWork(context.broadcast_async(tensor, root=root), tensors)
             self._host_only(tensors, "broadcast of several tensors" if len(tensors) > 1 else "broadcast")
-        except DdlfastError as error:
-            raise self._refuse(error) from None
+        except Exception as error:  # noqa: BLE001 - any exception on one rank must reach every rank (_refuse)
+            raise self._refuse(error) from error
         mpi = self._mpi
         if len(tensors) == 1:
             target = _flat_bytes(tensors[0])
@@ -425,8 +429,8 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
             self._context.check_root(root)
             work = tensors if self.rank() == root else [t.clone() for t in tensors]
             views = [collective_view(t) for t in work]
-        except DdlfastError as error:
-            raise self._refuse(error) from None
+        except Exception as error:  # noqa: BLE001 - any exception on one rank must reach every rank (_refuse)
+            raise self._refuse(error) from error
         handle = self._context.fused_allreduce_async(views, op=op, result=tensors, stream=stream_of(tensors[0]))
         return DdlfastWork(handle, tensors)
 
@@ -441,8 +445,8 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
                 raise DdlfastError(f"allgather on rank {self.rank()} got {len(outputs)} outputs of shapes "
                                    f"{sorted({tuple(o.shape) for o in outputs})} for an input of shape "
                                    f"{tuple(source.shape)}: it takes {self.size()} outputs of the input's shape")
-        except DdlfastError as error:
-            raise self._refuse(error) from None
+        except Exception as error:  # noqa: BLE001 - any exception on one rank must reach every rank (_refuse)
+            raise self._refuse(error) from error
         gathered = torch.empty((self.size(), *source.shape), dtype=source.dtype)
 
         def run() -> None:
@@ -450,7 +454,7 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
             for r, o in enumerate(outputs):
                 o.copy_(gathered[r])
 
-        return DdlfastWork(self._submit(run, "allgather"), outputs)
+        return DdlfastWork(self._context.submit_collective(run, "allgather"), outputs)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> DdlfastWork:  # noqa: A002
         """dist.all_gather_into_tensor: the ranks' inputs concatenated along dim 0, by ddlfast.allgather."""
@@ -460,10 +464,10 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
             if output.numel() != input.numel() * self.size():
                 raise DdlfastError(f"all_gather_into_tensor on rank {self.rank()} got an output of "
                                    f"{output.numel()} elements for {self.size()} inputs of {input.numel()}")
-        except DdlfastError as error:
-            raise self._refuse(error) from None
-        return DdlfastWork(self._submit(lambda: self._allgather_into(input, output), "all_gather_into_tensor"),
-                           [output])
+        except Exception as error:  # noqa: BLE001 - any exception on one rank must reach every rank (_refuse)
+            raise self._refuse(error) from error
+        return DdlfastWork(self._context.submit_collective(lambda: self._allgather_into(input, output),
+                                                           "all_gather_into_tensor"), [output])
 
     _allgather_base = all_gather_single
 
@@ -483,12 +487,12 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
             if input.numel() != output.numel() * self.size():
                 raise DdlfastError(f"reduce_scatter_tensor on rank {self.rank()} got an input of {input.numel()} "
                                    f"elements for {self.size()} outputs of {output.numel()}")
-        except DdlfastError as error:
-            raise self._refuse(error) from None
+        except Exception as error:  # noqa: BLE001 - any exception on one rank must reach every rank (_refuse)
+            raise self._refuse(error) from error
         context = self._context
         run = lambda: context.reduce_scatter(numpy_view(input), op=op,  # noqa: E731
                                              out=numpy_view(output).reshape(-1))
-        return DdlfastWork(self._submit(run, "reduce_scatter_tensor"), [output])
+        return DdlfastWork(self._context.submit_collective(run, "reduce_scatter_tensor"), [output])
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -502,8 +506,8 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
                 raise DdlfastError(f"reduce_scatter on rank {self.rank()} got {len(inputs)} inputs of shapes "
                                    f"{sorted({tuple(i.shape) for i in inputs})} for an output of shape "
                                    f"{tuple(output.shape)}: it takes {self.size()} inputs of the output's shape")
-        except DdlfastError as error:
-            raise self._refuse(error) from None
+        except Exception as error:  # noqa: BLE001 - any exception on one rank must reach every rank (_refuse)
+            raise self._refuse(error) from error
         return self.reduce_scatter_single(output, torch.stack(inputs), opts)
 
     def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
@@ -683,8 +687,8 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
             if len(outputs) != self.size() or len(inputs) != self.size():
                 raise DdlfastError(f"alltoall on rank {self.rank()} got {len(inputs)} inputs and {len(outputs)} "
                                    f"outputs: it takes {self.size()} of each")
-        except DdlfastError as error:
-            raise self._refuse(error) from None
+        except Exception as error:  # noqa: BLE001 - any exception on one rank must reach every rank (_refuse)
+            raise self._refuse(error) from error
         dtype = inputs[0].dtype
         send = torch.cat([t.reshape(-1) for t in inputs]) if inputs else torch.empty(0, dtype=dtype)
         send_counts = [t.numel() for t in inputs]
@@ -716,8 +720,8 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
                 raise DdlfastError(f"all_to_all_single on rank {self.rank()}: split sizes {send_rows} / {recv_rows} "
                                    f"do not cut the input of {input.shape[0]} and output of {output.shape[0]} rows "
                                    f"into {size} blocks")
-        except DdlfastError as error:
-            raise self._refuse(error) from None
+        except Exception as error:  # noqa: BLE001 - any exception on one rank must reach every rank (_refuse)
+            raise self._refuse(error) from error
         return self._alltoallv(input.reshape(-1), [r * row_in for r in send_rows], output.reshape(-1),
                                [r * row_out for r in recv_rows], None, [output], "all_to_all_single")
 
@@ -771,8 +775,8 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
                                         or any(o.shape != source.shape for o in outputs)):
                 raise DdlfastError(f"gather on root rank {root} got {len(outputs)} outputs for {self.size()} "
                                    f"ranks' inputs of shape {tuple(source.shape)}")
-        except DdlfastError as error:
-            raise self._refuse(error) from None
+        except Exception as error:  # noqa: BLE001 - any exception on one rank must reach every rank (_refuse)
+            raise self._refuse(error) from error
         mpi, size = self._mpi, self.size()
         send = _flat_bytes(source.contiguous())
         receive = np.empty(send.nbytes * size if self.rank() == root else 0, np.uint8)
@@ -802,8 +806,8 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
                                         or any(i.shape != output.shape for i in inputs)):
                 raise DdlfastError(f"scatter on root rank {root} got {len(inputs)} inputs for {self.size()} "
                                    f"ranks' outputs of shape {tuple(output.shape)}")
-        except DdlfastError as error:
-            raise self._refuse(error) from None
+        except Exception as error:  # noqa: BLE001 - any exception on one rank must reach every rank (_refuse)
+            raise self._refuse(error) from error
         mpi = self._mpi
         send = (_flat_bytes(torch.cat([i.reshape(-1) for i in inputs])) if self.rank() == root
                 else np.empty(0, np.uint8))

@@ -110,6 +110,18 @@ class HookState:
         self.context = context
         self._residuals: dict = {}
         self._checked = False
+        # Each bucket's collective is named (step << 20 | bucket index): the step set_step() was given, else the
+        # number of DDP iterations so far (docs/trust.md says what each catches).
+        self._iteration = 0
+        self._user_step: int | None = None
+
+    def set_step(self, step: int) -> None:
+        """The training loop's own step: this iteration's buckets are named by it, so a rank that skipped a batch
+        is caught at its next bucket (every rank raises) instead of averaging one step's gradients with
+        another's."""
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise DdlfastError(f"set_step takes the step as an int >= 0, not {step!r}")
+        self._user_step = step
 
     def _check_group(self, bucket: dist.GradBucket) -> None:
         if not dist.is_initialized():
@@ -135,9 +147,12 @@ class HookState:
                                "float16 and bfloat16 gradients")
         if compression is not None and self.error_feedback:
             self._add_residual(bucket.index(), tensor, compression)
+        name = (self._iteration if self._user_step is None else self._user_step) << 20 | bucket.index()
+        if bucket.is_last():
+            self._iteration += 1
         with for_backward(self.context):  # DDP runs comm hooks in backward, maybe on an autograd device thread
             handle = self.context.fused_allreduce_async([collective_view(tensor)], op="average", dims=self.dims,
-                                                        compression=compression, stream=stream_of(tensor))
+                                                        compression=compression, stream=stream_of(tensor), name=name)
         future: torch.futures.Future = torch.futures.Future()
         handle.add_done_callback(complete_future(future, tensor))
         return future.then(raise_if_failed)

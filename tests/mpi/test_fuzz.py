@@ -49,3 +49,18 @@ def test_fuzz_against_numpy_reference(ranks: int) -> None:
     print(summary.group(0) if summary else f"seed {seed}: no summary line")
     assert result.returncode == 0 and summary, f"fuzz seed {seed} on {ranks} ranks failed:\n{output[-8000:]}"
     assert int(summary.group(1)) == cases and int(summary.group(5)) == 0, output[-8000:]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_torch_backend_fuzz(ranks: int) -> None:
+    """The "ddlfast" torch.distributed backend's collectives, seeded (programs/torch_fuzz_cases.py): every op and
+    dtype, blocking and async, tensors that require grad, sizes past the small-message limit, against NumPy and
+    bit-identical across ranks; one case in seven puts another dtype or shape on one rank, which every rank must
+    name."""
+    pytest.importorskip("torch")
+    seed = fuzz_seed()
+    result = run_mpi(ranks, "torch_fuzz_cases.py", str(seed), "120", "0.15", env={"DDLFAST_TIMEOUT_S": "60"},
+                     timeout=600, check=False)
+    print(f"torch fuzz seed {seed} on {ranks} ranks")
+    assert result.returncode == 0 and "\n0 failures" in "\n" + result.stdout, (result.stdout + result.stderr)[-8000:]

@@ -11,7 +11,8 @@ from tests.mpi.launcher import run_mpi
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("ranks", [2, 3])
-@pytest.mark.parametrize("case", ["named-skip", "validation-exception", "validation-interrupt"])
+@pytest.mark.parametrize("case", ["named-skip", "validation-exception", "validation-interrupt",
+                                  "torch-skipped-batch"])
 def test_agreement_fault_reaches_every_rank(case: str, ranks: int) -> None:
     # A generous stall limit: a fault that took the slow route ends as DdlfastTimeoutError, which the program refuses.
     result = run_mpi(ranks, "trust_agreement.py", case, env={"DDLFAST_TIMEOUT_S": "60", "DDLFAST_ABORT_ON_STALL": "0"},

@@ -183,8 +183,62 @@ def validation_interrupt() -> None:
     ddlfast.api.default_context().close()
 
 
+def torch_skipped_batch() -> None:
+    """A training loop in which rank 1 skips batch 2 (`continue`, as a loss check on one rank would): with
+    set_step(step), ddlfast.torch's buckets and the DDP hook's buckets are named by the loop's step, so every rank
+    raises at rank 1's next bucket, naming the ranks' steps. Unnamed, the same skip would average batch 3 of rank 1
+    with batch 2 of the others."""
+    import torch
+    import torch.distributed as dist
+
+    import ddlfast.torch as dt
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+
+    def model() -> torch.nn.Module:
+        return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+
+    def train(step_of: object, backward: object) -> None:
+        for step in range(5):
+            if rank == 1 and step == 2:
+                continue  # the skipped batch
+            step_of(step)
+            x = torch.randn(4, 8, generator=torch.Generator().manual_seed(step))
+            if step == 3 or (rank != 1 and step == 2):
+                raises(lambda x=x: backward(x), Exception, "different names")
+                return
+            backward(x)
+        problems.append("the skipped batch was not detected")
+
+    # 1. ddlfast.torch.distribute
+    net = model()
+    dt.broadcast_parameters(net)
+    reducer = dt.distribute(net, bucket_bytes=256, first_bucket_bytes=128)  # several buckets
+    optimizer = dt.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), reducer)
+
+    def distributed_step(x: torch.Tensor) -> None:
+        optimizer.zero_grad()
+        net(x).square().mean().backward()
+        optimizer.step()
+
+    train(reducer.set_step, distributed_step)
+    # 2. DDP with ddlfast's hook, on the ddlfast backend
+    dt.init_process_group(backend="ddlfast")
+    ddp = torch.nn.parallel.DistributedDataParallel(model(), bucket_cap_mb=0.0001)
+    state = dt.HookState()
+    ddp.register_comm_hook(state, dt.allreduce_hook)
+
+    def ddp_step(x: torch.Tensor) -> None:
+        ddp.zero_grad()
+        ddp(x).square().mean().backward()
+
+    train(state.set_step, ddp_step)
+    dist.destroy_process_group()
+
+
 CASES = {"named-skip": named_skip, "validation-exception": validation_exception,
-         "validation-interrupt": validation_interrupt}
+         "validation-interrupt": validation_interrupt, "torch-skipped-batch": torch_skipped_batch}
 
 if __name__ == "__main__":
     CASES[CASE]()
