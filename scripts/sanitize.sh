@@ -59,6 +59,20 @@ if ! grep -q __asan_init <<<"$symbols" || ! grep -q __ubsan_handle <<<"$symbols"
   echo "sanitize: $so is not instrumented with ASan and UBSan" >&2
   exit 1
 fi
+# The staged record of the build (ddlfast/_mpi_build.py, copied from the main build) must name the modules this
+# build made, or `import ddlfast` refuses them as stale (ddlfast/mpi_check.py).
+"$PYTHON" - "$STAGE/ddlfast" <<'EOF'
+import pathlib
+import sys
+
+package = pathlib.Path(sys.argv[1])
+record = package / "_mpi_build.py"
+if record.exists():
+    built = {path.name: path.stat().st_size for name in ("_core", "_cuda", "_testing", "_testing_cuda")
+             for path in package.glob(f"{name}.*.so")}
+    lines = [line for line in record.read_text().splitlines() if not line.startswith("MODULES =")]
+    record.write_text("\n".join([*lines, f"MODULES = {built!r}"]) + "\n")
+EOF
 built=$(date +%s)
 echo "sanitize: built $so in $((built - start)) s"
 
