@@ -246,6 +246,9 @@ class Context:
             work = self._prepared(prepare, description, name)
         except DdlfastError as error:
             raise self._refused(error) from error.__cause__
+        except BaseException as error:  # KeyboardInterrupt and the like: the others still meet a refusal
+            self._refused(self._interruption(error, description))
+            raise
         return self._in_order(work, description)
 
     def _queued(self, prepare: Callable[[], Work], description: Callable[[], str], name: object = None) -> Handle:
@@ -257,13 +260,17 @@ class Context:
         except DdlfastError as error:
             self.refuse_async(error)
             raise
+        except BaseException as error:  # KeyboardInterrupt and the like: the refusal is queued, then it propagates
+            self.refuse_async(self._interruption(error, "an asynchronous collective"))
+            raise
         return worker.submit(work, description())
 
     def _prepared(self, prepare: Callable[[], Work], description: str, name: object) -> Work:
         """`prepare()`, with any exception it raises made a refusal: whatever goes wrong on one rank before the
         data moves, the other ranks must hear of it at this call, or every later call would pair call k here
-        with call k+1 there. An Exception becomes a DdlfastError (it joins the agreement); KeyboardInterrupt
-        and the like must not wait for the others, so they break the context on every rank and propagate."""
+        with call k+1 there. An Exception becomes a DdlfastError (it joins the agreement). KeyboardInterrupt and
+        the like propagate from here; _now and _queued still put a refusal in the call's place, in order (on
+        the thread that runs collectives, never beside it), and then re-raise them."""
         try:
             check_name(name, self._state.rank)
             work = prepare()
@@ -272,12 +279,11 @@ class Context:
         except Exception as error:
             raise DdlfastError(f"rank {self._state.rank}: {description} failed before any data moved "
                                f"({type(error).__name__}: {error})") from error
-        except BaseException as error:
-            core = self._state.core
-            if not core.broken and not self._closed:
-                core.abandon(f"rank {self._state.rank}: {type(error).__name__} while preparing {description}")
-            raise
         return work if name is None else self._named(work, name)
+
+    def _interruption(self, error: BaseException, description: str) -> DdlfastError:
+        return DdlfastError(f"rank {self._state.rank}: {type(error).__name__} while {description} was prepared, "
+                            "before any data moved")
 
     def _named(self, work: Work, name: str | int) -> Work:
         """`work` with its name in the agreement's fingerprint (name= of the public collectives)."""

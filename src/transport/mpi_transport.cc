@@ -410,19 +410,31 @@ Status MpiTransport::answer_census(const char* what, int peer) {
       missing = "its census verdict did not arrive";
     }
   }
+  const std::string cause =
+      "rank " + std::to_string(asker) +
+      (asker_interrupted ? " was interrupted (a signal, e.g. Ctrl-C) in collective #" +
+                               std::to_string(asker_sequence) + " and abandoned it"
+       : asker_failed    ? " abandoned collective #" + std::to_string(asker_sequence) +
+                            " after an error there (its own message says which)"
+                         : " gave up waiting in " +
+                            wait_text(asker_wait[0], asker_wait[1], asker_wait[2], asker_sequence) +
+                            " after DDLFAST_TIMEOUT_S (" + seconds_text(timeout_s_) + " s)") +
+      (missing.empty() ? "" : "; " + missing) + ". Abort the job: this communicator is out of step.";
+  const StatusCode code = asker_failed ? StatusCode::kBroken : StatusCode::kTimeout;
+  if (asker_failed && asker_sequence > static_cast<std::int64_t>(sequence_)) {
+    // The asker had completed this collective (it abandoned a later one): finish this one, fail the next.
+    if (later_failure_.empty()) {
+      later_failure_ = "rank " + std::to_string(rank_) + " could not start collective #" +
+                       std::to_string(asker_sequence) + ": " + cause;
+      later_failure_code_ = code;
+    }
+    return Status::ok();
+  }
   std::string text = "rank " + std::to_string(rank_) + " stopped waiting for " + what;
   if (peer >= 0) text += " from rank " + std::to_string(peer);
-  text += " (collective #" + std::to_string(sequence_) + "): rank " + std::to_string(asker) +
-          (asker_interrupted ? " was interrupted (a signal, e.g. Ctrl-C) in collective #" +
-                                   std::to_string(asker_sequence) + " and abandoned it"
-           : asker_failed ? " abandoned collective #" + std::to_string(asker_sequence) +
-                              " after an error there (its own message says which)"
-                        : " gave up waiting in " +
-                              wait_text(asker_wait[0], asker_wait[1], asker_wait[2], asker_sequence) +
-                              " after DDLFAST_TIMEOUT_S (" + seconds_text(timeout_s_) + " s)") +
-          (missing.empty() ? "" : "; " + missing) + ". Abort the job: this communicator is out of step.";
+  text += " (collective #" + std::to_string(sequence_) + "): " + cause;
   mark_broken(text);
-  return Status(asker_failed ? StatusCode::kBroken : StatusCode::kTimeout, text);
+  return Status(code, text);
 }
 
 // A signal handler raised during this wait (Ctrl-C): the collective cannot complete here, so abandon it now
@@ -585,6 +597,10 @@ void MpiTransport::abandon_and_tell(const std::string& reason, bool interrupted)
 
 Status MpiTransport::agree(std::uint64_t digest, bool* agreed) {
   DDLFAST_RETURN_IF_ERROR(refuse_if_broken());
+  if (!later_failure_.empty()) {  // another rank abandoned this collective after finishing the last one
+    mark_broken(later_failure_);
+    return Status(later_failure_code_, later_failure_);
+  }
   const std::uint64_t fingerprint = mix(++sequence_, digest);
   *agreed = true;
   if (size_ == 1) return Status::ok();

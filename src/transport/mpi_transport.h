@@ -165,6 +165,10 @@ class MpiTransport final : public Transport {
   double timeout_s_ = 0.0;  // 0: wait forever
   double spin_us_ = 0.0;  // how long a wait spins before it yields (0 when this host's ranks outnumber its cores)
   std::uint64_t sequence_ = 0;  // the collective this rank is in (agreements so far; in census answers too)
+  // A rank that abandoned a later collective than the one this rank is still finishing (it had completed this
+  // one): this one completes, and the notice fails this rank's next agreement instead (answer_census, agree).
+  std::string later_failure_;
+  StatusCode later_failure_code_ = StatusCode::kBroken;
   std::int64_t waiting_[3] = {kWaitCollective, -1, 0};  // what this rank waits in: kind, peer, tag (census)
   std::vector<MPI_Request> requests_;
   std::vector<int> peers_;

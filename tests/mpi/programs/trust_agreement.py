@@ -9,8 +9,8 @@ agreement) shows up as DdlfastTimeoutError, which every case refuses.
 - named-skip: rank 1 skips step 3 of a loop of same-layout calls that pass name=step; every form of collective.
 - validation-exception: an exception that is not a DdlfastError (RuntimeError, MemoryError) raised on rank 1 while
   its arguments are validated; every form of collective.
-- validation-interrupt: KeyboardInterrupt on rank 1 while its arguments are validated: it propagates there at once,
-  the context is broken on every rank, and the others are told instead of waiting for their stall limit.
+- validation-interrupt: KeyboardInterrupt on rank 1 while its arguments are validated: it propagates there, a
+  refusal takes the call's place in order, and the others raise at this call; the context stays usable.
 """
 
 from __future__ import annotations
@@ -170,17 +170,23 @@ class _BadRoot(int):
 
 
 def validation_interrupt() -> None:
-    """KeyboardInterrupt while rank 1 validates: it propagates there, and the others (already in the agreement)
-    are told at once; the context is broken everywhere."""
+    """KeyboardInterrupt while rank 1 validates: it propagates there, and a refusal takes the call's place in
+    order, so the others raise at this call naming rank 1 and the context stays usable (blocking and async)."""
     x = np.full(LARGE, rank + 1, np.float32)
-    ddlfast.fused_allreduce([x, x.copy()])
-    BadOp.failure = KeyboardInterrupt()
-    if rank == 1:
-        raises(lambda: ddlfast.fused_allreduce([x, x.copy()], op=BadOp("sum")), KeyboardInterrupt)
-    else:
-        raises(lambda: ddlfast.fused_allreduce([x, x.copy()]), ddlfast.DdlfastBrokenError, "rank 1 abandoned")
-    raises(lambda: ddlfast.allreduce(x), ddlfast.DdlfastBrokenError, "unusable")
-    ddlfast.api.default_context().close()
+    for form in ("blocking", "async"):
+        def call(op: object, form: str = form) -> None:
+            if form == "blocking":
+                ddlfast.fused_allreduce([x, x.copy()], op=op)
+            else:
+                ddlfast.fused_allreduce_async([x, x.copy()], op=op).wait()
+
+        call("sum")
+        BadOp.failure = KeyboardInterrupt()
+        if rank == 1:
+            raises(lambda call=call: call(BadOp("sum")), KeyboardInterrupt)
+        else:
+            raises(lambda call=call: call("sum"), ddlfast.DdlfastConsistentError, "rank 1: KeyboardInterrupt")
+    check_healthy()
 
 
 def torch_skipped_batch() -> None:
