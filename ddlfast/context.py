@@ -274,12 +274,20 @@ class Context:
         try:
             check_name(name, self._state.rank)
             work = prepare()
-        except DdlfastError:
-            raise
         except Exception as error:
-            raise DdlfastError(f"rank {self._state.rank}: {description} failed before any data moved "
-                               f"({type(error).__name__}: {error})") from error
+            refusal = self._before_data(error, description)
+            if refusal is error:
+                raise
+            raise refusal from error
         return work if name is None else self._named(work, name)
+
+    def _before_data(self, error: Exception, description: str) -> DdlfastError:
+        """What a rank refuses with when `error` came before any data moved: a DdlfastError as it is, any other
+        exception named in one."""
+        if isinstance(error, DdlfastError):
+            return error
+        return DdlfastError(f"rank {self._state.rank}: {description} failed before any data moved "
+                            f"({type(error).__name__}: {error})")
 
     def _interruption(self, error: BaseException, description: str) -> DdlfastError:
         return DdlfastError(f"rank {self._state.rank}: {type(error).__name__} while {description} was prepared, "
@@ -326,10 +334,7 @@ class Context:
             except Exception as error:
                 if state.core.sequence != before or state.core.broken or isinstance(error, DdlfastBrokenError):
                     raise  # the collective's own agreement ran: every rank already knows
-                if not isinstance(error, DdlfastError):
-                    error = DdlfastError(f"rank {state.rank}: {description} failed before any data moved "
-                                         f"({type(error).__name__}: {error})")
-                raise state.agreement.refuse(error) from error
+                raise state.agreement.refuse(self._before_data(error, description)) from error
 
         return self.submit(guarded, description)
 
@@ -339,16 +344,19 @@ class Context:
         state = self._state
         return self.submit(lambda: state.agreed(layout, action), description)
 
-    def refuse_async(self, error: DdlfastError) -> None:
-        """Bad input for an asynchronous call: the refusal takes the call's place in the queue."""
+    def refuse_async(self, error: Exception, description: str = "an asynchronous collective") -> DdlfastError:
+        """Bad input for an asynchronous call, or any exception while its arguments were checked: the refusal
+        takes the call's place in the queue. Returns the DdlfastError to raise here."""
         self._check_caller()
-        if isinstance(error, DdlfastBrokenError) or self._closed:
-            return
+        refusal = self._before_data(error, description)
+        if isinstance(refusal, DdlfastBrokenError) or self._closed:
+            return refusal
 
         def refuse() -> None:
-            raise self._state.agreement.refuse(error)
+            raise self._state.agreement.refuse(refusal)
 
         self._ensure_worker().submit(refuse, "a refused collective")
+        return refusal
 
     def raise_after_failure(self, error: BaseException) -> NoReturn:
         """In an `except` block of a collective that failed after its agreement: the context is broken and the

@@ -86,25 +86,23 @@ class Agreement:
         self._digests[layout] = digest
         return digest
 
-    def fingerprint(self, layout: tuple, digest: int | None = None) -> int:
-        """The 64 bits the ranks compare for this call: the layout's digest, mixed with the call's name."""
+    def fingerprint(self, layout: tuple, digest: int | None = None, name: Name = None) -> int:
+        """The 64 bits the ranks compare for a call: the layout's digest, mixed with the call's name."""
         if digest is None:
             digest = self.digest(layout)
-        if self.name is None:
-            return digest
-        return digest ^ name_digest(self.name)
+        return digest if name is None else digest ^ name_digest(name)
 
     def check(self, layout: tuple, digest: int | None = None) -> None:
         """Collective: returns when every rank passed the same layout in the same collective; otherwise every
         rank raises the same DdlfastError naming who passed what."""
-        if not self._core.agree(self.fingerprint(layout, digest)):
-            self.disagreed(layout)
+        if not self._core.agree(self.fingerprint(layout, digest, self.name)):
+            self.disagreed(layout, self.name)
 
-    def disagreed(self, layout: tuple) -> None:
+    def disagreed(self, layout: tuple, name: Name = None) -> None:
         """After an agreement that failed on every rank (here, or inside a core call that runs it itself, as
         the latency path does): exchange descriptions, raise the same error everywhere. The descriptions
         travel as JSON and are validated (`readable`): a peer's bytes are never unpickled here."""
-        mine = describe(layout, self._core.sequence, self.name)
+        mine = describe(layout, self._core.sequence, name)
         received = self._control.allgather_values(mine, "the description of every rank's collective")
         raise DdlfastConsistentError(disagreement_message([readable(d, r) for r, d in enumerate(received)]))
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from ddlfast.buffers.dtypes import DTYPE_CODES
 from ddlfast.config import Settings
-from ddlfast.engine.agreement import allreduce_layout, name_digest
+from ddlfast.engine.agreement import allreduce_layout
 from ddlfast.engine.state import EngineState
 from ddlfast.errors import DdlfastConsistentError, DdlfastError
 from ddlfast.ops import OPS
@@ -57,11 +57,11 @@ class FastPath:
 
     def run(self, array: np.ndarray, plan: tuple, settings: Settings, name: str | int | None = None) -> bool:
         """False when the array's buffer cannot take the latency path (nothing ran, not even the agreement).
-        `name` (a str or an int, checked by the caller) enters the fingerprint as Agreement.fingerprint does."""
+        `name` (a str or an int, checked by the caller) enters the fingerprint (Agreement.fingerprint)."""
         _, code, op_code, ring_dims, layout, digest = plan
         state = self._state
         if name is not None:
-            digest ^= name_digest(name)
+            digest = state.agreement.fingerprint(layout, digest, name)
         if state.core_timeout_s != settings.timeout_s:  # set_core_timeout's own test, spelled out: the latency path
             state.set_core_timeout(settings.timeout_s)
         try:  # the agreement and the collective in one call into the core
@@ -78,10 +78,5 @@ class FastPath:
                 raise
             state.raise_after_failure(error)
         if outcome == 0:
-            agreement = state.agreement
-            agreement.name = name
-            try:
-                agreement.disagreed(layout)
-            finally:
-                agreement.name = None
+            state.agreement.disagreed(layout, name)
         return outcome > 0

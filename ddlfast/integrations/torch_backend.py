@@ -314,11 +314,7 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
         """Bad input here, or any exception while the arguments were checked: the refusal takes this operation's
         place in the queue (the other ranks' agreement meets it and they raise too); the caller raises the
         returned DdlfastError at once."""
-        if not isinstance(error, DdlfastError):
-            error = DdlfastError(f"rank {self.rank()}: the ddlfast backend could not take the call's arguments "
-                                 f"({type(error).__name__}: {error})")
-        self._context.refuse_async(error)
-        return error
+        return self._context.refuse_async(error, "a call of the ddlfast backend")
 
     def _agreed_work(self, layout: tuple, action: Callable[[], Any], description: str,
                      result: list[torch.Tensor]) -> DdlfastWork:
