@@ -35,7 +35,7 @@ cdef extern from "pythread.h":
 # Python runs signal handlers on the main thread only; a wait on any other thread never asks.
 cdef unsigned long _main_thread = threading.main_thread().ident
 # Signal handlers that raised after a core call had completed (main thread): raised once the collective is done
-# (Context._locked, take_deferred_interrupt), so a completed collective is never abandoned for them.
+# (Context._locked, Engine.allreduce_array), so a completed collective is never abandoned for them.
 deferred_interrupts = []
 
 
@@ -62,11 +62,6 @@ cdef int finish_call(const Status& status) except -1:
     except BaseException as error:
         deferred_interrupts.append(error)
     return 0
-
-
-def take_deferred_interrupt():
-    """A signal handler's exception kept by finish_call (None if there is none); the caller raises it."""
-    return deferred_interrupts.pop() if deferred_interrupts else None
 
 
 def kernel_paths():

@@ -18,25 +18,14 @@ from pathlib import Path
 
 def replace_file(path: str | os.PathLike, data: bytes | str) -> None:
     """Write `data` as the whole content of `path`, atomically, never through a link. Raises OSError."""
-    target = Path(path)
-    payload = data.encode() if isinstance(data, str) else data
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(descriptor, "wb") as file:  # mkstemp: O_EXCL, mode 0600
-            file.write(payload)
-        os.replace(temporary, target)  # renames over a link, never through it
-    except BaseException:
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass
-        raise
+    create_file(path, data).close()
 
 
 def create_file(path: str | os.PathLike, data: bytes | str) -> io.BufferedRandom:
     """A new file at `path` holding `data`, left open for reading and writing (a file ddlfast keeps extending, such
-    as the timeline): created as replace_file() creates it, so the returned file is the one ddlfast made, never a
-    link's target, and later writes go through the open descriptor, never the name again. Raises OSError."""
+    as the timeline): written to a temporary file created with O_EXCL (mode 0600) beside it, then renamed over the
+    name, so the returned file is the one ddlfast made, never a link's target, and later writes go through the
+    open descriptor, never the name again. Raises OSError."""
     target = Path(path)
     payload = data.encode() if isinstance(data, str) else data
     descriptor, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
@@ -44,7 +33,7 @@ def create_file(path: str | os.PathLike, data: bytes | str) -> io.BufferedRandom
     try:
         file.write(payload)
         file.flush()
-        os.replace(temporary, target)
+        os.replace(temporary, target)  # renames over a link, never through it
     except BaseException:
         file.close()
         try:
