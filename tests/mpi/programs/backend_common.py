@@ -4,6 +4,7 @@ and the report ("<n> failures" on rank 0, exit status 1 on every rank if any ran
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -20,6 +21,15 @@ dt.init_process_group(backend="ddlfast")
 
 def fail(case: str, message: str) -> None:
     failures.append(f"rank {rank} [{case}]: {message}")
+
+
+def case(function: Callable[[], None]) -> Callable[[], None]:
+    """Run a case now (as a decorator); an exception it raises is reported as its failure."""
+    try:
+        function()
+    except Exception as error:  # noqa: BLE001 - reported as this case's failure
+        fail(function.__name__, f"raised {type(error).__name__}: {error}")
+    return function
 
 
 def report_and_exit() -> None:

@@ -13,19 +13,11 @@ from collections.abc import Callable
 import numpy as np
 import torch
 import torch.distributed as dist
-from backend_common import comm, fail, rank, report_and_exit, world
+from backend_common import case, comm, fail, rank, report_and_exit, world
 
 import ddlfast
 
 group_of = sys.argv[1] if len(sys.argv) > 1 else "core"
-
-
-def case(function: Callable[[], None]) -> Callable[[], None]:
-    try:
-        function()
-    except Exception as error:  # noqa: BLE001 - reported as this case's failure
-        fail(function.__name__, f"raised {type(error).__name__}: {error}")
-    return function
 
 
 def inputs(seed: int, shape: tuple[int, ...], dtype: torch.dtype) -> list[torch.Tensor]:

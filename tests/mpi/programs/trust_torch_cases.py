@@ -22,7 +22,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 import torch.distributed as dist
-from backend_common import comm, fail, failures, rank, world
+from backend_common import case, comm, fail, failures, rank, world
 
 import ddlfast
 import ddlfast.torch as dt
@@ -32,14 +32,6 @@ from ddlfast.integrations import torch_backend
 group_of = sys.argv[1] if len(sys.argv) > 1 else "inputs"
 timings: list[str] = []
 ODD = 1  # the rank that injects the fault
-
-
-def case(function: Callable[[], None]) -> Callable[[], None]:
-    try:
-        function()
-    except Exception as error:  # noqa: BLE001 - reported as this case's failure
-        fail(function.__name__, f"raised {type(error).__name__}: {error}")
-    return function
 
 
 def raises(name: str, action: Callable[[], object], kind: type[BaseException], *needles: str) -> None:
