@@ -21,7 +21,7 @@ _STATUS_INTERRUPTED = 7
 # What a signal handler raised inside a core wait (ddlfast/_core.pyx, check_signals), raised by raise_on_error.
 _raised_in_wait = []
 _NUM_OPS = 5  # ReduceOp codes (ddlfast/ops.py)
-_EVENT_NAMES = ("reduce_scatter", "allgather", "mpi_allreduce")
+_EVENT_NAMES = ("reduce_scatter", "allgather", "mpi_allreduce", "latency_allreduce")
 
 
 cdef int raise_on_error(const Status& status) except -1:

@@ -81,6 +81,18 @@ cdef extern from "algo/ring_schedule.h" namespace "ddlfast" nogil:
     vector[int] positions_in_block_order(const Torus& torus) except +
 
 
+cdef extern from "algo/butterfly.h" namespace "ddlfast" nogil:
+    cdef enum class ButterflyRole(int):
+        kFoldOut
+        kFoldIn
+        kExchange
+    cdef cppclass Butterfly:
+        ButterflyRole role
+        int fold_partner
+        vector[int] step_partners
+    Butterfly butterfly(int rank, int size)
+
+
 cdef extern from "engine/ring_allreduce.h" namespace "ddlfast" nogil:
     cdef struct PhaseEvent:
         int kind
@@ -88,10 +100,14 @@ cdef extern from "engine/ring_allreduce.h" namespace "ddlfast" nogil:
         double start_s
         double end_s
         size_t bytes
+    cdef enum class SmallPath(int):
+        kLatency
+        kMpi
     cdef struct EngineOptions:
         size_t chunk_bytes
         int receives_in_flight
         size_t small_bytes
+        SmallPath small_path
         vector[PhaseEvent]* events
         vector[int] wire_by_dim
 
@@ -107,6 +123,14 @@ cdef extern from "engine/pack.h" namespace "ddlfast" nogil:
     void unpack(const void* bucket, void* const* arrays, const size_t* nbytes, size_t count)
 
 
+cdef extern from "transport/transport.h" namespace "ddlfast" nogil:
+    cdef struct AgreedReduction:
+        void* data
+        size_t count
+        DType dtype
+        ReduceOp op
+
+
 cdef extern from "transport/mpi_transport.h" namespace "ddlfast" nogil:
     string mpi_library_version()
     ctypedef bool (*InterruptCheck)() noexcept nogil
@@ -118,7 +142,8 @@ cdef extern from "transport/mpi_transport.h" namespace "ddlfast" nogil:
         Status wait_request(MPI_Request* request, const char* what, int peer) except +
         Status wait_point_to_point(MPI_Request* request, const char* what, int64_t kind, int peer,
                                    int64_t tag) except +
-        Status agree(uint64_t digest, bool* agreed) except +
+        Status agree(uint64_t digest, bool* agreed, const AgreedReduction* reduction) except +
+        size_t agreement_capacity()
         uint64_t sequence()
         void abandon_and_tell(const string& reason, bool interrupted) except +
         bool broken()
@@ -129,13 +154,16 @@ cdef extern from "transport/mpi_transport.h" namespace "ddlfast" nogil:
 cdef extern from "engine/context.h" namespace "ddlfast" nogil:
     cdef cppclass Context:
         @staticmethod
-        Status create(MPI_Comm comm, double timeout_s, unique_ptr[Context]* out) except +
+        Status create(MPI_Comm comm, double timeout_s, size_t agreement_capacity, unique_ptr[Context]* out) except +
         int rank()
         int size()
         MpiTransport& transport()
         size_t take_overflows()
         Status allreduce(const SegmentedBuffer& data, DType dtype, ReduceOp op, const vector[int]& dims,
                          const vector[int]& order, const EngineOptions& options) except +
+        Status agreed_allreduce(uint64_t digest, bool* agreed, const SegmentedBuffer& data, DType dtype, ReduceOp op,
+                                const vector[int]& dims, const vector[int]& order,
+                                const EngineOptions& options) except +
         Status reduce_scatter(const SegmentedBuffer& input, const SegmentedBuffer& output,
                               const vector[size_t]& counts, DType dtype, ReduceOp op, const vector[int]& dims,
                               const vector[int]& order, const EngineOptions& options) except +
@@ -157,8 +185,9 @@ cdef class Engine:
     cdef Context* get(self) except NULL
     cdef int _options(self, dims, order, size_t chunk_bytes, int receives_in_flight, size_t small_bytes, wire,
                       vector[int]* dims_vector, vector[int]* order_vector, EngineOptions* options) except -1
-    cdef int _run(self, const vector[char*]& bases, const vector[size_t]& sizes, int dtype, int op, dims,
-                  size_t chunk_bytes, int receives_in_flight, size_t small_bytes, order, wire) except -1
+    cdef bint _run(self, const vector[char*]& bases, const vector[size_t]& sizes, int dtype, int op, dims,
+                   size_t chunk_bytes, int receives_in_flight, size_t small_bytes, order, wire, bint agree=*,
+                   uint64_t digest=*) except -1
     cdef int _half(self, bint reduce, list in_pointers, list in_counts, list out_pointers, list out_counts, counts,
                    size_t element_size, int dtype, int op, dims, size_t chunk_bytes, int receives_in_flight,
                    size_t small_bytes, order, wire) except -1

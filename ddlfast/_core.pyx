@@ -121,13 +121,15 @@ def build_facts():
 cdef class Engine:
     """Owns the C++ Context: a private duplicate of `comm` and its engines."""
 
-    def __cinit__(self, MPI.Comm comm not None, double timeout_s=0):
+    def __cinit__(self, MPI.Comm comm not None, double timeout_s=0, size_t agreement_capacity=0):
+        """agreement_capacity: the bytes of a small allreduce each agreement message may carry (the latency
+        path); every rank of `comm` must pass the same."""
         check_comm(comm)
         spin_us = config.spin_us()  # rank-local; read first so that a bad value fails before any collective
         cdef Status status
         cdef MPI_Comm handle = comm.ob_mpi
         with nogil:
-            status = Context.create(handle, timeout_s, &self.context)
+            status = Context.create(handle, timeout_s, agreement_capacity, &self.context)
         raise_on_error(status)
         self.context.get().transport().set_interrupt_check(check_signals)
         if spin_us is not None:  # else the transport's automatic choice
@@ -161,7 +163,7 @@ cdef class Engine:
         cdef Status status
         cdef Context* context = self.get()
         with nogil:
-            status = context.transport().agree(digest, &agreed)
+            status = context.transport().agree(digest, &agreed, NULL)
         finish_call(status)
         return agreed
 
@@ -230,8 +232,11 @@ cdef class Engine:
         self._run(bases, sizes, dtype, op, dims, chunk_bytes, receives_in_flight, small_bytes, order, wire)
 
     def allreduce_segments(self, list pointers, list counts, int dtype, int op, dims, size_t chunk_bytes,
-                           int receives_in_flight, size_t small_bytes, order=(), wire=()):
-        """Allreduce several same-dtype buffers as one logical buffer, each in place (no packing)."""
+                           int receives_in_flight, size_t small_bytes, order=(), wire=(), agreement=None) -> bool:
+        """Allreduce several same-dtype buffers as one logical buffer, each in place (no packing).
+
+        agreement: a fingerprint to run the per-call agreement on in the same call (Context::agreed_allreduce;
+        uncompressed only); returns False, having written nothing, when the ranks disagree."""
         cdef vector[char*] bases
         cdef vector[size_t] sizes
         if len(pointers) != len(counts):
@@ -239,7 +244,13 @@ cdef class Engine:
         for pointer, count in zip(pointers, counts):
             bases.push_back(<char*><uintptr_t>pointer)
             sizes.push_back(<size_t>count)
-        self._run(bases, sizes, dtype, op, dims, chunk_bytes, receives_in_flight, small_bytes, order, wire)
+        if agreement is None:
+            self._run(bases, sizes, dtype, op, dims, chunk_bytes, receives_in_flight, small_bytes, order, wire)
+            return True
+        if wire:
+            raise DdlfastError("the agreement runs inside the core call for uncompressed buffers only")
+        return self._run(bases, sizes, dtype, op, dims, chunk_bytes, receives_in_flight, small_bytes, order, (),
+                         True, <uint64_t>agreement)
 
     cdef int _options(self, dims, order, size_t chunk_bytes, int receives_in_flight, size_t small_bytes, wire,
                       vector[int]* dims_vector, vector[int]* order_vector, EngineOptions* options) except -1:
@@ -249,8 +260,11 @@ cdef class Engine:
                      &self.events if self.record_events else NULL, wire)
         return 0
 
-    cdef int _run(self, const vector[char*]& bases, const vector[size_t]& sizes, int dtype, int op, dims,
-                  size_t chunk_bytes, int receives_in_flight, size_t small_bytes, order, wire) except -1:
+    cdef bint _run(self, const vector[char*]& bases, const vector[size_t]& sizes, int dtype, int op, dims,
+                   size_t chunk_bytes, int receives_in_flight, size_t small_bytes, order, wire, bint agree=False,
+                   uint64_t digest=0) except -1:
+        """The allreduce; with `agree`, the per-call agreement on `digest` in the same call
+        (Context::agreed_allreduce): False when the ranks disagree, having written nothing."""
         cdef size_t element_size = dtype_size(dtype)
         check_op(op)
         cdef unique_ptr[SegmentedBuffer] data
@@ -261,12 +275,19 @@ cdef class Engine:
         self._options(dims, order, chunk_bytes, receives_in_flight, small_bytes, wire, &dims_vector, &order_vector,
                       &options)
         cdef Status status
+        cdef bool agreed = True
         cdef Context* context = self.get()
         with nogil:
-            status = context.allreduce(data.get()[0], <DType>dtype, <ReduceOp>op, dims_vector, order_vector,
-                                       options)
-        finish_call(status)
-        return 0
+            if agree:
+                status = context.agreed_allreduce(digest, &agreed, data.get()[0], <DType>dtype, <ReduceOp>op,
+                                                  dims_vector, order_vector, options)
+            else:
+                status = context.allreduce(data.get()[0], <DType>dtype, <ReduceOp>op, dims_vector, order_vector,
+                                           options)
+        raise_on_error(status)
+        if agreed:  # a signal meanwhile is kept for the end of the collective, which stands
+            finish_call(status)
+        return agreed
 
     def reduce_scatter_segments(self, list in_pointers, list in_counts, list out_pointers, list out_counts,
                                 counts, int dtype, int op, dims, size_t chunk_bytes, int receives_in_flight,
@@ -318,18 +339,17 @@ cdef class Engine:
     def allreduce_array(self, array, size_t count, int dtype, int op, dims, size_t chunk_bytes,
                         int receives_in_flight, size_t small_bytes, order, uint64_t digest):
         """allreduce() for one array, with the per-call agreement on `digest` in the same call (one crossing
-        into the core): the latency path.
+        into the core, Context::agreed_allreduce): a buffer of at most small_bytes rides in the agreement's
+        own messages (the latency path).
 
-        Returns 1 when done; 0, having sent nothing, when the ranks disagree; -1, having done nothing (not
+        Returns 1 when done; 0, having written nothing, when the ranks disagree; -1, having done nothing (not
         even the agreement), when the array does not export a writable C-contiguous buffer of whole aligned
         elements: the caller then takes the general path, which says what is wrong on every rank.
         """
         cdef Py_buffer view
         cdef vector[char*] bases
         cdef vector[size_t] sizes
-        cdef bool agreed = False
-        cdef Status status
-        cdef Context* context = self.get()
+        cdef bint agreed
         try:
             PyObject_GetBuffer(array, &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)
         except (BufferError, ValueError):  # read-only or not C-contiguous
@@ -338,16 +358,14 @@ cdef class Engine:
             if (<size_t>view.len != count * <size_t>view.itemsize
                     or (<uintptr_t>view.buf) % <uintptr_t>view.itemsize != 0):
                 return -1
-            with nogil:
-                status = context.transport().agree(digest, &agreed)
-            raise_on_error(status)
-            if not agreed:
-                return 0
             bases.push_back(<char*>view.buf)
             sizes.push_back(count)
-            self._run(bases, sizes, dtype, op, dims, chunk_bytes, receives_in_flight, small_bytes, order, ())
+            agreed = self._run(bases, sizes, dtype, op, dims, chunk_bytes, receives_in_flight, small_bytes, order,
+                               (), True, digest)
         finally:
             PyBuffer_Release(&view)
+        if not agreed:
+            return 0
         if deferred_interrupts:  # the collective completed: it stands (ddlfast/engine/fast_path.py)
             raise deferred_interrupts.pop()
         return 1

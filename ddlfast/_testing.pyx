@@ -10,8 +10,8 @@ from libcpp.vector cimport vector
 from mpi4py cimport MPI
 
 from ddlfast._core cimport (
-    Context, DType, Engine, ElementRange, EngineOptions, KernelTable, PhaseKind, ReduceOp, RingPhase, RingSchedule, RingStep,
-    Status, Torus, build_ring_schedule, dtype_valid, element_size, positions_in_block_order,
+    Butterfly, Context, DType, Engine, ElementRange, EngineOptions, KernelTable, PhaseKind, ReduceOp, RingPhase, RingSchedule, RingStep,
+    Status, Torus, build_ring_schedule, butterfly, dtype_valid, element_size, positions_in_block_order,
 )
 from ddlfast._testing cimport emulated_device_allreduce
 
@@ -19,6 +19,19 @@ from ddlfast.errors import DdlfastError
 
 include "_common.pxi"
 include "_kernel_paths.pxi"
+
+
+# ---------------------------------------------------------------- butterfly
+
+_BUTTERFLY_ROLES = ("fold_out", "fold_in", "exchange")
+
+
+def butterfly_plan(int rank, int size):
+    """One rank's butterfly (src/algo/butterfly.h) as (role, fold partner, [partner per step])."""
+    if size < 1 or not 0 <= rank < size:
+        raise DdlfastError(f"rank {rank} of {size} ranks")
+    cdef Butterfly plan = butterfly(rank, size)
+    return _BUTTERFLY_ROLES[<int>plan.role], plan.fold_partner, list(plan.step_partners)
 
 
 # ---------------------------------------------------------------- CPU kernels

@@ -39,6 +39,11 @@ MIN_CHUNK_BYTES = 4 * KIB  # a module attribute so that test programs may lower 
 MAX_CHUNK_BYTES = GIB
 MAX_BUCKET_BYTES = 16 * GIB
 MAX_SMALL_BYTES = GIB  # MPI_Allreduce's int count stays below INT_MAX for every dtype
+# The latency path carries a buffer of at most DDLFAST_SMALL_BYTES inside the agreement's messages
+# (src/transport/agreement_exchange.cc) when its bytes on the wire fit twice this (an integer average carries its
+# remainders too, twice its bytes); each context keeps two message buffers that size. Larger "small" buffers go to
+# MPI_Allreduce after the agreement.
+MAX_LATENCY_BYTES = 64 * KIB
 MIN_RECEIVES_IN_FLIGHT, MAX_RECEIVES_IN_FLIGHT = 2, 1024
 MAX_SCRATCH_BYTES = 4 * GIB  # receive scratch per phase = receives in flight x chunk bytes
 MIN_TIMEOUT_S, MAX_TIMEOUT_S = 0.1, 7 * 24 * 3600.0  # 0 (wait forever) is accepted too

@@ -25,7 +25,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ddlfast import _core, process
-from ddlfast.config import check_environment, load_settings
+from ddlfast.config import MAX_LATENCY_BYTES, check_environment, load_settings
 from ddlfast.engine import halves, requests, small
 from ddlfast.engine.agreement import Name, check_name, creation_layout
 from ddlfast.engine.control import Control
@@ -67,7 +67,9 @@ class Context:
             raise DdlfastError(f"comm must be an mpi4py communicator, not {type(comm).__name__}")
         check_environment()  # every DDLFAST_* variable, also those read only later (ddlfast/config.py)
         settings = load_settings()
-        core = _core.Engine(comm, settings.timeout_s)  # a private duplicate: the one transport
+        # A private duplicate: the one transport. Its agreement messages can carry the latency path's data (the
+        # same capacity on every rank, whatever DDLFAST_SMALL_BYTES says now or later).
+        core = _core.Engine(comm, settings.timeout_s, 2 * MAX_LATENCY_BYTES)
         control, created = comm.Idup()  # agreement descriptions and Python-side collectives
         core.wait_requests([created], "the other ranks to create their ddlfast context")
         self._state = EngineState(core, Control(control, core), settings.timeout_s)

@@ -6,21 +6,26 @@ context's own creation — first passes one agreement: the ranks compare a
 layout). The layout is everything that decides which element meets which and
 how big each message is: the kind of collective, arrays' dtypes and shapes in
 order, op, ring dims, compression, broadcast root, and the engine settings that
-size messages (chunk, small-message, bucket sizes). The comparison is one
-16-byte MPI_Iallreduce(MAX) of (f, ~f) in the compiled core
-(`MpiTransport::agree`): all ranks learn at once whether every fingerprint was
-equal, before any data is sent, so a mismatch leaves nothing in flight and the
-context stays usable. Only on a mismatch do the ranks exchange full
-descriptions (stall-limited), so every rank raises the same DdlfastError naming
-who passed what. A rank whose input is bad joins the agreement with its error
-instead of a layout, so the others learn of it at once, not at a timeout.
+size messages (chunk, small-message, bucket sizes). The comparison runs in the
+compiled core (`MpiTransport::agree`, src/transport/agreement_exchange.cc): a
+butterfly of point-to-point messages each headed by its sender's fingerprint
+and mismatch flag, which connects every pair of ranks, so all ranks learn at
+once whether every fingerprint was equal, before any ring message is posted: a
+mismatch leaves nothing in flight and the context stays usable. Only on a
+mismatch do the ranks exchange full descriptions (stall-limited), so every rank
+raises the same DdlfastError naming who passed what. A rank whose input is bad
+joins the agreement with its error instead of a layout, so the others learn of
+it at once, not at a timeout.
 
-Why not the ring's first message: carrying the fingerprint in the ring's data
-messages would save the extra small collective, but a mismatch found there
-leaves messages of the wrong size in flight (a broken context on every rank),
-and the small-message path would still need its own check. The layout digest
-is cached per layout; the per-call cost is a dict lookup and one latency-bound
-16-byte collective.
+The latency path costs no message for its check: an allreduce of at most
+DDLFAST_SMALL_BYTES rides in the agreement's own messages (each rank combines
+its partner's data only while no mismatch was seen, and the result lands only
+when all agreed), and a single uncompressed bucket passes its fingerprint into
+its one core call (`state.agreed_in_core`). Why not the ring's first message:
+a mismatch found there leaves ring messages of the wrong size in flight (a
+broken context on every rank). The layout digest is cached per layout; the
+per-call cost is a dict lookup and, for ring-sized buffers, one butterfly of
+32-byte messages.
 """
 
 from __future__ import annotations
@@ -67,7 +72,7 @@ class Agreement:
     """The per-call check of one context: `check(layout)` before every collective (see the module doc)."""
 
     def __init__(self, core: Any, control: Any) -> None:
-        self._core = core  # ddlfast._core.Engine: agree() is the 16-byte collective, and counts them
+        self._core = core  # ddlfast._core.Engine: agree() is the butterfly of headers, and counts them
         self._control = control  # ddlfast.engine.control.Control: descriptions on a mismatch
         self._digests: dict[tuple, int] = {}  # the core counts collectives: its sequence is in every fingerprint
         # The caller's name for the collective being agreed (name=, e.g. a training step), set by the Context

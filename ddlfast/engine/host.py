@@ -47,18 +47,36 @@ class HostRequest(NamedTuple):
                                 self.error_feedback, self.settings)
 
 
-def reduce(state: EngineState, request: HostRequest, layout: tuple) -> None:
-    """Run an agreed request (`layout` keys the per-bucket codec and error-feedback state)."""
+def run(state: EngineState, request: HostRequest, layout: tuple) -> None:
+    """The agreement, then the request: for one uncompressed bucket, the agreement runs inside that bucket's one
+    call into the core (on the latency path, inside the same messages)."""
     settings, buffers = request.settings, request.buffers
-    positions = bucket_indices([b.array.dtype for b in buffers], [b.nbytes for b in buffers],
-                               settings.bucket_bytes, settings.first_bucket_bytes)
-    for index, indices in enumerate(positions):
+    buckets = bucket_indices([b.array.dtype for b in buffers], [b.nbytes for b in buffers], settings.bucket_bytes,
+                             settings.first_bucket_bytes)
+    if (len(buckets) == 1 and isinstance(request.compression, tuple)
+            and not wire_by_dim(request.compression, request.dims, state.hosts_tier(request.dims))):
+        state.agreed_in_core(layout, lambda fingerprint: reduce(state, request, layout, fingerprint, buckets))
+    else:
+        state.agreed(layout, lambda: reduce(state, request, layout, buckets=buckets))
+
+
+def reduce(state: EngineState, request: HostRequest, layout: tuple, fingerprint: int | None = None,
+           buckets: list[list[int]] | None = None) -> bool:
+    """Run an agreed request (`layout` keys the per-bucket codec and error-feedback state). With `fingerprint`
+    (one uncompressed bucket, see run), run its agreement in the core call too: False when the ranks disagree."""
+    settings, buffers = request.settings, request.buffers
+    if buckets is None:
+        buckets = bucket_indices([b.array.dtype for b in buffers], [b.nbytes for b in buffers],
+                                 settings.bucket_bytes, settings.first_bucket_bytes)
+    agreed = True
+    for index, indices in enumerate(buckets):
         members = [buffers[j] for j in indices]
         if isinstance(request.compression, tuple):
-            _reduce_bucket(state, members, request, (layout, index))
+            agreed = _reduce_bucket(state, members, request, (layout, index), fingerprint)
         else:
             _run_user_codec(state, members, request, (layout, index))
     state.flush_timeline()
+    return agreed
 
 
 def _run_user_codec(state: EngineState, members: list[HostBuffer], request: HostRequest, key: tuple) -> None:
@@ -69,9 +87,11 @@ def _run_user_codec(state: EngineState, members: list[HostBuffer], request: Host
     unpack(fused, members)
 
 
-def _reduce_bucket(state: EngineState, members: list[HostBuffer], request: HostRequest, key: tuple) -> None:
+def _reduce_bucket(state: EngineState, members: list[HostBuffer], request: HostRequest, key: tuple,
+                   fingerprint: int | None = None) -> bool:
     """Small arrays packed, large ones in place; a large array that does not start at a multiple of its element
-    size (np.frombuffer at an odd offset) is reduced through an aligned copy in its own place."""
+    size (np.frombuffer at an odd offset) is reduced through an aligned copy in its own place. False (nothing
+    unpacked) when the agreement on `fingerprint` failed."""
     settings, dims, timeline = request.settings, request.dims, state.timeline
     wire = wire_by_dim(request.compression, dims, state.hosts_tier(dims))
     if wire and request.error_feedback:
@@ -101,10 +121,12 @@ def _reduce_bucket(state: EngineState, members: list[HostBuffer], request: HostR
         else:
             pointers.append(b.pointer)
         counts.append(b.count)
-    state.core.allreduce_segments(pointers, counts, members[0].dtype_code, OPS[request.op], dims,
-                                  settings.chunk_bytes, settings.receives_in_flight, settings.small_bytes,
-                                  state.rank_order, wire)
+    agreed = state.core.allreduce_segments(pointers, counts, members[0].dtype_code, OPS[request.op], dims,
+                                           settings.chunk_bytes, settings.receives_in_flight, settings.small_bytes,
+                                           state.rank_order, wire, fingerprint)
     state.record_events(state.core.take_events)
+    if not agreed:
+        return False
     for copy, b in staged:
         b.array.reshape(-1)[...] = copy
     if fused is not None:
@@ -114,6 +136,7 @@ def _reduce_bucket(state: EngineState, members: list[HostBuffer], request: HostR
             timeline.add("unpack", start, time.perf_counter(), arrays=len(small), bytes=fused.nbytes)
     if wire:
         check_wire_overflows(state, request.compression, request.op)
+    return True
 
 
 def check_wire_overflows(state: EngineState, compression: tuple[str, ...], op: str, gathers: bool = False) -> None:

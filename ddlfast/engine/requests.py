@@ -57,8 +57,10 @@ def execute(state: EngineState, request: HostRequest | DeviceRequest) -> Any:
     """The agreement, then the executor; returns the request's result."""
     state.set_core_timeout(request.settings.timeout_s)
     layout = request.layout()
-    executor = device if isinstance(request, DeviceRequest) else host
-    state.agreed(layout, lambda: executor.reduce(state, request, layout))
+    if isinstance(request, DeviceRequest):
+        state.agreed(layout, lambda: device.reduce(state, request, layout))
+    else:
+        host.run(state, request, layout)
     return request.result
 
 

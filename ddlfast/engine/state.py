@@ -97,6 +97,19 @@ class EngineState:
         except BaseException as error:
             self.raise_after_failure(error)
 
+    def agreed_in_core(self, layout: tuple, action: Callable[[int], bool]) -> None:
+        """The agreement inside the collective's one call into the core: `action(fingerprint)` runs both and
+        returns False, having written nothing, when the ranks disagree; every rank then raises the same error.
+        A failure is handled as agreed()'s."""
+        try:
+            agreed = action(self.agreement.fingerprint(layout, None, self.agreement.name))
+        except DdlfastConsistentError:
+            raise
+        except BaseException as error:
+            self.raise_after_failure(error)
+        if not agreed:
+            self.agreement.disagreed(layout, self.agreement.name)
+
     def raise_after_failure(self, error: BaseException) -> NoReturn:
         """Called in an `except` block: a collective failed here after its agreement, so the context is broken
         (the other ranks are told). Raises a DdlfastBrokenError (so the abort hook ends the job if it goes

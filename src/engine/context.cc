@@ -2,9 +2,11 @@
 
 namespace ddlfast {
 
-Status Context::create(MPI_Comm comm, double timeout_s, std::unique_ptr<Context>* out) {
+Status Context::create(MPI_Comm comm, double timeout_s, std::size_t agreement_capacity,
+                       std::unique_ptr<Context>* out) {
   std::unique_ptr<Context> context(new Context());
-  DDLFAST_RETURN_IF_ERROR(MpiTransport::create(comm, timeout_s, &context->transport_));
+  DDLFAST_RETURN_IF_ERROR(MpiTransport::create(comm, timeout_s, agreement_capacity, &context->transport_));
+  context->latency_ = std::make_unique<LatencyAllreduce>(*context->transport_);
   *out = std::move(context);
   return Status::ok();
 }
@@ -48,6 +50,14 @@ Status Context::allreduce(const SegmentedBuffer& data, DType dtype, ReduceOp op,
   RingAllreduce* engine = nullptr;
   DDLFAST_RETURN_IF_ERROR(engine_for(dims, order, &engine));
   return finish(engine->run(data, dtype, op, options));
+}
+
+Status Context::agreed_allreduce(std::uint64_t digest, bool* agreed, const SegmentedBuffer& data, DType dtype,
+                                 ReduceOp op, const std::vector<int>& dims, const std::vector<int>& order,
+                                 const EngineOptions& options) {
+  if (latency_->takes(data, dtype, op, options)) return finish(latency_->run(digest, agreed, data, dtype, op, options));
+  DDLFAST_RETURN_IF_ERROR(finish(transport_->agree(digest, agreed)));
+  return *agreed ? allreduce(data, dtype, op, dims, order, options) : Status::ok();
 }
 
 Status Context::reduce_scatter(const SegmentedBuffer& input, const SegmentedBuffer& output,

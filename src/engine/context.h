@@ -4,11 +4,13 @@
 // engine/cuda/device_runtime.h) borrow this context and run its GPU engines.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <vector>
 
 #include "engine/device_ring_allreduce.h"
+#include "engine/latency_allreduce.h"
 #include "engine/ring_allreduce.h"
 #include "transport/mpi_transport.h"
 
@@ -16,7 +18,9 @@ namespace ddlfast {
 
 class Context {
  public:
-  static Status create(MPI_Comm comm, double timeout_s, std::unique_ptr<Context>* out);
+  // agreement_capacity: MpiTransport::create's.
+  static Status create(MPI_Comm comm, double timeout_s, std::size_t agreement_capacity,
+                       std::unique_ptr<Context>* out);
 
   int rank() const { return transport_->rank(); }
   int size() const { return transport_->size(); }
@@ -34,6 +38,11 @@ class Context {
   // flight (see MpiTransport::abandon): every later call then refuses.
   Status allreduce(const SegmentedBuffer& data, DType dtype, ReduceOp op, const std::vector<int>& dims,
                    const std::vector<int>& order, const EngineOptions& options);
+  // allreduce() with the per-call agreement on `digest` in the same call: a buffer the latency path takes
+  // (LatencyAllreduce) rides in the agreement's own messages, a larger one is reduced once the agreement passed.
+  // *agreed false: the ranks disagree, and nothing was written into `data`.
+  Status agreed_allreduce(std::uint64_t digest, bool* agreed, const SegmentedBuffer& data, DType dtype, ReduceOp op,
+                          const std::vector<int>& dims, const std::vector<int>& order, const EngineOptions& options);
   // The two halves on their own (RingAllreduce::reduce_scatter / allgather), with the same failure handling.
   Status reduce_scatter(const SegmentedBuffer& input, const SegmentedBuffer& output,
                         const std::vector<std::size_t>& counts, DType dtype, ReduceOp op, const std::vector<int>& dims,
@@ -57,6 +66,7 @@ class Context {
   Status finish(const Status& status);
 
   std::unique_ptr<MpiTransport> transport_;
+  std::unique_ptr<LatencyAllreduce> latency_;
   std::map<RingKey, std::unique_ptr<RingAllreduce>> engines_;
   std::map<RingKey, std::unique_ptr<DeviceRingAllreduce>> device_engines_;
 };

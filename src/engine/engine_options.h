@@ -11,12 +11,17 @@ namespace ddlfast {
 // One executed phase, for the timeline (seconds on the monotonic clock, the
 // same clock as Python's time.perf_counter on Linux).
 struct PhaseEvent {
-  int kind;  // 0 reduce-scatter, 1 allgather, 2 MPI_Allreduce handoff
+  int kind;  // 0 reduce-scatter, 1 allgather, 2 MPI_Allreduce handoff, 3 the latency path
   int dim;
   double start_s;
   double end_s;
   std::size_t bytes;
 };
+
+// Which path takes buffers of at most small_bytes (DDLFAST_ALGORITHM): ddlfast's latency path, a butterfly
+// whose messages carry the per-call agreement too (transport/agreement_exchange.cc), or MPI's own allreduce once
+// the agreement passed.
+enum class SmallPath : int { kLatency = 0, kMpi = 1 };
 
 struct EngineOptions {
   std::size_t chunk_bytes = 1024 * 1024;
@@ -24,6 +29,7 @@ struct EngineOptions {
   // Buffers of at most this many bytes go to MPI_Allreduce (latency-bound
   // sizes, where log(p) steps beat 2(p-1)). 0 disables the handoff.
   std::size_t small_bytes = 0;
+  SmallPath small_path = SmallPath::kLatency;
   std::vector<PhaseEvent>* events = nullptr;  // append phase events here when set
   // Wire type per torus dimension for float32 data: -1 sends float32, 0 fp16,
   // 1 bf16 (WireType). Empty: no compression anywhere.

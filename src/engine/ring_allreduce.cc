@@ -39,19 +39,6 @@ SegmentedBuffer select_ranges(const SegmentedBuffer& from, const std::vector<Ele
   return SegmentedBuffer(std::move(bases), counts, from.element_size());
 }
 
-SegmentedBuffer contiguous(char* base, std::size_t count, std::size_t element_size) {
-  return SegmentedBuffer({base}, {count}, element_size);
-}
-
-// Every element of `from` into `to` (the same count and element size).
-void copy_elements(const SegmentedBuffer& from, const SegmentedBuffer& to) {
-  for (std::size_t done = 0; done < from.count();) {
-    const std::size_t n = std::min(from.contiguous_from(done), to.contiguous_from(done));
-    std::memcpy(to.address(done), from.address(done), n * from.element_size());
-    done += n;
-  }
-}
-
 // Blocks of counts[i] elements back to back.
 std::vector<ElementRange> consecutive(const std::vector<std::size_t>& counts) {
   std::vector<ElementRange> ranges;

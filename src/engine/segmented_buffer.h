@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstring>
 #include <vector>
 
 namespace ddlfast {
@@ -44,5 +45,18 @@ class SegmentedBuffer {
   std::vector<std::size_t> starts_;  // prefix sums of element counts
   std::size_t element_size_;
 };
+
+inline SegmentedBuffer contiguous(char* base, std::size_t count, std::size_t element_size) {
+  return SegmentedBuffer({base}, {count}, element_size);
+}
+
+// Every element of `from` into `to` (the same count and element size).
+inline void copy_elements(const SegmentedBuffer& from, const SegmentedBuffer& to) {
+  for (std::size_t done = 0; done < from.count();) {
+    const std::size_t n = std::min(from.contiguous_from(done), to.contiguous_from(done));
+    std::memcpy(to.address(done), from.address(done), n * from.element_size());
+    done += n;
+  }
+}
 
 }  // namespace ddlfast

@@ -94,14 +94,6 @@ std::string seconds_text(double seconds) {
   return text;
 }
 
-// splitmix64: the sequence number and the layout digest mixed into one fingerprint.
-std::uint64_t mix(std::uint64_t sequence, std::uint64_t digest) {
-  std::uint64_t z = digest + 0x9e3779b97f4a7c15ULL * (sequence + 1);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
 // A non-blocking dup polled against the stall limit (a rank that never creates its context is a timeout).
 Status dup_with_limit(MPI_Comm comm, double timeout_s, MPI_Comm* out) {
   // MPI writes the new handle whenever the dup completes, possibly after we
@@ -172,12 +164,16 @@ std::string mpi_library_version() {
   return version;
 }
 
-Status MpiTransport::create(MPI_Comm comm, double timeout_s, std::unique_ptr<MpiTransport>* out) {
+Status MpiTransport::create(MPI_Comm comm, double timeout_s, std::size_t agreement_capacity,
+                            std::unique_ptr<MpiTransport>* out) {
   std::unique_ptr<MpiTransport> transport(new MpiTransport());
   DDLFAST_RETURN_IF_ERROR(dup_with_limit(comm, timeout_s, &transport->comm_));
   DDLFAST_RETURN_IF_ERROR(dup_with_limit(comm, timeout_s, &transport->census_comm_));
+  DDLFAST_RETURN_IF_ERROR(dup_with_limit(comm, timeout_s, &transport->agree_comm_));
   MPI_Comm_rank(transport->comm_, &transport->rank_);
   MPI_Comm_size(transport->comm_, &transport->size_);
+  transport->agreement_capacity_ = agreement_capacity;
+  transport->allocate_exchange();
   transport->spin_us_ = spin_us_for(transport->comm_);
   MPI_Op_create(&fp16_sum_op, 1, &transport->fp16_sum_);
   MPI_Op_create(&bf16_sum_op, 1, &transport->bf16_sum_);
@@ -217,6 +213,7 @@ MpiTransport::~MpiTransport() {
     if (op != MPI_OP_NULL) MPI_Op_free(&op);
   }
   if (census_comm_ != MPI_COMM_NULL) MPI_Comm_free(&census_comm_);
+  if (agree_comm_ != MPI_COMM_NULL) MPI_Comm_free(&agree_comm_);
   if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
@@ -593,26 +590,6 @@ void MpiTransport::abandon_and_tell(const std::string& reason, bool interrupted)
   mark_broken(reason);
   // ranks waiting for this one fail now instead of at their stall limit
   census(interrupted ? kAskAfterInterrupt : kAskAfterFailure);
-}
-
-Status MpiTransport::agree(std::uint64_t digest, bool* agreed) {
-  DDLFAST_RETURN_IF_ERROR(refuse_if_broken());
-  if (!later_failure_.empty()) {  // another rank abandoned this collective after finishing the last one
-    mark_broken(later_failure_);
-    return Status(later_failure_code_, later_failure_);
-  }
-  const std::uint64_t fingerprint = mix(++sequence_, digest);
-  *agreed = true;
-  if (size_ == 1) return Status::ok();
-  std::uint64_t* both = scratch_->agree;
-  both[0] = fingerprint;
-  both[1] = ~fingerprint;
-  MPI_Request request;
-  DDLFAST_RETURN_IF_ERROR(
-      check(MPI_Iallreduce(MPI_IN_PLACE, both, 2, MPI_UINT64_T, MPI_MAX, comm_, &request), "MPI_Iallreduce", -1));
-  DDLFAST_RETURN_IF_ERROR(wait_request(&request, "the agreement on the collective's arguments"));
-  *agreed = both[0] == fingerprint && ~both[1] == fingerprint;
-  return Status::ok();
 }
 
 Status MpiTransport::native_allreduce(void* data, std::size_t count, DType dtype, ReduceOp op) {

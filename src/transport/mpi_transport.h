@@ -39,8 +39,12 @@ std::string mpi_library_version();
 class MpiTransport final : public Transport {
  public:
   // Duplicates `comm` (collective over it; gives up after timeout_s > 0) and
-  // sets MPI_ERRORS_RETURN on the copy.
-  static Status create(MPI_Comm comm, double timeout_s, std::unique_ptr<MpiTransport>* out);
+  // sets MPI_ERRORS_RETURN on the copy. `agreement_capacity`: how many bytes
+  // of a small allreduce each agreement message may carry (the latency path);
+  // every rank must pass the same (the context's creation agreement checks the
+  // setting it comes from before any message carries data).
+  static Status create(MPI_Comm comm, double timeout_s, std::size_t agreement_capacity,
+                       std::unique_ptr<MpiTransport>* out);
   ~MpiTransport() override;
   MpiTransport(const MpiTransport&) = delete;
   MpiTransport& operator=(const MpiTransport&) = delete;
@@ -82,11 +86,17 @@ class MpiTransport final : public Transport {
   // stall limit.
   Status idle(std::chrono::steady_clock::time_point since, const char* what, int peer) override;
 
-  // The per-call agreement: true when every rank passed the same digest in
-  // the same collective (this transport's sequence number, counted here and
-  // mixed into the fingerprint). One 16-byte MPI_Iallreduce(MAX) of (f, ~f):
-  // max(f) == f and min(f) == f on every rank iff all fingerprints are equal.
-  Status agree(std::uint64_t digest, bool* agreed);
+  // The per-call agreement (transport/agreement_exchange.cc): *agreed when
+  // every rank passed the same digest in the same collective (this
+  // transport's sequence number, counted here and mixed into the
+  // fingerprint). A butterfly of point-to-point messages on a communicator of
+  // its own, each headed by the sender's fingerprint: every rank compares its
+  // partners' with its own and passes any mismatch on, so all ranks learn the
+  // outcome together, with nothing left in flight. With `reduction`, a small
+  // allreduce rides in the same messages (the latency path), and lands in its
+  // data only when every rank agreed.
+  Status agree(std::uint64_t digest, bool* agreed, const AgreedReduction* reduction = nullptr) override;
+  std::size_t agreement_capacity() const override { return agreement_capacity_; }
   // The sequence number of the latest agreement (the collective in progress).
   std::uint64_t sequence() const { return sequence_; }
 
@@ -154,8 +164,15 @@ class MpiTransport final : public Transport {
   void post_census_ask();
   void reply_to_census();
 
+  // The agreement's two message buffers, once (agreement_exchange.cc).
+  void allocate_exchange();
+  // One step of the agreement's butterfly: receive from and/or send to `peer`, both waited for.
+  Status exchange_step(int peer, const char* send, std::size_t send_bytes, char* receive, const char* what);
+
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Comm census_comm_ = MPI_COMM_NULL;
+  MPI_Comm agree_comm_ = MPI_COMM_NULL;  // the agreement's butterfly (and the latency path's data) only
+  std::size_t agreement_capacity_ = 0;
   MPI_Op fp16_sum_ = MPI_OP_NULL;
   MPI_Op bf16_sum_ = MPI_OP_NULL;
   // min, max and product as MPI ops over ddlfast's kernels, index combine * kNumDTypes + dtype.
@@ -178,7 +195,7 @@ class MpiTransport final : public Transport {
   // small-message copy, census messages): deliberately leaked, not freed, when
   // a broken transport is destroyed.
   struct Scratch {
-    std::uint64_t agree[2] = {0, 0};
+    std::vector<char> exchange[2];  // the agreement's messages: header, then up to agreement_capacity_ bytes
     std::vector<char> small;
     // asker, its collective, the ask's kind, then the asker's wait (kind, peer, tag)
     std::int64_t census_ask[6] = {0, 0, 0, 0, -1, 0};

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "common/dtype.h"
@@ -17,6 +18,15 @@
 namespace ddlfast {
 
 using RequestId = int;
+
+// A small allreduce carried by the per-call agreement's own messages (the latency path): `data` holds `count`
+// contiguous elements and receives the result only once every rank agreed and the exchange completed.
+struct AgreedReduction {
+  void* data = nullptr;
+  std::size_t count = 0;
+  DType dtype = DType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;  // not kAverage: the caller divides
+};
 
 class Transport {
  public:
@@ -51,6 +61,12 @@ class Transport {
   virtual Status native_reduce_scatter(const void* send, void* recv, const std::vector<std::size_t>& counts,
                                        DType dtype, ReduceOp op = ReduceOp::kSum) = 0;
   virtual Status native_allgather(const void* send, void* recv, const std::vector<std::size_t>& bytes) = 0;
+
+  // The per-call agreement (MpiTransport::agree): *agreed when every rank passed the same digest in the same
+  // collective; with `reduction`, that allreduce travels in the agreement's messages (at most
+  // agreement_capacity() bytes of it, the same on every rank).
+  virtual Status agree(std::uint64_t digest, bool* agreed, const AgreedReduction* reduction = nullptr) = 0;
+  virtual std::size_t agreement_capacity() const = 0;
 };
 
 // How a loop that polls several requests waits: spin, yield, then sleep

@@ -12,7 +12,7 @@ TIMEOUT_S = 3
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("mode", ["new-context", "new-layout", "cached-layout"])
+@pytest.mark.parametrize("mode", ["new-context", "new-layout", "cached-layout", "cached-latency"])
 def test_missing_rank_is_named_within_the_timeout(mode: str) -> None:
     result = run_mpi(4, "stall.py", mode, str(TIMEOUT_S), env={"DDLFAST_TIMEOUT_S": str(TIMEOUT_S)}, timeout=120)
     # Ranks' lines can interleave on the shared pipe: every message ends with the same sentence.

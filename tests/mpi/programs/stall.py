@@ -1,6 +1,6 @@
 """Runs on every rank: the last rank never joins a collective. The others must
 raise DdlfastTimeoutError naming it within DDLFAST_TIMEOUT_S (plus a margin),
-both when the layout is new (agreement) and when it is cached (the ring)."""
+both when the layout is new (agreement) and when it is cached (the ring, or the latency path's butterfly)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ import ddlfast
 comm = MPI.COMM_WORLD
 rank, world = comm.Get_rank(), comm.Get_size()
 missing = world - 1
-mode = sys.argv[1]  # "new-context", "new-layout" or "cached-layout"
+mode = sys.argv[1]  # "new-context", "new-layout", "cached-layout" or "cached-latency"
 if mode != "new-context":
     ddlfast.default_context()  # every rank creates its context
-array = np.ones(300_000, np.float32)
-if mode == "cached-layout":
+array = np.ones(100 if mode == "cached-latency" else 300_000, np.float32)
+if mode.startswith("cached"):
     ddlfast.allreduce(array)  # every rank agrees on this layout once
 comm.Barrier()
 if rank == missing:

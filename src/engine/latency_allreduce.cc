@@ -1,0 +1,56 @@
+#include "engine/latency_allreduce.h"
+
+#include "kernels/cpu/cpu_kernels.h"
+
+namespace ddlfast {
+namespace {
+
+bool integer_average(DType dtype, ReduceOp op) {
+  return (dtype == DType::kInt32 || dtype == DType::kInt64) && op == ReduceOp::kAverage;
+}
+
+}  // namespace
+
+bool LatencyAllreduce::takes(const SegmentedBuffer& data, DType dtype, ReduceOp op,
+                             const EngineOptions& options) const {
+  const std::size_t bytes = data.count() * dtype_size(dtype);
+  const std::size_t carried = integer_average(dtype, op) ? 2 * bytes : bytes;  // the remainders travel too
+  return options.small_path == SmallPath::kLatency && transport_.size() > 1 && bytes > 0 &&
+         bytes <= options.small_bytes && carried <= transport_.agreement_capacity();
+}
+
+Status LatencyAllreduce::run(std::uint64_t digest, bool* agreed, const SegmentedBuffer& data, DType dtype,
+                             ReduceOp op, const EngineOptions& options) {
+  const int world = transport_.size();
+  const std::size_t count = data.count();
+  const std::size_t esize = dtype_size(dtype);
+  const double start = monotonic_seconds();
+  const bool exact = dtype == DType::kFloat16 || dtype == DType::kBFloat16 || integer_average(dtype, op);
+  if (!exact && data.contiguous_from(0) == count) {  // straight from the caller's memory, written on agreement
+    const AgreedReduction reduction{data.address(0), count, dtype, op == ReduceOp::kAverage ? ReduceOp::kSum : op};
+    DDLFAST_RETURN_IF_ERROR(transport_.agree(digest, agreed, &reduction));
+    if (*agreed && op == ReduceOp::kAverage) divide_in_place(dtype, data.address(0), count, world);
+  } else {
+    if (copy_.size() < count * esize) copy_.resize(count * esize);
+    const SegmentedBuffer copy = contiguous(copy_.data(), count, esize);
+    copy_elements(data, copy);
+    DDLFAST_RETURN_IF_ERROR(exact_.before(copy, dtype, op, world));
+    const SegmentedBuffer& work = exact_.buffer();  // the copy, plus remainders for an integer average
+    const bool packs = work.contiguous_from(0) < work.count();
+    if (packs && packed_.size() < work.count() * esize) packed_.resize(work.count() * esize);
+    const SegmentedBuffer packed = contiguous(packs ? packed_.data() : work.address(0), work.count(), esize);
+    if (packs) copy_elements(work, packed);
+    const ReduceOp reduce_op = exact_.op() == ReduceOp::kAverage ? ReduceOp::kSum : exact_.op();
+    const AgreedReduction reduction{packed.address(0), work.count(), dtype, reduce_op};
+    DDLFAST_RETURN_IF_ERROR(transport_.agree(digest, agreed, &reduction));
+    if (!*agreed) return Status::ok();
+    if (exact_.op() == ReduceOp::kAverage) divide_in_place(dtype, packed.address(0), work.count(), world);
+    if (packs) copy_elements(packed, work);
+    DDLFAST_RETURN_IF_ERROR(exact_.after(transport_));
+    copy_elements(copy, data);
+  }
+  if (*agreed && options.events) options.events->push_back({3, -1, start, monotonic_seconds(), count * esize});
+  return Status::ok();
+}
+
+}  // namespace ddlfast

@@ -1,0 +1,147 @@
+// The per-call agreement and the latency path, one exchange (MpiTransport::agree).
+//
+// Every rank runs the butterfly of algo/butterfly.h on its own communicator.
+// Each message is a 32-byte header — the sender's fingerprint (the collective's
+// sequence number mixed with its layout digest), the mismatch flag, the
+// payload's byte count — then the payload: nothing for a plain agreement, the
+// partial result of a small allreduce on the latency path. A receiver compares
+// the header with its own and ORs any difference into its flag, which it sends
+// on; the butterfly connects every pair of ranks, so after the last step every
+// rank holds the same verdict, without a message more.
+//
+// Receives are posted at the header plus the agreement capacity (the same on
+// every rank), and no sender sends more, so ranks that disagree — even one on
+// the latency path and one agreeing before a ring — exchange exactly the same
+// messages: nothing is truncated, nothing is left in flight, and the context
+// stays usable. Data is combined only while no mismatch has been seen, and
+// lands in the caller's memory only when every rank agreed.
+#include <cstring>
+#include <utility>
+
+#include "algo/butterfly.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "transport/mpi_transport.h"
+
+namespace ddlfast {
+namespace {
+
+struct Header {
+  std::uint64_t fingerprint;
+  std::uint64_t flags;
+  std::uint64_t payload_bytes;
+  std::uint64_t reserved;
+};
+constexpr std::size_t kHeaderBytes = sizeof(Header);
+static_assert(kHeaderBytes == 32, "the payload stays 16-byte aligned behind the header");
+constexpr std::uint64_t kMismatch = 1;
+constexpr int kExchangeTag = 0;
+
+// splitmix64: the sequence number and the layout digest mixed into one fingerprint.
+std::uint64_t mix(std::uint64_t sequence, std::uint64_t digest) {
+  std::uint64_t z = digest + 0x9e3779b97f4a7c15ULL * (sequence + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+void write_header(char* message, std::uint64_t fingerprint, bool mismatch, std::size_t payload_bytes) {
+  const Header header{fingerprint, mismatch ? kMismatch : 0, payload_bytes, 0};
+  std::memcpy(message, &header, kHeaderBytes);
+}
+
+// Whether a received message shows a disagreement: another fingerprint or payload size, or a mismatch its
+// sender already saw.
+bool disagrees(const char* message, std::uint64_t fingerprint, std::size_t payload_bytes) {
+  Header header;
+  std::memcpy(&header, message, kHeaderBytes);
+  return header.fingerprint != fingerprint || header.payload_bytes != payload_bytes ||
+         (header.flags & kMismatch) != 0;
+}
+
+}  // namespace
+
+void MpiTransport::allocate_exchange() {
+  if (size_ == 1) return;
+  for (std::vector<char>& message : scratch_->exchange) message.assign(kHeaderBytes + agreement_capacity_, 0);
+}
+
+Status MpiTransport::exchange_step(int peer, const char* send, std::size_t send_bytes, char* receive,
+                                   const char* what) {
+  MPI_Request receiving = MPI_REQUEST_NULL;
+  MPI_Request sending = MPI_REQUEST_NULL;
+  if (receive != nullptr) {
+    DDLFAST_RETURN_IF_ERROR(check(MPI_Irecv(receive, static_cast<int>(kHeaderBytes + agreement_capacity_), MPI_BYTE,
+                                            peer, kExchangeTag, agree_comm_, &receiving),
+                                  "MPI_Irecv", peer));
+  }
+  if (send != nullptr) {
+    DDLFAST_RETURN_IF_ERROR(check(MPI_Isend(send, static_cast<int>(kHeaderBytes + send_bytes), MPI_BYTE, peer,
+                                            kExchangeTag, agree_comm_, &sending),
+                                  "MPI_Isend", peer));
+  }
+  DDLFAST_RETURN_IF_ERROR(wait_request(&sending, what, peer));
+  return wait_request(&receiving, what, peer);
+}
+
+Status MpiTransport::agree(std::uint64_t digest, bool* agreed, const AgreedReduction* reduction) {
+  DDLFAST_RETURN_IF_ERROR(refuse_if_broken());
+  if (!later_failure_.empty()) {  // another rank abandoned this collective after finishing the last one
+    mark_broken(later_failure_);
+    return Status(later_failure_code_, later_failure_);
+  }
+  const std::size_t bytes = reduction == nullptr ? 0 : reduction->count * dtype_size(reduction->dtype);
+  if (bytes > agreement_capacity_) {
+    return Status::invalid("the latency path carries at most " + std::to_string(agreement_capacity_) + " bytes, not " +
+                           std::to_string(bytes));
+  }
+  const std::uint64_t fingerprint = mix(++sequence_, digest);
+  *agreed = true;
+  if (size_ == 1) return Status::ok();
+  const char* what = bytes ? "the small allreduce (its agreement in the same messages)"
+                           : "the agreement on the collective's arguments";
+  // A rank that abandoned this collective (Ctrl-C, a failure) may have sent all its messages first, so the
+  // butterfly could complete here (with the right numbers: every contribution arrived): a notice of it that has
+  // already come fails this rank now, as a wait would; one still on its way fails the next collective.
+  if (census_ask_arrived()) return answer_census(what, -1);
+  char* mine = scratch_->exchange[0].data();  // this rank's partial result, behind its header
+  char* theirs = scratch_->exchange[1].data();
+  if (bytes) std::memcpy(mine + kHeaderBytes, reduction->data, bytes);
+  bool mismatch = false;
+  // Combines the partner's payload with this rank's, the lower rank's value first (algo/butterfly.h).
+  auto take = [&](int peer) {
+    mismatch = mismatch || disagrees(theirs, fingerprint, bytes);
+    if (mismatch || bytes == 0) return;
+    if (peer < rank_) {
+      reduce_into(reduction->dtype, reduction->op, theirs + kHeaderBytes, mine + kHeaderBytes, reduction->count, 1);
+      std::swap(mine, theirs);
+    } else {
+      reduce_into(reduction->dtype, reduction->op, mine + kHeaderBytes, theirs + kHeaderBytes, reduction->count, 1);
+    }
+  };
+  const Butterfly plan = butterfly(rank_, size_);
+  if (plan.role == ButterflyRole::kFoldOut) {  // give the value away, get the result back
+    write_header(mine, fingerprint, false, bytes);
+    DDLFAST_RETURN_IF_ERROR(exchange_step(plan.fold_partner, mine, bytes, theirs, what));
+    mismatch = disagrees(theirs, fingerprint, bytes);
+    std::swap(mine, theirs);
+  } else {
+    if (plan.role == ButterflyRole::kFoldIn) {
+      DDLFAST_RETURN_IF_ERROR(exchange_step(plan.fold_partner, nullptr, 0, theirs, what));
+      take(plan.fold_partner);
+    }
+    for (int peer : plan.step_partners) {
+      write_header(mine, fingerprint, mismatch, bytes);
+      DDLFAST_RETURN_IF_ERROR(exchange_step(peer, mine, bytes, theirs, what));
+      take(peer);
+    }
+    if (plan.role == ButterflyRole::kFoldIn) {
+      write_header(mine, fingerprint, mismatch, bytes);
+      DDLFAST_RETURN_IF_ERROR(exchange_step(plan.fold_partner, mine, bytes, nullptr, what));
+    }
+  }
+  *agreed = !mismatch;
+  if (*agreed && bytes) std::memcpy(reduction->data, mine + kHeaderBytes, bytes);
+  return Status::ok();
+}
+
+}  // namespace ddlfast

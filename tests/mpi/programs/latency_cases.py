@@ -1,0 +1,116 @@
+"""Runs on every rank: the latency path (allreduce of at most DDLFAST_SMALL_BYTES inside the per-call agreement's
+own butterfly messages, src/transport/agreement_exchange.cc) and its agreement.
+
+1. Every op x every dtype, allreduce and fused_allreduce([x]), at the small-message limit's edges (the last
+   count the latency path takes, the first the ring takes) and at odd counts, against NumPy references
+   (ops_cases.py's) and bit-identical on every rank.
+2. Disagreements found inside the butterfly, each after the layout was cached, each on one rank: another count,
+   another op, another name=, an integer average against a sum (twice the bytes on the wire), a buffer on the
+   ring path against one on the latency path, a broadcast or barrier against an allreduce, a refusal (bad input)
+   against a latency call. Every rank must raise DdlfastError, every rank's array must be untouched, and the
+   context must work afterwards.
+
+Prints "N cases on P ranks, F failures"; exits non-zero on any failure.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+from mpi4py import MPI
+from ops_cases import DTYPES, OPS, expect_error, report, run_op
+
+import ddlfast
+
+LIMIT = 4096  # DDLFAST_SMALL_BYTES for the edge cases
+
+
+def op_cases(comm: MPI.Intracomm) -> list[tuple[str, str | None]]:
+    results = []
+    case = 10_000
+    os.environ["DDLFAST_SMALL_BYTES"] = str(LIMIT)
+    for name, dtype in DTYPES.items():
+        edge = LIMIT // dtype.itemsize
+        for op in OPS:
+            for count in (1, 2, 13, edge - 1, edge, edge + 1):
+                for api in ("allreduce", "fused"):
+                    case += 1
+                    try:
+                        failure = run_op(name, op, count, api, case, comm)
+                    except ddlfast.DdlfastError as error:
+                        failure = f"raised {error}"
+                    results.append((f"{op} {name}[{count}] {api}", failure))
+    return results
+
+
+def untouched_after_error(comm: MPI.Intracomm, label: str, arrays: dict, call, *needles: str) -> tuple:
+    """`call` must raise on every rank naming `needles`, and leave every array as it was."""
+    before = {key: array.copy() for key, array in arrays.items()}
+    failure = expect_error(comm, call, *needles)
+    if failure is None:
+        changed = [key for key, array in arrays.items() if not np.array_equal(array, before[key], equal_nan=True)]
+        if changed:
+            failure = f"rank {comm.Get_rank()} wrote into {changed} although the ranks disagreed"
+    return (label, failure)
+
+
+def disagreement_cases(comm: MPI.Intracomm) -> list[tuple[str, str | None]]:
+    rank, world = comm.Get_rank(), comm.Get_size()
+    results: list[tuple[str, str | None]] = []
+    if world < 2:
+        return results
+    os.environ["DDLFAST_SMALL_BYTES"] = str(LIMIT)
+    odd = world - 1  # the rank that differs
+    x = np.arange(100, dtype=np.float32) + rank
+    for _ in range(3):  # the layout is cached (and the latency path warm) before anything differs
+        y = x.copy()
+        ddlfast.allreduce(y)
+    longer = np.arange(101, dtype=np.float32)
+    results.append(untouched_after_error(
+        comm, "another count on one rank", {"x": x, "longer": longer},
+        lambda: ddlfast.allreduce(longer if rank == odd else x), "disagree"))
+    results.append(untouched_after_error(
+        comm, "another op on one rank", {"x": x},
+        lambda: ddlfast.allreduce(x, op="max" if rank == odd else "min"), "disagree"))
+    results.append(untouched_after_error(
+        comm, "another name on one rank", {"x": x},
+        lambda: ddlfast.allreduce(x, name=7 if rank == odd else 6), "name"))
+    ints = np.arange(64, dtype=np.int64) * (rank + 1)
+    results.append(untouched_after_error(
+        comm, "integer average against sum", {"ints": ints},
+        lambda: ddlfast.allreduce(ints, op="average" if rank == odd else "sum"), "disagree"))
+    big = np.ones(LIMIT, np.float32)  # 16 KiB: the ring, after an agreement of its own
+    results.append(untouched_after_error(
+        comm, "the ring on one rank, the latency path on the others", {"x": x, "big": big},
+        lambda: ddlfast.allreduce(big if rank == odd else x), "disagree"))
+    results.append(untouched_after_error(
+        comm, "fused_allreduce with another count on one rank", {"x": x, "longer": longer},
+        lambda: ddlfast.fused_allreduce([longer if rank == odd else x]), "disagree"))
+    results.append(untouched_after_error(
+        comm, "a broadcast against a small allreduce", {"x": x},
+        lambda: ddlfast.broadcast(x, root=0) if rank == odd else ddlfast.allreduce(x), "different collectives"))
+    results.append(untouched_after_error(
+        comm, "a barrier against a small allreduce", {"x": x},
+        lambda: ddlfast.barrier() if rank == odd else ddlfast.allreduce(x), "different collectives"))
+    frozen = x.copy()
+    frozen.flags.writeable = False
+    results.append(untouched_after_error(
+        comm, "bad input on one rank", {"x": x},
+        lambda: ddlfast.allreduce(frozen if rank == odd else x), f"rank {odd}"))
+    after = np.full(5, rank + 1.0, np.float32)
+    ddlfast.allreduce(after)
+    want = np.full(5, world * (world + 1) / 2, np.float32)
+    results.append(("the context works after the disagreements",
+                    None if np.array_equal(after, want) else f"got {after}"))
+    return results
+
+
+def main() -> int:
+    comm = MPI.COMM_WORLD
+    return report(comm, op_cases(comm) + disagreement_cases(comm))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
