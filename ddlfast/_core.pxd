@@ -94,6 +94,7 @@ cdef extern from "engine/ring_allreduce.h" namespace "ddlfast" nogil:
         size_t small_bytes
         vector[PhaseEvent]* events
         vector[int] wire_by_dim
+        vector[int] direct_by_dim
 
 
 cdef extern from "engine/segmented_buffer.h" namespace "ddlfast" nogil:
@@ -155,10 +156,10 @@ cdef class Engine:
     cdef vector[PhaseEvent] events
     cdef public bint record_events
     cdef Context* get(self) except NULL
-    cdef int _options(self, dims, order, size_t chunk_bytes, int receives_in_flight, size_t small_bytes, wire,
+    cdef int _options(self, dims, order, size_t chunk_bytes, int receives_in_flight, size_t small_bytes, wire, direct,
                       vector[int]* dims_vector, vector[int]* order_vector, EngineOptions* options) except -1
     cdef int _run(self, const vector[char*]& bases, const vector[size_t]& sizes, int dtype, int op, dims,
-                  size_t chunk_bytes, int receives_in_flight, size_t small_bytes, order, wire) except -1
+                  size_t chunk_bytes, int receives_in_flight, size_t small_bytes, order, wire, direct) except -1
     cdef int _half(self, bint reduce, list in_pointers, list in_counts, list out_pointers, list out_counts, counts,
                    size_t element_size, int dtype, int op, dims, size_t chunk_bytes, int receives_in_flight,
-                   size_t small_bytes, order, wire) except -1
+                   size_t small_bytes, order, wire, direct) except -1

@@ -217,20 +217,21 @@ cdef class Engine:
             self.context.get().transport().request_stop()
 
     def allreduce(self, uintptr_t data, size_t count, int dtype, int op, dims, size_t chunk_bytes,
-                  int receives_in_flight, size_t small_bytes, order=(), wire=()):
+                  int receives_in_flight, size_t small_bytes, order=(), wire=(), direct=()):
         """In-place allreduce of a raw buffer; the caller validated everything.
 
         order: communicator rank of each torus position (empty: identity).
         wire: per ring dimension, -1 float32, 0 fp16, 1 bf16 (empty: no compression).
+        direct: per ring dimension, 1 direct reduce-scatter, 0 the ring (empty: the ring everywhere).
         """
         cdef vector[char*] bases
         cdef vector[size_t] sizes
         bases.push_back(<char*>data)
         sizes.push_back(count)
-        self._run(bases, sizes, dtype, op, dims, chunk_bytes, receives_in_flight, small_bytes, order, wire)
+        self._run(bases, sizes, dtype, op, dims, chunk_bytes, receives_in_flight, small_bytes, order, wire, direct)
 
     def allreduce_segments(self, list pointers, list counts, int dtype, int op, dims, size_t chunk_bytes,
-                           int receives_in_flight, size_t small_bytes, order=(), wire=()):
+                           int receives_in_flight, size_t small_bytes, order=(), wire=(), direct=()):
         """Allreduce several same-dtype buffers as one logical buffer, each in place (no packing)."""
         cdef vector[char*] bases
         cdef vector[size_t] sizes
@@ -239,18 +240,18 @@ cdef class Engine:
         for pointer, count in zip(pointers, counts):
             bases.push_back(<char*><uintptr_t>pointer)
             sizes.push_back(<size_t>count)
-        self._run(bases, sizes, dtype, op, dims, chunk_bytes, receives_in_flight, small_bytes, order, wire)
+        self._run(bases, sizes, dtype, op, dims, chunk_bytes, receives_in_flight, small_bytes, order, wire, direct)
 
-    cdef int _options(self, dims, order, size_t chunk_bytes, int receives_in_flight, size_t small_bytes, wire,
+    cdef int _options(self, dims, order, size_t chunk_bytes, int receives_in_flight, size_t small_bytes, wire, direct,
                       vector[int]* dims_vector, vector[int]* order_vector, EngineOptions* options) except -1:
         dims_vector[0] = to_dims(dims)
         order_vector[0] = to_dims(order)
         fill_options(options, chunk_bytes, receives_in_flight, small_bytes,
-                     &self.events if self.record_events else NULL, wire)
+                     &self.events if self.record_events else NULL, wire, direct)
         return 0
 
     cdef int _run(self, const vector[char*]& bases, const vector[size_t]& sizes, int dtype, int op, dims,
-                  size_t chunk_bytes, int receives_in_flight, size_t small_bytes, order, wire) except -1:
+                  size_t chunk_bytes, int receives_in_flight, size_t small_bytes, order, wire, direct) except -1:
         cdef size_t element_size = dtype_size(dtype)
         check_op(op)
         cdef unique_ptr[SegmentedBuffer] data
@@ -258,7 +259,7 @@ cdef class Engine:
         cdef vector[int] dims_vector
         cdef vector[int] order_vector
         cdef EngineOptions options
-        self._options(dims, order, chunk_bytes, receives_in_flight, small_bytes, wire, &dims_vector, &order_vector,
+        self._options(dims, order, chunk_bytes, receives_in_flight, small_bytes, wire, direct, &dims_vector, &order_vector,
                       &options)
         cdef Status status
         cdef Context* context = self.get()
@@ -270,13 +271,13 @@ cdef class Engine:
 
     def reduce_scatter_segments(self, list in_pointers, list in_counts, list out_pointers, list out_counts,
                                 counts, int dtype, int op, dims, size_t chunk_bytes, int receives_in_flight,
-                                size_t small_bytes, order=(), wire=()):
+                                size_t small_bytes, order=(), wire=(), direct=()):
         """Reduce-scatter (RingAllreduce::reduce_scatter): the input segments hold every rank's block in rank
         order (counts[q] elements for rank q) and stay unchanged; this rank's block lands in the output
         segments. The caller validated everything."""
         cdef size_t element_size = dtype_size(dtype)
         check_op(op)
-        self._half(True, in_pointers, in_counts, out_pointers, out_counts, counts, element_size, dtype, op, dims, chunk_bytes, receives_in_flight, small_bytes, order, wire)
+        self._half(True, in_pointers, in_counts, out_pointers, out_counts, counts, element_size, dtype, op, dims, chunk_bytes, receives_in_flight, small_bytes, order, wire, direct)
 
     def allgather_segments(self, list in_pointers, list in_counts, list out_pointers, list out_counts, counts,
                            size_t element_size, bint float32, dims, size_t chunk_bytes, int receives_in_flight,
@@ -287,11 +288,11 @@ cdef class Engine:
         if element_size == 0:
             raise DdlfastError("element_size must be at least 1")
         self._half(False, in_pointers, in_counts, out_pointers, out_counts, counts, element_size,
-                   0 if float32 else -1, 0, dims, chunk_bytes, receives_in_flight, small_bytes, order, wire)
+                   0 if float32 else -1, 0, dims, chunk_bytes, receives_in_flight, small_bytes, order, wire, ())
 
     cdef int _half(self, bint reduce, list in_pointers, list in_counts, list out_pointers, list out_counts, counts,
                    size_t element_size, int dtype, int op, dims, size_t chunk_bytes, int receives_in_flight,
-                   size_t small_bytes, order, wire) except -1:
+                   size_t small_bytes, order, wire, direct) except -1:
         """dtype: allgather passes 0 for float32 (the wire may compress it), -1 for opaque elements."""
         cdef unique_ptr[SegmentedBuffer] source
         cdef unique_ptr[SegmentedBuffer] target
@@ -301,7 +302,7 @@ cdef class Engine:
         cdef vector[int] dims_vector
         cdef vector[int] order_vector
         cdef EngineOptions options
-        self._options(dims, order, chunk_bytes, receives_in_flight, small_bytes, wire, &dims_vector, &order_vector,
+        self._options(dims, order, chunk_bytes, receives_in_flight, small_bytes, wire, direct, &dims_vector, &order_vector,
                       &options)
         cdef Status status
         cdef Context* context = self.get()
@@ -345,7 +346,7 @@ cdef class Engine:
                 return 0
             bases.push_back(<char*>view.buf)
             sizes.push_back(count)
-            self._run(bases, sizes, dtype, op, dims, chunk_bytes, receives_in_flight, small_bytes, order, ())
+            self._run(bases, sizes, dtype, op, dims, chunk_bytes, receives_in_flight, small_bytes, order, (), ())
         finally:
             PyBuffer_Release(&view)
         if deferred_interrupts:  # the collective completed: it stands (ddlfast/engine/fast_path.py)

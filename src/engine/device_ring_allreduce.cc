@@ -178,6 +178,9 @@ Status DeviceRingAllreduce::run(const SegmentedBuffer& data, DType dtype, Reduce
   if (std::any_of(options.wire_by_dim.begin(), options.wire_by_dim.end(), [](int wire) { return wire >= 0; })) {
     return Status::invalid("wire compression is not implemented in the GPU ring; stage through host memory");
   }
+  if (std::any_of(options.direct_by_dim.begin(), options.direct_by_dim.end(), [](int direct) { return direct != 0; })) {
+    return Status::invalid("the direct reduce-scatter is not implemented in the GPU ring; stage through host memory");
+  }
   const std::size_t esize = dtype_size(dtype);
   const int divisor = op == ReduceOp::kAverage ? world : 1;
   DDLFAST_RETURN_IF_ERROR(lanes->reserve_markers(1 + 2 * std::max(staging.slots, 0)));

@@ -208,7 +208,8 @@ Status run_ring_phase(Transport& transport, const RingPhase& phase, const PhaseC
 enum class RingHalves { kBoth, kReduceScatter, kAllgather };
 
 // Runs the schedule's phases of `halves` in order, each as
-// run_phase(phase, chunks, tag_base, final_divisor): average's divisor applies
+// run_phase(phase, chunks, tag_base, final_divisor) (chunks empty for a direct
+// phase, which the executor runs itself): average's divisor applies
 // on the last step of the last reduce-scatter phase. Each phase gets its own
 // band of tags, so a fast rank's next phase never matches a slow rank's
 // current one. One timeline event per phase when `events` is set.
@@ -221,12 +222,16 @@ Status run_ring_schedule(const SegmentedBuffer& data, const RingSchedule& schedu
     const bool reduces = phase.kind == PhaseKind::kReduceScatter;
     if ((halves == RingHalves::kReduceScatter && !reduces) || (halves == RingHalves::kAllgather && reduces)) continue;
     const double start = monotonic_seconds();
-    const PhaseChunks chunks = phase_chunks(data, phase, chunk_elems);
+    // A direct phase (engine/direct_phase.h) cuts its own chunks; it has no ring steps.
+    const PhaseChunks chunks = phase.direct ? PhaseChunks{} : phase_chunks(data, phase, chunk_elems);
     const int tag_base = (i * kTagsPerPhase) % kTagSpace;
     DDLFAST_RETURN_IF_ERROR(run_phase(phase, chunks, tag_base, i == last_reduce_scatter ? divisor : 1));
     if (events) {
       std::size_t phase_bytes = 0;
       for (const RingStep& step : phase.steps) phase_bytes += step.send.count * data.element_size();
+      for (std::size_t j = 0; j < phase.blocks.size(); ++j) {
+        if (static_cast<int>(j) != phase.coordinate) phase_bytes += phase.blocks[j].count * data.element_size();
+      }
       events->push_back({static_cast<int>(phase.kind), phase.dim, start, monotonic_seconds(), phase_bytes});
     }
   }
