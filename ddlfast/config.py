@@ -99,6 +99,9 @@ def parse_dims(value: object, name: str = "dims") -> str | tuple[int, ...]:
 
 
 WIRE_CODECS = ("none", "fp16", "bf16", "auto")
+# DDLFAST_ALGORITHM: auto (the cost model per call size, ddlfast/topology/cost_model.py), latency and mpi (the
+# small-message paths), ring, rabenseifner (ring dims all 2) and direct (direct reduce-scatter in every dimension).
+ALGORITHMS = ("auto", "latency", "mpi", "ring", "rabenseifner", "direct")
 
 
 def parse_compression(value: object, name: str = "compression") -> tuple[str, ...]:
@@ -191,11 +194,13 @@ class Settings:
     ring_dims: str | tuple[int, ...]
     timeout_s: float
     compression: tuple[str, ...]  # one codec name, or one per ring dimension
+    algorithm: str = "auto"  # DDLFAST_ALGORITHM: one of ALGORITHMS
 
 
 _VARIABLES = (
     "DDLFAST_COMPRESSION", "DDLFAST_BUCKET_BYTES", "DDLFAST_FIRST_BUCKET_BYTES", "DDLFAST_CHUNK_BYTES",
     "DDLFAST_SMALL_BYTES", "DDLFAST_RECEIVES_IN_FLIGHT", "DDLFAST_RING_DIMS", "DDLFAST_TIMEOUT_S",
+    "DDLFAST_ALGORITHM",
 )
 # Every DDLFAST_* name ddlfast, its build and its test tools read; any other is
 # most likely a typo that would otherwise be ignored silently.
@@ -285,6 +290,7 @@ def _parse_settings() -> Settings:
         timeout_s=_env_seconds("DDLFAST_TIMEOUT_S", DEFAULT_TIMEOUT_S, MIN_TIMEOUT_S, MAX_TIMEOUT_S,
                                zero_means_forever=True),
         compression=compression,
+        algorithm=_env_choice("DDLFAST_ALGORITHM", "auto", {name: name for name in ALGORITHMS}),
     )
 
 

@@ -48,7 +48,8 @@ def allreduce_layout(op: str, dims: tuple[int, ...], arrays: tuple, codec: objec
                      settings: Any) -> tuple:
     """Everything the ranks must agree on for an allreduce (host or GPU arrays)."""
     return ("allreduce", op, dims, arrays, codec, error_feedback,
-            (settings.chunk_bytes, settings.small_bytes, settings.bucket_bytes, settings.first_bucket_bytes))
+            (settings.chunk_bytes, settings.small_bytes, settings.bucket_bytes, settings.first_bucket_bytes,
+             settings.algorithm))
 
 
 def creation_layout(settings: Any) -> tuple:

@@ -16,6 +16,7 @@ from ddlfast.engine.agreement import allreduce_layout
 from ddlfast.engine.state import EngineState
 from ddlfast.errors import DdlfastConsistentError, DdlfastError
 from ddlfast.ops import OPS
+from ddlfast.topology.cost_model import Algorithm
 
 # dtypes whose NumPy arrays export a typed buffer (the latency path's buffer check).
 _FAST_DTYPES = {np.dtype(name): code for name, code in DTYPE_CODES.items() if name != "bfloat16"}
@@ -48,6 +49,8 @@ class FastPath:
             ring_dims = state.resolve_dims(dims, settings)
         except DdlfastError:
             return None  # the general path refuses it on every rank
+        if state.algorithm_for(array.nbytes, ring_dims, settings) != Algorithm("ring", ring_dims):
+            return None  # DDLFAST_ALGORITHM chose another algorithm for this size: the general path runs it
         layout = allreduce_layout(op, ring_dims, ((array.dtype, array.shape),), codec, False, settings)
         plan = (settings, code, OPS[op], ring_dims, layout, state.agreement.digest(layout))
         if len(self._plans) >= MAX_PLANS:

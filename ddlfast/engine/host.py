@@ -17,7 +17,7 @@ import numpy as np
 from ddlfast.buffers.host import HostBuffer
 from ddlfast.compression.codecs import run_codec
 from ddlfast.compression.wire import wire_by_dim
-from ddlfast.config import Settings
+from ddlfast.config import MAX_SMALL_BYTES, Settings
 from ddlfast.engine.agreement import allreduce_layout, arrays_of
 from ddlfast.engine.state import EngineState
 from ddlfast.errors import DdlfastConsistentError
@@ -101,9 +101,11 @@ def _reduce_bucket(state: EngineState, members: list[HostBuffer], request: HostR
         else:
             pointers.append(b.pointer)
         counts.append(b.count)
-    state.core.allreduce_segments(pointers, counts, members[0].dtype_code, OPS[request.op], dims,
-                                  settings.chunk_bytes, settings.receives_in_flight, settings.small_bytes,
-                                  state.rank_order, wire)
+    nbytes = sum(counts) * members[0].array.dtype.itemsize
+    run_dims, direct, small_bytes = run_algorithm(state, nbytes, dims, settings, wire)
+    state.core.allreduce_segments(pointers, counts, members[0].dtype_code, OPS[request.op], run_dims,
+                                  settings.chunk_bytes, settings.receives_in_flight, small_bytes,
+                                  state.rank_order, wire, direct)
     state.record_events(state.core.take_events)
     for copy, b in staged:
         b.array.reshape(-1)[...] = copy
@@ -114,6 +116,17 @@ def _reduce_bucket(state: EngineState, members: list[HostBuffer], request: HostR
             timeline.add("unpack", start, time.perf_counter(), arrays=len(small), bytes=fused.nbytes)
     if wire:
         check_wire_overflows(state, request.compression, request.op)
+
+
+def run_algorithm(state: EngineState, nbytes: int, dims: tuple[int, ...], settings: Settings,
+                  wire: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+    """(ring dims, direct reduce-scatter per dimension, small-message limit) of one core call of `nbytes`, as
+    DDLFAST_ALGORITHM chooses (EngineState.algorithm_for): `mpi` hands every size to MPI's own collective. The
+    choice keeps `dims` where the wire compresses, so `wire` (per dimension of `dims`) stays valid."""
+    choice = state.algorithm_for(nbytes, dims, settings, tuple(code >= 0 for code in wire))
+    if choice.name == "mpi":
+        return dims, (), MAX_SMALL_BYTES
+    return choice.dims, choice.direct, settings.small_bytes
 
 
 def check_wire_overflows(state: EngineState, compression: tuple[str, ...], op: str, gathers: bool = False) -> None:
