@@ -132,7 +132,8 @@ def _dtype_name(dtype: object) -> str:
 
 def _size_settings(sizes: tuple) -> dict:
     """The engine settings of an allreduce-like layout, by variable name."""
-    names = ("DDLFAST_CHUNK_BYTES", "DDLFAST_SMALL_BYTES", "DDLFAST_BUCKET_BYTES", "DDLFAST_FIRST_BUCKET_BYTES")
+    names = ("DDLFAST_CHUNK_BYTES", "DDLFAST_SMALL_BYTES", "DDLFAST_BUCKET_BYTES", "DDLFAST_FIRST_BUCKET_BYTES",
+             "DDLFAST_ALGORITHM")
     return dict(zip(names, sizes, strict=True))
 
 

@@ -47,10 +47,10 @@ class FastPath:
             return None
         try:
             ring_dims = state.resolve_dims(dims, settings)
+            if state.algorithm_for(array.nbytes, ring_dims, settings) != Algorithm("ring", ring_dims):
+                return None  # DDLFAST_ALGORITHM chose another algorithm for this size: the general path runs it
         except DdlfastError:
             return None  # the general path refuses it on every rank
-        if state.algorithm_for(array.nbytes, ring_dims, settings) != Algorithm("ring", ring_dims):
-            return None  # DDLFAST_ALGORITHM chose another algorithm for this size: the general path runs it
         layout = allreduce_layout(op, ring_dims, ((array.dtype, array.shape),), codec, False, settings)
         plan = (settings, code, OPS[op], ring_dims, layout, state.agreement.digest(layout))
         if len(self._plans) >= MAX_PLANS:

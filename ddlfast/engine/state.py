@@ -81,6 +81,8 @@ class EngineState:
             return self._algorithm_cache[key]
         except KeyError:
             pass
+        if settings.algorithm == "rabenseifner" and power_of_two_dims(self.size) is None and self.size > 1:
+            self.check_algorithm(settings, dims, False, 0, False)  # raises, at every size: no such dims here
         if nbytes <= settings.small_bytes:
             choice = Algorithm("ring", dims)
         else:
