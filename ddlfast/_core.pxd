@@ -73,11 +73,17 @@ cdef extern from "algo/ring_schedule.h" namespace "ddlfast" nogil:
         int successor
         int predecessor
         vector[RingStep] steps
+        bool direct
+        int coordinate
+        vector[int] peers
+        vector[ElementRange] blocks
     cdef cppclass RingSchedule:
         vector[RingPhase] phases
         ElementRange owned
-    RingSchedule build_ring_schedule(const Torus& torus, int rank, size_t count) except +
-    RingSchedule build_ring_schedule(const Torus& torus, int rank, const vector[size_t]& block_counts) except +
+    RingSchedule build_ring_schedule(const Torus& torus, int rank, size_t count,
+                                     const vector[int]& direct_by_dim) except +
+    RingSchedule build_ring_schedule(const Torus& torus, int rank, const vector[size_t]& block_counts,
+                                     const vector[int]& direct_by_dim) except +
     vector[int] positions_in_block_order(const Torus& torus) except +
 
 

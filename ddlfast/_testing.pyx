@@ -119,20 +119,23 @@ cdef Torus _torus(dims, int rank) except *:
     return torus
 
 
-def ring_schedule(dims, int rank, size_t count, block_counts=None):
+def ring_schedule(dims, int rank, size_t count, block_counts=None, direct=()):
     """The schedule of one rank as plain Python data (for tests and tools).
 
     Returns (phases, owned) with phases a list of dicts: kind ("reduce_scatter"
     or "allgather"), dim, successor, predecessor, steps [((send_off, send_n),
-    (recv_off, recv_n)), ...]; owned is (offset, count). block_counts: the
+    (recv_off, recv_n)), ...], and for a direct reduce-scatter direct=True,
+    coordinate, peers [rank at each coordinate] and blocks [(offset, count)
+    of each coordinate's block]; owned is (offset, count). block_counts: the
     size of each torus position's owned block (summing to count); default
-    the near-equal split.
+    the near-equal split. direct: per dimension, 1 for a direct reduce-scatter.
     """
     cdef Torus torus = _torus(dims, rank)
     cdef vector[size_t] sizes
+    cdef vector[int] direct_vector = to_dims(direct)
     cdef RingSchedule schedule
     if block_counts is None:
-        schedule = build_ring_schedule(torus, rank, count)
+        schedule = build_ring_schedule(torus, rank, count, direct_vector)
     else:
         for n in block_counts:
             if n < 0:
@@ -141,16 +144,20 @@ def ring_schedule(dims, int rank, size_t count, block_counts=None):
         if <int>sizes.size() != torus.world_size() or sum(block_counts) != count:
             raise DdlfastError(f"block_counts {list(block_counts)!r} must give one count per position, summing "
                                f"to {count}")
-        schedule = build_ring_schedule(torus, rank, sizes)
+        schedule = build_ring_schedule(torus, rank, sizes, direct_vector)
     phases = []
     for phase in schedule.phases:
-        phases.append({
+        described = {
             "kind": "reduce_scatter" if <int>phase.kind == 0 else "allgather",
             "dim": phase.dim,
             "successor": phase.successor,
             "predecessor": phase.predecessor,
             "steps": [((s.send.offset, s.send.count), (s.recv.offset, s.recv.count)) for s in phase.steps],
-        })
+        }
+        if phase.direct:
+            described.update(direct=True, coordinate=phase.coordinate, peers=list(phase.peers),
+                             blocks=[(b.offset, b.count) for b in phase.blocks])
+        phases.append(described)
     return phases, (schedule.owned.offset, schedule.owned.count)
 
 

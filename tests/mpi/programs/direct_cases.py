@@ -21,14 +21,11 @@ from functools import reduce
 import ml_dtypes
 import numpy as np
 from mpi4py import MPI
+from shard_cases import DTYPES, factorizations  # a sibling program: its checks, for every dtype and ring shape
 
 import ddlfast
 from ddlfast import config
 
-DTYPES = {
-    "float32": np.float32, "float64": np.float64, "float16": np.float16,
-    "bfloat16": ml_dtypes.bfloat16, "int32": np.int32, "int64": np.int64,
-}
 OPS = ("sum", "average", "min", "max", "product")
 WIRE = {"fp16": np.float16, "bf16": ml_dtypes.bfloat16}
 SIZES = (0, 1, 7, 333, 2 * 1024 + 3)
@@ -40,16 +37,6 @@ comm = MPI.COMM_WORLD
 RANK, WORLD = comm.Get_rank(), comm.Get_size()
 failures: list[str] = []
 cases = 0
-
-
-def factorizations(p: int) -> list[tuple[int, ...]]:
-    if p == 1:
-        return [(1,)]
-    found = []
-    for d in range(2, p + 1):
-        if p % d == 0:
-            found += [(d, *rest) for rest in (factorizations(p // d) if p // d > 1 else [()])]
-    return found
 
 
 def fail(name: str, problem: str) -> None:
