@@ -52,7 +52,8 @@ MAX_RING_DIM = (1 << 31) - 1  # ranks in one dimension: an MPI rank count (int)
 MAX_SPIN_US = 100_000
 
 
-def _format_bytes(value: int) -> str:
+def format_size(value: int) -> str:
+    """4096 -> '4 KiB', 1536 -> '1536 bytes' (for messages and reports)."""
     for unit, name in ((GIB, "GiB"), (MIB, "MiB"), (KIB, "KiB")):
         if value >= unit and value % unit == 0:
             return f"{value // unit} {name}"
@@ -136,7 +137,7 @@ def _env_size(name: str, default: int, minimum: int, maximum: int,
     raw = _raw(name, environ)
     if raw is None:
         return default
-    accepted = f"{_format_bytes(minimum)} to {_format_bytes(maximum)} ({maximum} bytes)"
+    accepted = f"{format_size(minimum)} to {format_size(maximum)} ({maximum} bytes)"
     value = parse_size(raw, name, f"; accepted {accepted}")
     if not minimum <= value <= maximum:
         raise DdlfastError(f"{name}={raw!r} is out of range: accepted {accepted}")
@@ -278,8 +279,8 @@ def _parse_settings() -> Settings:
     if chunk_bytes * receives > MAX_SCRATCH_BYTES:  # the core allocates this much receive scratch up front
         raise DdlfastError(
             f"DDLFAST_RECEIVES_IN_FLIGHT={receives} x DDLFAST_CHUNK_BYTES={chunk_bytes} is "
-            f"{_format_bytes(chunk_bytes * receives)} of receive scratch; the product must be at most "
-            f"{_format_bytes(MAX_SCRATCH_BYTES)}")
+            f"{format_size(chunk_bytes * receives)} of receive scratch; the product must be at most "
+            f"{format_size(MAX_SCRATCH_BYTES)}")
     return Settings(
         bucket_bytes=_env_size("DDLFAST_BUCKET_BYTES", DEFAULT_BUCKET_BYTES, 1, MAX_BUCKET_BYTES),
         first_bucket_bytes=_env_size("DDLFAST_FIRST_BUCKET_BYTES", DEFAULT_FIRST_BUCKET_BYTES, 1, MAX_BUCKET_BYTES),

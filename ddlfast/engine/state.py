@@ -18,7 +18,7 @@ from ddlfast.engine.control import Control
 from ddlfast.engine.timeline import Timeline
 from ddlfast.errors import DdlfastBrokenError, DdlfastConsistentError, DdlfastError
 from ddlfast.fusion.buffer_pool import FusedBufferPool
-from ddlfast.topology.cost_model import Algorithm, PlanError, choose_algorithm, power_of_two_dims
+from ddlfast.topology.cost_model import Algorithm, PlanError, power_of_two_dims
 from ddlfast.topology.placement import Topology, build
 
 MAX_CACHED_ALGORITHMS = 4096
@@ -83,16 +83,12 @@ class EngineState:
             pass
         if settings.algorithm == "rabenseifner" and power_of_two_dims(self.size) is None and self.size > 1:
             self.check_algorithm(settings, dims, False, 0, False)  # raises, at every size: no such dims here
-        if nbytes <= settings.small_bytes:
-            choice = Algorithm("ring", dims)
-        else:
-            topology = self.topology_for(settings.bucket_bytes)
-            reshape = settings.ring_dims == "auto" and dims == topology.auto_dims
-            try:
-                choice = choose_algorithm(topology.cluster, dims, nbytes, settings.algorithm, reshape, compressed)
-            except PlanError as error:
-                raise DdlfastError(f"DDLFAST_ALGORITHM={settings.algorithm} cannot run on rank {self.rank}: {error}; "
-                                   f"choices: {', '.join(ALGORITHMS)}") from None
+        try:
+            choice = self.topology_for(settings.bucket_bytes).algorithm(
+                nbytes, dims, settings.algorithm, settings.small_bytes, settings.ring_dims, compressed)
+        except PlanError as error:
+            raise DdlfastError(f"DDLFAST_ALGORITHM={settings.algorithm} cannot run on rank {self.rank}: {error}; "
+                               f"choices: {', '.join(ALGORITHMS)}") from None
         if len(self._algorithm_cache) >= MAX_CACHED_ALGORITHMS:
             self._algorithm_cache.clear()
         self._algorithm_cache[key] = choice
