@@ -170,9 +170,11 @@ def block_order(dims):
 
 def emulated_allreduce(Engine engine not None, list pointers, list counts, int dtype, int op, dims,
                        size_t chunk_bytes, int receives_in_flight, size_t small_bytes, order=(), bint direct=False,
-                       uint64_t seed=0) -> None:
+                       uint64_t seed=0, direct_by_dim=()) -> None:
     """The Engine's GPU ring executor over host memory on emulated lanes (work deferred and interleaved at
-    random): checks the executor's ordering on machines without a GPU. Collective over the Engine's ranks."""
+    random): checks the executor's ordering on machines without a GPU. Collective over the Engine's ranks.
+    direct: CUDA-aware transfers (MPI reads and writes device memory); direct_by_dim: per ring dimension, 1
+    for the direct reduce-scatter (engine/direct_phase.h)."""
     cdef vector[char*] bases
     cdef vector[size_t] sizes = to_sizes(counts)
     if len(pointers) != len(counts):
@@ -185,7 +187,7 @@ def emulated_allreduce(Engine engine not None, list pointers, list counts, int d
     cdef vector[int] dims_vector = to_dims(dims)
     cdef vector[int] order_vector = to_dims(order)
     cdef EngineOptions options
-    fill_options(&options, chunk_bytes, receives_in_flight, small_bytes, NULL, ())
+    fill_options(&options, chunk_bytes, receives_in_flight, small_bytes, NULL, (), direct_by_dim)
     cdef Status status
     with nogil:
         status = emulated_device_allreduce(context[0], bases, sizes, <DType>dtype, <ReduceOp>op, dims_vector,

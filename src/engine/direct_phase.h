@@ -12,16 +12,21 @@
 // sends it): one rounding per dimension, where the ring rounds each partial sum
 // at every hop.
 //
-// How it runs: all sends are posted at once (no block this phase sends is
-// written during it); receives are posted in the order they are combined,
-// chunk by chunk of the own block and, within a chunk, by coordinate, as far
-// ahead as the window of receive slots allows (`receives_in_flight` chunks of
-// d-1 contributions each); one polling loop, stall-limited like the ring's.
+// How it runs: one polling loop for both executors (run_direct_phase), with
+// their step policies: the host's (DirectHostSteps, below) and the GPU's
+// (DeviceSteps, engine/device_ring_allreduce.cc). Every send may start at once
+// (no block this phase sends is written during it), within the executor's send
+// window (the host: all; the GPU: its send slots); receives are posted in the
+// order they are combined, chunk by chunk of the own block and, within a
+// chunk, by coordinate, as far ahead as the receive slots allow (the host:
+// `receives_in_flight` chunks of d-1 contributions; the GPU: its slots but
+// one, which holds the sum); stall-limited like the ring's loop.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "algo/ring_schedule.h"
@@ -31,6 +36,22 @@
 #include "transport/transport.h"
 
 namespace ddlfast {
+
+// direct_by_dim: empty, or one 0 (ring) or 1 (direct) per ring dimension.
+inline Status check_direct(const std::vector<int>& direct_by_dim, int num_dims) {
+  if (direct_by_dim.empty()) return Status::ok();
+  if (direct_by_dim.size() != static_cast<std::size_t>(num_dims)) {
+    return Status::invalid("direct reduce-scatter is given for " + std::to_string(direct_by_dim.size()) +
+                           " dimensions but the ring has " + std::to_string(num_dims));
+  }
+  for (int direct : direct_by_dim) {
+    if (direct != 0 && direct != 1) {
+      return Status::invalid("direct reduce-scatter per dimension is 0 (ring) or 1 (direct), not " +
+                             std::to_string(direct));
+    }
+  }
+  return Status::ok();
+}
 
 // What moves in one direct phase; ChunkItem::step is the peer's coordinate in the dimension.
 struct DirectChunks {
@@ -91,17 +112,23 @@ class DirectHostSteps {
     }
   }
 
+  // The phase loop's policy (run_direct_phase): slots rotate, everything runs at once on the CPU.
   std::size_t receive_window() const { return window_; }
+  std::size_t send_window() const { return kUnbounded; }
+  Status receive_room(std::size_t, bool*) const { return Status::ok(); }
   std::size_t wire_bytes(std::size_t count) const { return wire_.bytes(count); }
-  void* receive_buffer(std::size_t index) const { return slot(index); }
+  bool poll() const { return false; }
+  void* receive_buffer(std::size_t index, const ChunkItem&) const { return slot(index); }
 
-  void stage(std::size_t index, const ChunkItem& send) {
+  Status stage(std::size_t index, const ChunkItem& send) {
     if constexpr (!Wire::kInPlace) {
       wire_.encode(stage_cursor_, data_.address(send.offset), send.count);
       send_from_[index] = stage_cursor_;
       stage_cursor_ += wire_.bytes(send.count);
     }
+    return Status::ok();
   }
+  Status staged(std::size_t, bool*) const { return Status::ok(); }
   const void* send_buffer(std::size_t index, const ChunkItem& send) const {
     if constexpr (Wire::kInPlace) return data_.address(send.offset);
     return send_from_[index];
@@ -111,17 +138,24 @@ class DirectHostSteps {
   void begin_chunk(const ChunkItem& chunk, bool own_first) {
     sum_ = own_first ? data_.address(chunk.offset) : accumulator_;
   }
-  void load(std::size_t index, const ChunkItem& chunk) { wire_.load(sum_, slot(index), chunk.count); }
-  void add(std::size_t index, const ChunkItem& chunk, int divisor) {
+  Status load(std::size_t index, const ChunkItem& chunk) {
+    wire_.load(sum_, slot(index), chunk.count);
+    return Status::ok();
+  }
+  Status add(std::size_t index, const ChunkItem& chunk, int divisor) {
     wire_.reduce(sum_, slot(index), chunk.count, divisor);
+    return Status::ok();
   }
-  void add_own(const ChunkItem& chunk, int divisor) {
+  Status add_own(const ChunkItem& chunk, int divisor) {
     wire_.reduce_values(sum_, data_.address(chunk.offset), chunk.count, divisor);
+    return Status::ok();
   }
-  void finish_chunk(const ChunkItem& chunk) {
+  Status finish_chunk(const ChunkItem& chunk) {
     char* target = data_.address(chunk.offset);
     if (sum_ != target) std::memcpy(target, sum_, chunk.count * data_.element_size());
+    return Status::ok();
   }
+  Status consumed(std::size_t) const { return Status::ok(); }
 
  private:
   unsigned char* slot(std::size_t index) const { return receive_slots_ + (index % window_) * slot_bytes_; }
@@ -137,61 +171,60 @@ class DirectHostSteps {
   std::vector<const unsigned char*> send_from_;
 };
 
-// Runs one direct phase. Each owner's sum of a chunk: coordinate 0 first (loaded, or its own data in place when
-// it is coordinate 0), then every later coordinate added in turn, its own data at its place; average's divisor
-// applies to the last addition, as on the ring's last step.
+// Runs one direct phase, on either executor. `Steps` provides what the ring's phase loop asks of a policy
+// (engine/ring_phases.h: receive_window, send_window, receive_room, receive_buffer, wire_bytes, stage, staged,
+// send_buffer, poll; a send here is a ChunkItem whose step is the destination's coordinate) and the verbs of
+// one chunk's sum, each called once its contribution is in place, in coordinate order:
+//   begin_chunk(chunk, own_first)    the sum starts in the data itself (this rank is coordinate 0) or in scratch
+//   load(i, chunk)                   the sum is contribution i (coordinate 0's)
+//   add(i, chunk, divisor)           add contribution i (divisor 1 but on the last addition)
+//   add_own(chunk, divisor)          add this rank's own data at its place
+//   finish_chunk(chunk)              the finished sum into the data (after the chunk's last contribution)
+//   consumed(i)                      receive i's slot may be reused once the executor has read it
+// Average's divisor applies to the last addition, as on the ring's last step. Sends are staged and posted
+// strictly in order within the send window; receives are taken strictly in order.
 template <class Steps>
 Status run_direct_phase(Transport& transport, const RingPhase& phase, const DirectChunks& chunks, int tag,
                         int final_divisor, Steps& steps) {
   const int d = static_cast<int>(phase.blocks.size());
   const int me = phase.coordinate;
-  const int first = me == 0 ? 1 : 0;       // the first coordinate that arrives
+  const int first = me == 0 ? 1 : 0;             // the first coordinate that arrives
   const int last = me == d - 1 ? d - 2 : d - 1;  // the last one
-  for (std::size_t j = 0; j < chunks.sends.size(); ++j) {
-    const ChunkItem& send = chunks.sends[j];
-    steps.stage(j, send);
-    RequestId id;
-    DDLFAST_RETURN_IF_ERROR(transport.isend(steps.send_buffer(j, send), steps.wire_bytes(send.count),
-                                            phase.peers[send.step], tag, &id));  // wait_all completes it
-  }
   const std::vector<ChunkItem>& receives = chunks.receives;
-  const std::size_t window = steps.receive_window();
-  std::vector<RequestId> ids(receives.size());
-  std::size_t posted = 0, arrived = 0;
-  StallWatch watch(transport);
-  while (arrived < receives.size()) {
-    bool progress = false;
-    while (posted < receives.size() && posted - arrived < window) {
-      const ChunkItem& chunk = receives[posted];
-      DDLFAST_RETURN_IF_ERROR(transport.irecv(steps.receive_buffer(posted), steps.wire_bytes(chunk.count),
-                                              phase.peers[chunk.step], tag, &ids[posted]));
-      ++posted;
-      progress = true;
-    }
+  PhaseMessages<Steps, ChunkItem, ChunkItem> messages(transport, steps, receives, chunks.sends);
+  auto from_owner = [&](std::size_t i) { return phase.peers[receives[i].step]; };
+  auto to_owner = [&](std::size_t j) { return phase.peers[chunks.sends[j].step]; };
+  auto one_tag = [&](std::size_t) { return tag; };
+  auto at_once = [](std::size_t, std::size_t) { return true; };  // no block this phase sends is written in it
+  while (!messages.done()) {
+    bool progress = steps.poll();
+    DDLFAST_RETURN_IF_ERROR(messages.post_receives(from_owner, one_tag, &progress));
+    DDLFAST_RETURN_IF_ERROR(messages.advance_sends(at_once, to_owner, one_tag, &progress));
     bool done = false;
-    DDLFAST_RETURN_IF_ERROR(transport.test(ids[arrived], &done));
+    DDLFAST_RETURN_IF_ERROR(messages.next_arrived(&done));
     if (done) {
-      const ChunkItem& chunk = receives[arrived];
+      const std::size_t i = messages.arrived();
+      const ChunkItem& chunk = receives[i];
       const int j = chunk.step;
       if (j == first) steps.begin_chunk(chunk, me == 0);
       if (j == 0) {
-        steps.load(arrived, chunk);
+        DDLFAST_RETURN_IF_ERROR(steps.load(i, chunk));
       } else {
-        if (me != 0 && j == me + 1) steps.add_own(chunk, 1);
-        steps.add(arrived, chunk, j == last && me != d - 1 ? final_divisor : 1);
+        if (me != 0 && j == me + 1) DDLFAST_RETURN_IF_ERROR(steps.add_own(chunk, 1));
+        DDLFAST_RETURN_IF_ERROR(steps.add(i, chunk, j == last && me != d - 1 ? final_divisor : 1));
       }
       if (j == last) {
-        if (me == d - 1) steps.add_own(chunk, final_divisor);
-        steps.finish_chunk(chunk);
+        if (me == d - 1) DDLFAST_RETURN_IF_ERROR(steps.add_own(chunk, final_divisor));
+        DDLFAST_RETURN_IF_ERROR(steps.finish_chunk(chunk));
       }
-      ++arrived;
+      DDLFAST_RETURN_IF_ERROR(steps.consumed(i));
+      messages.take_arrived();
       progress = true;
     }
-    if (progress) {
-      watch.progressed();
-    } else {
-      DDLFAST_RETURN_IF_ERROR(watch.idle("direct reduce-scatter contributions", phase.peers[receives[arrived].step]));
-    }
+    DDLFAST_RETURN_IF_ERROR(messages.complete_sends(&progress));
+    const std::size_t waiting = messages.arrived();
+    DDLFAST_RETURN_IF_ERROR(messages.end_turn(progress, "direct reduce-scatter contributions",
+                                              waiting < receives.size() ? from_owner(waiting) : -1));
   }
   return transport.wait_all();
 }

@@ -74,22 +74,6 @@ Status check_counts(const std::vector<std::size_t>& counts, int world, std::size
   return Status::ok();
 }
 
-// direct_by_dim: empty, or one 0 (ring) or 1 (direct) per ring dimension.
-Status check_direct(const std::vector<int>& direct_by_dim, int num_dims) {
-  if (direct_by_dim.empty()) return Status::ok();
-  if (direct_by_dim.size() != static_cast<std::size_t>(num_dims)) {
-    return Status::invalid("direct reduce-scatter is given for " + std::to_string(direct_by_dim.size()) +
-                           " dimensions but the ring has " + std::to_string(num_dims));
-  }
-  for (int direct : direct_by_dim) {
-    if (direct != 0 && direct != 1) {
-      return Status::invalid("direct reduce-scatter per dimension is 0 (ring) or 1 (direct), not " +
-                             std::to_string(direct));
-    }
-  }
-  return Status::ok();
-}
-
 }  // namespace
 
 Status RingAllreduce::create(Transport& transport, const std::vector<int>& dims, const std::vector<int>& order,
