@@ -179,6 +179,24 @@ def ordered_cases(dims: tuple[int, ...]) -> None:
             bits_equal(f"reduce_scatter direct dims={dims} ordered n={n}", shard, want)
 
 
+def auto_compressed_cases() -> None:
+    """Issue 27: under auto, a compressed dimension takes the direct step (one rounding per contribution and one
+    at the end) unless the cost model predicts it more than 5 % slower; on one host it never is."""
+    global cases
+    os.environ["DDLFAST_ALGORITHM"] = "auto"
+    n = 333 * WORLD + 1
+    inputs = [random_input(r, n, 3) for r in range(WORLD)]
+    for compression in ("fp16", "bf16"):
+        cases += 1
+        got = ddlfast.allreduce(inputs[RANK].copy(), dims=(WORLD,), compression=compression)
+        want = np.empty(n, np.float32)
+        for owner, (start, count) in enumerate(blocks(n)):
+            want[start:start + count] = direct_order_sum([x[start:start + count] for x in inputs], owner,
+                                                         WIRE[compression])
+        bits_equal(f"auto picks direct on the {compression} wire", got, want)
+    os.environ["DDLFAST_ALGORITHM"] = "direct"
+
+
 def raises(name: str, call: Callable[[], object], *expected: str) -> None:
     """`call` must raise DdlfastError on this rank with every `expected` text in its message."""
     global cases
@@ -251,6 +269,7 @@ def main() -> int:
         for algorithm in ("ring", "auto", "mpi") + (("rabenseifner",) if not WORLD & (WORLD - 1) else ()):
             os.environ["DDLFAST_ALGORITHM"] = algorithm
             exact_cases((WORLD,), algorithm)
+    auto_compressed_cases()
     os.environ["DDLFAST_ALGORITHM"] = "direct"
     os.environ["DDLFAST_SMALL_BYTES"] = "1KiB"
     error_cases()
