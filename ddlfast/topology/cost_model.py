@@ -321,6 +321,8 @@ def choose_algorithm(cluster: Cluster | None, dims: Sequence[int], nbytes: float
         return Algorithm("direct", dims, (1,) * len(dims))
     halving = power_of_two_dims(ranks)
     if algorithm == "rabenseifner":
+        if ranks == 1:
+            return Algorithm("ring", dims)  # nothing moves
         if halving is None:
             raise PlanError(f"rabenseifner needs a power-of-two rank count, not {ranks}")
         return Algorithm("rabenseifner", halving)

@@ -18,7 +18,7 @@ def test_direct_reduce_scatter(ranks: int) -> None:
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("ranks", [3, 4])
+@pytest.mark.parametrize("ranks", [1, 3, 4])
 def test_every_algorithm(ranks: int) -> None:
     """ring, auto, mpi (and rabenseifner where P is a power of two) on the same cases."""
     result = run_mpi(ranks, "direct_cases.py", "sweep", timeout=600)

@@ -191,6 +191,7 @@ def test_forced_algorithms_and_their_refusals() -> None:
     with pytest.raises(PlanError, match="power-of-two"):
         cost_model.choose_algorithm(cluster, (6,), 1 << 20, "rabenseifner")
     assert cost_model.choose_algorithm(None, (6,), 1 << 20).name == "ring"  # an irregular placement
+    assert cost_model.choose_algorithm(Cluster(1, 1), (1,), 1 << 20, "rabenseifner").dims == (1,)  # one rank
 
 
 def test_algorithm_names_read_as_the_plan_prints_them() -> None:
