@@ -317,7 +317,7 @@ cdef class Engine:
         return 0
 
     def allreduce_array(self, array, size_t count, int dtype, int op, dims, size_t chunk_bytes,
-                        int receives_in_flight, size_t small_bytes, order, uint64_t digest):
+                        int receives_in_flight, size_t small_bytes, order, uint64_t digest, direct=()):
         """allreduce() for one array, with the per-call agreement on `digest` in the same call (one crossing
         into the core): the latency path.
 
@@ -346,7 +346,7 @@ cdef class Engine:
                 return 0
             bases.push_back(<char*>view.buf)
             sizes.push_back(count)
-            self._run(bases, sizes, dtype, op, dims, chunk_bytes, receives_in_flight, small_bytes, order, (), ())
+            self._run(bases, sizes, dtype, op, dims, chunk_bytes, receives_in_flight, small_bytes, order, (), direct)
         finally:
             PyBuffer_Release(&view)
         if deferred_interrupts:  # the collective completed: it stands (ddlfast/engine/fast_path.py)

@@ -16,7 +16,6 @@ from ddlfast.engine.agreement import allreduce_layout
 from ddlfast.engine.state import EngineState
 from ddlfast.errors import DdlfastConsistentError, DdlfastError
 from ddlfast.ops import OPS
-from ddlfast.topology.cost_model import Algorithm
 
 # dtypes whose NumPy arrays export a typed buffer (the latency path's buffer check).
 _FAST_DTYPES = {np.dtype(name): code for name, code in DTYPE_CODES.items() if name != "bfloat16"}
@@ -47,12 +46,16 @@ class FastPath:
             return None
         try:
             ring_dims = state.resolve_dims(dims, settings)
-            if state.algorithm_for(array.nbytes, ring_dims, settings) != Algorithm("ring", ring_dims):
-                return None  # DDLFAST_ALGORITHM chose another algorithm for this size: the general path runs it
+            # DDLFAST_ALGORITHM's choice for this size (the general path makes the same): a shape and a direct
+            # reduce-scatter per dimension run here; mpi (MPI's collective at every size) and latency (refused
+            # above DDLFAST_SMALL_BYTES) take the general path.
+            algorithm = state.algorithm_for(array.nbytes, ring_dims, settings)
         except DdlfastError:
             return None  # the general path refuses it on every rank
+        if algorithm.name in ("mpi", "latency"):
+            return None
         layout = allreduce_layout(op, ring_dims, ((array.dtype, array.shape),), codec, False, settings)
-        plan = (settings, code, OPS[op], ring_dims, layout, state.agreement.digest(layout))
+        plan = (settings, code, OPS[op], (algorithm.dims, algorithm.direct), layout, state.agreement.digest(layout))
         if len(self._plans) >= MAX_PLANS:
             self._plans.clear()
         self._plans[(array.dtype, array.shape, op, dims, compression)] = plan
@@ -61,7 +64,7 @@ class FastPath:
     def run(self, array: np.ndarray, plan: tuple, settings: Settings, name: str | int | None = None) -> bool:
         """False when the array's buffer cannot take the latency path (nothing ran, not even the agreement).
         `name` (a str or an int, checked by the caller) enters the fingerprint (Agreement.fingerprint)."""
-        _, code, op_code, ring_dims, layout, digest = plan
+        _, code, op_code, (ring_dims, direct), layout, digest = plan
         state = self._state
         if name is not None:
             digest = state.agreement.fingerprint(layout, digest, name)
@@ -70,7 +73,7 @@ class FastPath:
         try:  # the agreement and the collective in one call into the core
             outcome = state.core.allreduce_array(array, array.size, code, op_code, ring_dims, settings.chunk_bytes,
                                                  settings.receives_in_flight, settings.small_bytes,
-                                                 state.rank_order, digest)
+                                                 state.rank_order, digest, direct)
         except DdlfastConsistentError:
             raise
         except BaseException as error:

@@ -179,6 +179,30 @@ def ordered_cases(dims: tuple[int, ...]) -> None:
             bits_equal(f"reduce_scatter direct dims={dims} ordered n={n}", shard, want)
 
 
+def misaligned(values: np.ndarray) -> np.ndarray:
+    """A writable copy of float32 `values` that starts one byte past an element boundary: the latency path
+    refuses it, so this rank takes the general path while the others take the latency path."""
+    raw = bytearray(values.nbytes + 1)
+    array = np.ndarray(values.shape, np.float32, buffer=raw, offset=1)
+    array[...] = values
+    return array
+
+
+def mixed_path_cases() -> None:
+    """One rank on the general path, the others on the latency path: both run the direct step (flat dims: the
+    bits of its fixed order)."""
+    global cases
+    n = 257 * WORLD + 2
+    inputs = [random_input(r, n, 4) for r in range(WORLD)]
+    cases += 1
+    mine = misaligned(inputs[RANK]) if RANK == WORLD - 1 else inputs[RANK].copy()
+    got = np.array(ddlfast.allreduce(mine, dims=(WORLD,)))
+    want = np.empty(n, np.float32)
+    for owner, (start, count) in enumerate(blocks(n)):
+        want[start:start + count] = direct_order_sum([x[start:start + count] for x in inputs], owner, None)
+    bits_equal("latency path and general path both direct", got, want)
+
+
 def auto_compressed_cases() -> None:
     """Issue 27: under auto, a compressed dimension takes the direct step (one rounding per contribution and one
     at the end) unless the cost model predicts it more than 5 % slower; on one host it never is."""
@@ -270,6 +294,7 @@ def main() -> int:
             os.environ["DDLFAST_ALGORITHM"] = algorithm
             exact_cases((WORLD,), algorithm)
     auto_compressed_cases()
+    mixed_path_cases()
     os.environ["DDLFAST_ALGORITHM"] = "direct"
     os.environ["DDLFAST_SMALL_BYTES"] = "1KiB"
     error_cases()
