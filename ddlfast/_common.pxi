@@ -96,14 +96,16 @@ cdef int check_comm(MPI.Comm comm) except -1:
 
 
 cdef int fill_options(EngineOptions* options, size_t chunk_bytes, int receives_in_flight, size_t small_bytes,
-                      vector[PhaseEvent]* events, wire) except -1:
+                      vector[PhaseEvent]* events, wire, direct=()) except -1:
     """events: where the engine records its phases (NULL: not recorded); wire: per ring dimension, -1
-    float32, 0 fp16, 1 bf16 (empty: no compression)."""
+    float32, 0 fp16, 1 bf16 (empty: no compression); direct: per ring dimension, 1 for the direct
+    reduce-scatter, 0 for the ring (empty: the ring everywhere)."""
     options.chunk_bytes = chunk_bytes
     options.receives_in_flight = receives_in_flight
     options.small_bytes = small_bytes
     options.events = events
     options.wire_by_dim = to_dims(wire)
+    options.direct_by_dim = to_dims(direct)
     return 0
 
 

@@ -73,11 +73,17 @@ cdef extern from "algo/ring_schedule.h" namespace "ddlfast" nogil:
         int successor
         int predecessor
         vector[RingStep] steps
+        bool direct
+        int coordinate
+        vector[int] peers
+        vector[ElementRange] blocks
     cdef cppclass RingSchedule:
         vector[RingPhase] phases
         ElementRange owned
-    RingSchedule build_ring_schedule(const Torus& torus, int rank, size_t count) except +
-    RingSchedule build_ring_schedule(const Torus& torus, int rank, const vector[size_t]& block_counts) except +
+    RingSchedule build_ring_schedule(const Torus& torus, int rank, size_t count,
+                                     const vector[int]& direct_by_dim) except +
+    RingSchedule build_ring_schedule(const Torus& torus, int rank, const vector[size_t]& block_counts,
+                                     const vector[int]& direct_by_dim) except +
     vector[int] positions_in_block_order(const Torus& torus) except +
 
 
@@ -110,6 +116,7 @@ cdef extern from "engine/ring_allreduce.h" namespace "ddlfast" nogil:
         SmallPath small_path
         vector[PhaseEvent]* events
         vector[int] wire_by_dim
+        vector[int] direct_by_dim
 
 
 cdef extern from "engine/segmented_buffer.h" namespace "ddlfast" nogil:
@@ -177,17 +184,23 @@ cdef extern from "common/cuda_info.h" namespace "ddlfast" nogil:
     string cuda_version_string()
 
 
+# The engine settings of one kind of call (ddlfast/_core.pyx), declared here so that the other modules can take it.
+cdef class CallOptions:
+    cdef EngineOptions options
+    cdef vector[int] dims
+    cdef vector[int] order
+
+
 # The Python face of the C++ Context (ddlfast/_core.pyx), declared here so that the other modules can take it.
 cdef class Engine:
     cdef unique_ptr[Context] context
     cdef vector[PhaseEvent] events
     cdef public bint record_events
     cdef Context* get(self) except NULL
-    cdef int _options(self, dims, order, size_t chunk_bytes, int receives_in_flight, size_t small_bytes, wire,
-                      vector[int]* dims_vector, vector[int]* order_vector, EngineOptions* options) except -1
-    cdef bint _run(self, const vector[char*]& bases, const vector[size_t]& sizes, int dtype, int op, dims,
-                   size_t chunk_bytes, int receives_in_flight, size_t small_bytes, order, wire, bint agree=*,
-                   uint64_t digest=*) except -1
+    cdef bint _run(self, const vector[char*]& bases, const vector[size_t]& sizes, int dtype, int op,
+                   CallOptions options, bint agree=*, uint64_t digest=*) except -1
+    cdef bint _run_segments(self, const SegmentedBuffer& data, int dtype, int op, CallOptions options,
+                            bint agree, uint64_t digest) except -1
+    cdef EngineOptions _with_events(self, CallOptions options)
     cdef int _half(self, bint reduce, list in_pointers, list in_counts, list out_pointers, list out_counts, counts,
-                   size_t element_size, int dtype, int op, dims, size_t chunk_bytes, int receives_in_flight,
-                   size_t small_bytes, order, wire) except -1
+                   size_t element_size, int dtype, int op, CallOptions options) except -1

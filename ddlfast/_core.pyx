@@ -118,6 +118,29 @@ def build_facts():
     }
 
 
+cdef class CallOptions:
+    """The engine settings of one kind of call, crossing into the core as one object (EngineOptions in C++, with
+    the ring's dims and rank order): built once per kind of call by the engine layer and reused
+    (ddlfast/engine/state.py, EngineState.call_options).
+
+    dims: the ring shape; order: the communicator rank of each torus position (empty: identity); wire: per ring
+    dimension, -1 float32, 0 fp16, 1 bf16 (empty: no compression); direct: per ring dimension, 1 for the direct
+    reduce-scatter, 0 for the ring (empty: the ring everywhere); mpi_small_path: buffers of at most small_bytes go
+    to MPI's own allreduce after the agreement instead of the latency path.
+    """
+
+    def __cinit__(self, dims, size_t chunk_bytes, int receives_in_flight, size_t small_bytes, order=(), wire=(),
+                  direct=(), bint mpi_small_path=False):
+        self.dims = to_dims(dims)
+        self.order = to_dims(order)
+        fill_options(&self.options, chunk_bytes, receives_in_flight, small_bytes, NULL, wire, direct)
+        self.options.small_path = SmallPath.kMpi if mpi_small_path else SmallPath.kLatency
+
+    @property
+    def small_bytes(self) -> int:
+        return self.options.small_bytes
+
+
 cdef class Engine:
     """Owns the C++ Context: a private duplicate of `comm` and its engines."""
 
@@ -218,129 +241,105 @@ cdef class Engine:
         if self.context:
             self.context.get().transport().request_stop()
 
-    def allreduce(self, uintptr_t data, size_t count, int dtype, int op, dims, size_t chunk_bytes,
-                  int receives_in_flight, size_t small_bytes, order=(), wire=()):
-        """In-place allreduce of a raw buffer; the caller validated everything.
-
-        order: communicator rank of each torus position (empty: identity).
-        wire: per ring dimension, -1 float32, 0 fp16, 1 bf16 (empty: no compression).
-        """
+    def allreduce(self, uintptr_t data, size_t count, int dtype, int op, CallOptions options not None) -> None:
+        """In-place allreduce of a raw buffer; the caller validated everything."""
         cdef vector[char*] bases
         cdef vector[size_t] sizes
         bases.push_back(<char*>data)
         sizes.push_back(count)
-        self._run(bases, sizes, dtype, op, dims, chunk_bytes, receives_in_flight, small_bytes, order, wire)
+        self._run(bases, sizes, dtype, op, options)
 
-    def allreduce_segments(self, list pointers, list counts, int dtype, int op, dims, size_t chunk_bytes,
-                           int receives_in_flight, size_t small_bytes, order=(), wire=(), agreement=None) -> bool:
+    def allreduce_segments(self, list pointers, list counts, int dtype, int op, CallOptions options not None,
+                           agreement=None) -> bool:
         """Allreduce several same-dtype buffers as one logical buffer, each in place (no packing).
 
         agreement: a fingerprint to run the per-call agreement on in the same call (Context::agreed_allreduce;
         uncompressed only); returns False, having written nothing, when the ranks disagree."""
-        cdef vector[char*] bases
-        cdef vector[size_t] sizes
-        if len(pointers) != len(counts):
-            raise DdlfastError(f"{len(pointers)} pointers but {len(counts)} counts")
-        for pointer, count in zip(pointers, counts):
-            bases.push_back(<char*><uintptr_t>pointer)
-            sizes.push_back(<size_t>count)
-        if agreement is None:
-            self._run(bases, sizes, dtype, op, dims, chunk_bytes, receives_in_flight, small_bytes, order, wire)
-            return True
-        if wire:
+        cdef unique_ptr[SegmentedBuffer] data
+        to_segments(pointers, counts, dtype_size(dtype), &data)
+        if agreement is not None and not options.options.wire_by_dim.empty():
             raise DdlfastError("the agreement runs inside the core call for uncompressed buffers only")
-        return self._run(bases, sizes, dtype, op, dims, chunk_bytes, receives_in_flight, small_bytes, order, (),
-                         True, <uint64_t>agreement)
+        return self._run_segments(data.get()[0], dtype, op, options, agreement is not None,
+                                  0 if agreement is None else <uint64_t>agreement)
 
-    cdef int _options(self, dims, order, size_t chunk_bytes, int receives_in_flight, size_t small_bytes, wire,
-                      vector[int]* dims_vector, vector[int]* order_vector, EngineOptions* options) except -1:
-        dims_vector[0] = to_dims(dims)
-        order_vector[0] = to_dims(order)
-        fill_options(options, chunk_bytes, receives_in_flight, small_bytes,
-                     &self.events if self.record_events else NULL, wire)
-        return 0
+    cdef bint _run(self, const vector[char*]& bases, const vector[size_t]& sizes, int dtype, int op,
+                   CallOptions options, bint agree=False, uint64_t digest=0) except -1:
+        cdef unique_ptr[SegmentedBuffer] data
+        data.reset(new SegmentedBuffer(bases, sizes, dtype_size(dtype)))
+        return self._run_segments(data.get()[0], dtype, op, options, agree, digest)
 
-    cdef bint _run(self, const vector[char*]& bases, const vector[size_t]& sizes, int dtype, int op, dims,
-                   size_t chunk_bytes, int receives_in_flight, size_t small_bytes, order, wire, bint agree=False,
-                   uint64_t digest=0) except -1:
+    cdef bint _run_segments(self, const SegmentedBuffer& data, int dtype, int op, CallOptions options,
+                            bint agree, uint64_t digest) except -1:
         """The allreduce; with `agree`, the per-call agreement on `digest` in the same call
         (Context::agreed_allreduce): False when the ranks disagree, having written nothing."""
-        cdef size_t element_size = dtype_size(dtype)
         check_op(op)
-        cdef unique_ptr[SegmentedBuffer] data
-        data.reset(new SegmentedBuffer(bases, sizes, element_size))
-        cdef vector[int] dims_vector
-        cdef vector[int] order_vector
-        cdef EngineOptions options
-        self._options(dims, order, chunk_bytes, receives_in_flight, small_bytes, wire, &dims_vector, &order_vector,
-                      &options)
+        cdef EngineOptions engine_options = self._with_events(options)
         cdef Status status
         cdef bool agreed = True
         cdef Context* context = self.get()
         with nogil:
             if agree:
-                status = context.agreed_allreduce(digest, &agreed, data.get()[0], <DType>dtype, <ReduceOp>op,
-                                                  dims_vector, order_vector, options)
+                status = context.agreed_allreduce(digest, &agreed, data, <DType>dtype, <ReduceOp>op, options.dims,
+                                                  options.order, engine_options)
             else:
-                status = context.allreduce(data.get()[0], <DType>dtype, <ReduceOp>op, dims_vector, order_vector,
-                                           options)
+                status = context.allreduce(data, <DType>dtype, <ReduceOp>op, options.dims, options.order,
+                                           engine_options)
         raise_on_error(status)
         if agreed:  # a signal meanwhile is kept for the end of the collective, which stands
             finish_call(status)
         return agreed
 
+    cdef EngineOptions _with_events(self, CallOptions options):
+        """The call's options, recording phases into this engine's events when asked to."""
+        cdef EngineOptions engine_options = options.options
+        engine_options.events = &self.events if self.record_events else NULL
+        return engine_options
+
     def reduce_scatter_segments(self, list in_pointers, list in_counts, list out_pointers, list out_counts,
-                                counts, int dtype, int op, dims, size_t chunk_bytes, int receives_in_flight,
-                                size_t small_bytes, order=(), wire=()):
+                                counts, int dtype, int op, CallOptions options not None) -> None:
         """Reduce-scatter (RingAllreduce::reduce_scatter): the input segments hold every rank's block in rank
         order (counts[q] elements for rank q) and stay unchanged; this rank's block lands in the output
         segments. The caller validated everything."""
         cdef size_t element_size = dtype_size(dtype)
         check_op(op)
-        self._half(True, in_pointers, in_counts, out_pointers, out_counts, counts, element_size, dtype, op, dims, chunk_bytes, receives_in_flight, small_bytes, order, wire)
+        self._half(True, in_pointers, in_counts, out_pointers, out_counts, counts, element_size, dtype, op, options)
 
     def allgather_segments(self, list in_pointers, list in_counts, list out_pointers, list out_counts, counts,
-                           size_t element_size, bint float32, dims, size_t chunk_bytes, int receives_in_flight,
-                           size_t small_bytes, order=(), wire=()):
+                           size_t element_size, bint float32, CallOptions options not None) -> None:
         """Allgather (RingAllreduce::allgather) of elements of element_size bytes: this rank's block from the
         input segments, every rank's block (counts[q] elements) in rank order into the output segments.
-        wire compresses only float32 elements."""
+        The options' wire compresses only float32 elements."""
         if element_size == 0:
             raise DdlfastError("element_size must be at least 1")
         self._half(False, in_pointers, in_counts, out_pointers, out_counts, counts, element_size,
-                   0 if float32 else -1, 0, dims, chunk_bytes, receives_in_flight, small_bytes, order, wire)
+                   0 if float32 else -1, 0, options)
 
     cdef int _half(self, bint reduce, list in_pointers, list in_counts, list out_pointers, list out_counts, counts,
-                   size_t element_size, int dtype, int op, dims, size_t chunk_bytes, int receives_in_flight,
-                   size_t small_bytes, order, wire) except -1:
+                   size_t element_size, int dtype, int op, CallOptions options) except -1:
         """dtype: allgather passes 0 for float32 (the wire may compress it), -1 for opaque elements."""
         cdef unique_ptr[SegmentedBuffer] source
         cdef unique_ptr[SegmentedBuffer] target
         to_segments(in_pointers, in_counts, element_size, &source)
         to_segments(out_pointers, out_counts, element_size, &target)
         cdef vector[size_t] blocks = to_sizes(counts)
-        cdef vector[int] dims_vector
-        cdef vector[int] order_vector
-        cdef EngineOptions options
-        self._options(dims, order, chunk_bytes, receives_in_flight, small_bytes, wire, &dims_vector, &order_vector,
-                      &options)
+        cdef EngineOptions engine_options = self._with_events(options)
         cdef Status status
         cdef Context* context = self.get()
         with nogil:
             if reduce:
                 status = context.reduce_scatter(source.get()[0], target.get()[0], blocks, <DType>dtype,
-                                                <ReduceOp>op, dims_vector, order_vector, options)
+                                                <ReduceOp>op, options.dims, options.order, engine_options)
             else:
-                status = context.allgather(source.get()[0], target.get()[0], blocks, dtype == 0, dims_vector,
-                                           order_vector, options)
+                status = context.allgather(source.get()[0], target.get()[0], blocks, dtype == 0, options.dims,
+                                           options.order, engine_options)
         finish_call(status)
         return 0
 
-    def allreduce_array(self, array, size_t count, int dtype, int op, dims, size_t chunk_bytes,
-                        int receives_in_flight, size_t small_bytes, order, uint64_t digest):
+    def allreduce_array(self, array, size_t count, int dtype, int op, CallOptions options not None,
+                        uint64_t digest):
         """allreduce() for one array, with the per-call agreement on `digest` in the same call (one crossing
-        into the core, Context::agreed_allreduce): a buffer of at most small_bytes rides in the agreement's
-        own messages (the latency path).
+        into the core, Context::agreed_allreduce): a buffer of at most the options' small_bytes rides in the
+        agreement's own messages (the latency path).
 
         Returns 1 when done; 0, having written nothing, when the ranks disagree; -1, having done nothing (not
         even the agreement), when the array does not export a writable C-contiguous buffer of whole aligned
@@ -360,8 +359,7 @@ cdef class Engine:
                 return -1
             bases.push_back(<char*>view.buf)
             sizes.push_back(count)
-            agreed = self._run(bases, sizes, dtype, op, dims, chunk_bytes, receives_in_flight, small_bytes, order,
-                               (), True, digest)
+            agreed = self._run(bases, sizes, dtype, op, options, True, digest)
         finally:
             PyBuffer_Release(&view)
         if not agreed:

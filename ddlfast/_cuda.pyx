@@ -17,7 +17,8 @@ from libcpp.vector cimport vector
 from mpi4py cimport MPI
 
 from ddlfast._core cimport (
-    DType, Engine, EngineOptions, PhaseEvent, ReduceOp, SegmentedBuffer, Status, cuda_version_string, dtype_valid,
+    CallOptions, DType, Engine, EngineOptions, PhaseEvent, ReduceOp, SegmentedBuffer, Status, cuda_version_string,
+    dtype_valid,
     element_size,
 )
 from ddlfast._cuda cimport (
@@ -212,23 +213,21 @@ cdef class DeviceEngine:
             status = context.copy(device, <void*>dst, <const void*>src, nbytes)
         raise_on_error(status)
 
-    def allreduce_segments(self, int device, list pointers, list counts, int dtype, int op, dims, size_t chunk_bytes,
-                           int receives_in_flight, size_t small_bytes, order=(), bint direct=False) -> None:
-        """In-place allreduce of device buffers on `device`, treated as one logical buffer."""
+    def allreduce_segments(self, int device, list pointers, list counts, int dtype, int op,
+                           CallOptions options not None, bint direct=False) -> None:
+        """In-place allreduce of device buffers on `device`, treated as one logical buffer. direct: CUDA-aware
+        transfers (MPI reads and writes device memory)."""
         cdef unique_ptr[SegmentedBuffer] data
         to_segments(pointers, counts, dtype_size(dtype), &data)
         check_op(op)
-        cdef vector[int] dims_vector = to_dims(dims)
-        cdef vector[int] order_vector = to_dims(order)
-        cdef EngineOptions options
-        fill_options(&options, chunk_bytes, receives_in_flight, small_bytes,
-                     &self.events if self.record_events else NULL, ())
+        cdef EngineOptions engine_options = options.options
+        engine_options.events = &self.events if self.record_events else NULL
         cdef DeviceTransfer transfer = <DeviceTransfer>(1 if direct else 0)
         cdef DeviceRuntime* context = self.get()
         cdef Status status
         with nogil:
-            status = context.allreduce(device, data.get()[0], <DType>dtype, <ReduceOp>op, dims_vector, order_vector,
-                                       options, transfer)
+            status = context.allreduce(device, data.get()[0], <DType>dtype, <ReduceOp>op, options.dims, options.order,
+                                       engine_options, transfer)
         raise_on_error(status)
 
     def record(self, int device) -> StreamFence:

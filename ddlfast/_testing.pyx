@@ -10,7 +10,7 @@ from libcpp.vector cimport vector
 from mpi4py cimport MPI
 
 from ddlfast._core cimport (
-    Butterfly, Context, DType, Engine, ElementRange, EngineOptions, KernelTable, PhaseKind, ReduceOp, RingPhase, RingSchedule, RingStep,
+    Butterfly, CallOptions, Context, DType, Engine, ElementRange, EngineOptions, KernelTable, PhaseKind, ReduceOp, RingPhase, RingSchedule, RingStep,
     Status, Torus, build_ring_schedule, butterfly, dtype_valid, element_size, positions_in_block_order,
 )
 from ddlfast._testing cimport emulated_device_allreduce
@@ -132,20 +132,23 @@ cdef Torus _torus(dims, int rank) except *:
     return torus
 
 
-def ring_schedule(dims, int rank, size_t count, block_counts=None):
+def ring_schedule(dims, int rank, size_t count, block_counts=None, direct=()):
     """The schedule of one rank as plain Python data (for tests and tools).
 
     Returns (phases, owned) with phases a list of dicts: kind ("reduce_scatter"
     or "allgather"), dim, successor, predecessor, steps [((send_off, send_n),
-    (recv_off, recv_n)), ...]; owned is (offset, count). block_counts: the
+    (recv_off, recv_n)), ...], and for a direct reduce-scatter direct=True,
+    coordinate, peers [rank at each coordinate] and blocks [(offset, count)
+    of each coordinate's block]; owned is (offset, count). block_counts: the
     size of each torus position's owned block (summing to count); default
-    the near-equal split.
+    the near-equal split. direct: per dimension, 1 for a direct reduce-scatter.
     """
     cdef Torus torus = _torus(dims, rank)
     cdef vector[size_t] sizes
+    cdef vector[int] direct_vector = to_dims(direct)
     cdef RingSchedule schedule
     if block_counts is None:
-        schedule = build_ring_schedule(torus, rank, count)
+        schedule = build_ring_schedule(torus, rank, count, direct_vector)
     else:
         for n in block_counts:
             if n < 0:
@@ -154,16 +157,20 @@ def ring_schedule(dims, int rank, size_t count, block_counts=None):
         if <int>sizes.size() != torus.world_size() or sum(block_counts) != count:
             raise DdlfastError(f"block_counts {list(block_counts)!r} must give one count per position, summing "
                                f"to {count}")
-        schedule = build_ring_schedule(torus, rank, sizes)
+        schedule = build_ring_schedule(torus, rank, sizes, direct_vector)
     phases = []
     for phase in schedule.phases:
-        phases.append({
+        described = {
             "kind": "reduce_scatter" if <int>phase.kind == 0 else "allgather",
             "dim": phase.dim,
             "successor": phase.successor,
             "predecessor": phase.predecessor,
             "steps": [((s.send.offset, s.send.count), (s.recv.offset, s.recv.count)) for s in phase.steps],
-        })
+        }
+        if phase.direct:
+            described.update(direct=True, coordinate=phase.coordinate, peers=list(phase.peers),
+                             blocks=[(b.offset, b.count) for b in phase.blocks])
+        phases.append(described)
     return phases, (schedule.owned.offset, schedule.owned.count)
 
 
@@ -174,11 +181,12 @@ def block_order(dims):
 
 # ---------------------------------------------------------------- the GPU executor on emulated lanes
 
-def emulated_allreduce(Engine engine not None, list pointers, list counts, int dtype, int op, dims,
-                       size_t chunk_bytes, int receives_in_flight, size_t small_bytes, order=(), bint direct=False,
-                       uint64_t seed=0) -> None:
+def emulated_allreduce(Engine engine not None, list pointers, list counts, int dtype, int op,
+                       CallOptions options not None, bint direct=False, uint64_t seed=0) -> None:
     """The Engine's GPU ring executor over host memory on emulated lanes (work deferred and interleaved at
-    random): checks the executor's ordering on machines without a GPU. Collective over the Engine's ranks."""
+    random): checks the executor's ordering on machines without a GPU. Collective over the Engine's ranks.
+    direct: CUDA-aware transfers (MPI reads and writes device memory); the options' direct per ring dimension
+    runs the direct reduce-scatter (engine/direct_phase.h)."""
     cdef vector[char*] bases
     cdef vector[size_t] sizes = to_sizes(counts)
     if len(pointers) != len(counts):
@@ -188,12 +196,8 @@ def emulated_allreduce(Engine engine not None, list pointers, list counts, int d
     cdef Context* context = engine.get()
     for pointer in pointers:
         bases.push_back(<char*><uintptr_t>pointer)
-    cdef vector[int] dims_vector = to_dims(dims)
-    cdef vector[int] order_vector = to_dims(order)
-    cdef EngineOptions options
-    fill_options(&options, chunk_bytes, receives_in_flight, small_bytes, NULL, ())
     cdef Status status
     with nogil:
-        status = emulated_device_allreduce(context[0], bases, sizes, <DType>dtype, <ReduceOp>op, dims_vector,
-                                           order_vector, options, direct, seed)
+        status = emulated_device_allreduce(context[0], bases, sizes, <DType>dtype, <ReduceOp>op, options.dims,
+                                           options.order, options.options, direct, seed)
     raise_on_error(status)

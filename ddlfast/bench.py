@@ -96,6 +96,15 @@ def parse_dims_list(text: str | Sequence[object], world: int) -> list[str]:
     return names
 
 
+def _algorithm(comm: MPI.Comm, dims: str, nbytes: int, settings: config.Settings, compression: str) -> Any:
+    """What DDLFAST_ALGORITHM gives one call of `nbytes` on `dims` (ddlfast.topology(): the engine's rule)."""
+    topology = ddlfast.topology(comm)
+    ring_dims = topology.resolve(config.parse_dims(dims))
+    compressed = () if compression == "none" else (True,) * len(ring_dims)  # keeps the dims, as the engine does
+    return topology.algorithm(nbytes, ring_dims, settings.algorithm, settings.small_bytes, settings.ring_dims,
+                              compressed)
+
+
 def auto_iters(nbytes: int) -> int:
     """Many iterations for small sizes (cheap, noisy), at least AUTO_MIN_ITERS for the big ones."""
     return max(AUTO_MIN_ITERS, min(AUTO_MAX_ITERS, AUTO_BYTES_PER_ROW // max(nbytes, 1)))
@@ -287,6 +296,7 @@ def run_bench(
             ours = np.empty(out_count, np_dtype)
             theirs = np.empty(out_count, np_dtype)
             run_ours, run_theirs = _calls(collective, pristine, op, dims, comm, compression)
+            algorithm = _algorithm(comm, dims, nbytes, settings, compression)
             resets = collective in ("allreduce", "broadcast")  # in place: each call starts from the input
 
             samples = np.zeros((n_iters, 2), dtype=np.float64)
@@ -315,9 +325,11 @@ def run_bench(
                 "warmup": n_warmup,
                 "chunk_bytes": settings.chunk_bytes,
                 "small_bytes": settings.small_bytes,
-                # The core hands buffers <= DDLFAST_SMALL_BYTES to MPI_Allreduce (latency-bound sizes).
+                # The core hands buffers <= DDLFAST_SMALL_BYTES to MPI_Allreduce (latency-bound sizes); above,
+                # DDLFAST_ALGORITHM chooses (the name here, the shape in "algorithm").
                 "path": ("local" if world == 1 else "mpi-bcast" if collective == "broadcast"
-                         else "mpi-handoff" if nbytes <= settings.small_bytes else "ring"),
+                         else "mpi-handoff" if nbytes <= settings.small_bytes else algorithm.name),
+                "algorithm": None if collective == "broadcast" else str(algorithm),
                 "ddlfast": _summary(samples[:, 0], nbytes, world, collective),
                 "mpi": _summary(samples[:, 1], nbytes, world, collective),
             }
@@ -390,7 +402,7 @@ def format_table(rows: Sequence[dict[str, Any]], world: int) -> str:
     """nccl-tests style table (header lines included) of run_bench rows."""
     checked = any("check" in row for row in rows)
     mpi_name = COLLECTIVES[rows[0].get("collective", "allreduce") if rows else "allreduce"][0]
-    left = f"{'size(B)':>12} {'count':>11} {'type':>8} {'dims':>6} {'path':>11}"
+    left = f"{'size(B)':>12} {'count':>11} {'type':>8} {'dims':>6} {'path':>12}"
     lib = f"{'time(us)':>10} {'algbw':>7} {'busbw':>7}"
     units = f"{'':>10} {'(GB/s)':>7} {'(GB/s)':>7}"
     span = len(lib)
@@ -401,7 +413,7 @@ def format_table(rows: Sequence[dict[str, Any]], world: int) -> str:
         f"# {'':{len(left)}} | {units} | {units} |",
     ]
     for row in rows:
-        cells = [f"{row['size_bytes']:>12} {row['count']:>11} {row['dtype']:>8} {row['dims']:>6} {row['path']:>11}"]
+        cells = [f"{row['size_bytes']:>12} {row['count']:>11} {row['dtype']:>8} {row['dims']:>6} {row['path']:>12}"]
         for lib_name in ("ddlfast", "mpi"):
             r = row[lib_name]
             cells.append(f"{r['median_us']:>10.1f} {_num(r['algbw_GBps']):>7} {_num(r['busbw_GBps']):>7}")

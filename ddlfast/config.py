@@ -57,7 +57,8 @@ MAX_RING_DIM = (1 << 31) - 1  # ranks in one dimension: an MPI rank count (int)
 MAX_SPIN_US = 100_000
 
 
-def _format_bytes(value: int) -> str:
+def format_size(value: int) -> str:
+    """4096 -> '4 KiB', 1536 -> '1536 bytes' (for messages and reports)."""
     for unit, name in ((GIB, "GiB"), (MIB, "MiB"), (KIB, "KiB")):
         if value >= unit and value % unit == 0:
             return f"{value // unit} {name}"
@@ -104,6 +105,9 @@ def parse_dims(value: object, name: str = "dims") -> str | tuple[int, ...]:
 
 
 WIRE_CODECS = ("none", "fp16", "bf16", "auto")
+# DDLFAST_ALGORITHM: auto (the cost model per call size, ddlfast/topology/cost_model.py), latency and mpi (the
+# small-message paths), ring, rabenseifner (ring dims all 2) and direct (direct reduce-scatter in every dimension).
+ALGORITHMS = ("auto", "latency", "mpi", "ring", "rabenseifner", "direct")
 
 
 def parse_compression(value: object, name: str = "compression") -> tuple[str, ...]:
@@ -138,7 +142,7 @@ def _env_size(name: str, default: int, minimum: int, maximum: int,
     raw = _raw(name, environ)
     if raw is None:
         return default
-    accepted = f"{_format_bytes(minimum)} to {_format_bytes(maximum)} ({maximum} bytes)"
+    accepted = f"{format_size(minimum)} to {format_size(maximum)} ({maximum} bytes)"
     value = parse_size(raw, name, f"; accepted {accepted}")
     if not minimum <= value <= maximum:
         raise DdlfastError(f"{name}={raw!r} is out of range: accepted {accepted}")
@@ -196,11 +200,13 @@ class Settings:
     ring_dims: str | tuple[int, ...]
     timeout_s: float
     compression: tuple[str, ...]  # one codec name, or one per ring dimension
+    algorithm: str = "auto"  # DDLFAST_ALGORITHM: one of ALGORITHMS
 
 
 _VARIABLES = (
     "DDLFAST_COMPRESSION", "DDLFAST_BUCKET_BYTES", "DDLFAST_FIRST_BUCKET_BYTES", "DDLFAST_CHUNK_BYTES",
     "DDLFAST_SMALL_BYTES", "DDLFAST_RECEIVES_IN_FLIGHT", "DDLFAST_RING_DIMS", "DDLFAST_TIMEOUT_S",
+    "DDLFAST_ALGORITHM",
 )
 # Every DDLFAST_* name ddlfast, its build and its test tools read; any other is
 # most likely a typo that would otherwise be ignored silently.
@@ -278,8 +284,8 @@ def _parse_settings() -> Settings:
     if chunk_bytes * receives > MAX_SCRATCH_BYTES:  # the core allocates this much receive scratch up front
         raise DdlfastError(
             f"DDLFAST_RECEIVES_IN_FLIGHT={receives} x DDLFAST_CHUNK_BYTES={chunk_bytes} is "
-            f"{_format_bytes(chunk_bytes * receives)} of receive scratch; the product must be at most "
-            f"{_format_bytes(MAX_SCRATCH_BYTES)}")
+            f"{format_size(chunk_bytes * receives)} of receive scratch; the product must be at most "
+            f"{format_size(MAX_SCRATCH_BYTES)}")
     return Settings(
         bucket_bytes=_env_size("DDLFAST_BUCKET_BYTES", DEFAULT_BUCKET_BYTES, 1, MAX_BUCKET_BYTES),
         first_bucket_bytes=_env_size("DDLFAST_FIRST_BUCKET_BYTES", DEFAULT_FIRST_BUCKET_BYTES, 1, MAX_BUCKET_BYTES),
@@ -290,6 +296,7 @@ def _parse_settings() -> Settings:
         timeout_s=_env_seconds("DDLFAST_TIMEOUT_S", DEFAULT_TIMEOUT_S, MIN_TIMEOUT_S, MAX_TIMEOUT_S,
                                zero_means_forever=True),
         compression=compression,
+        algorithm=_env_choice("DDLFAST_ALGORITHM", "auto", {name: name for name in ALGORITHMS}),
     )
 
 

@@ -16,10 +16,12 @@ import sys
 from collections.abc import Sequence
 
 from ddlfast.api import topology
+from ddlfast.config import format_size
 from ddlfast.topology.cost_model import (
     MAX_DIMS,
     Cluster,
     PlanError,
+    choose_algorithm,
     format_rate,
     link_bound,
     parse_bytes,
@@ -29,6 +31,7 @@ from ddlfast.topology.cost_model import (
     predict,
     step_efficiency,
 )
+from ddlfast.topology.placement import SHOWN_SIZES
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -67,6 +70,7 @@ def report(cluster: Cluster, nbytes: float, compute_s: float, overlap: float, ma
     """Everything the CLI prints, as data."""
     pick, everything = plan(cluster, nbytes, max_dims)
     flat = predict(cluster, (cluster.ranks,), nbytes)
+    by_size = [(n, choose_algorithm(cluster, pick.dims, n)) for n in sorted({*SHOWN_SIZES, int(nbytes)})]
     return {
         "cluster": {
             "hosts": cluster.hosts, "ranks_per_host": cluster.ranks_per_host, "ranks": cluster.ranks,
@@ -87,6 +91,9 @@ def report(cluster: Cluster, nbytes: float, compute_s: float, overlap: float, ma
         "compute_seconds": compute_s,
         "overlap": overlap,
         "scaling_efficiency": step_efficiency(compute_s, pick.seconds, overlap) if compute_s > 0 else None,
+        # DDLFAST_ALGORITHM=auto per call size on the pick's dims (uncompressed; sizes at or below
+        # DDLFAST_SMALL_BYTES take the small-message path instead)
+        "algorithms": [{"bytes": n, "algorithm": str(a), "seconds": a.seconds} for n, a in by_size],
     }
 
 
@@ -121,6 +128,10 @@ def format_report(data: dict, top: int) -> str:
     if data["link_bound_seconds"]:
         lines.append(f"host-link bound 2(h-1)/h*S/rate: {data['link_bound_seconds'] * 1e3:.3f} ms "
                      f"(pick = {data['pick_seconds'] / data['link_bound_seconds']:.2f}x the bound)")
+    lines += ["", f"algorithm per call size (DDLFAST_ALGORITHM=auto on {data['pick']}; at or below "
+                  "DDLFAST_SMALL_BYTES the small-message path):"]
+    for row in data["algorithms"]:
+        lines.append(f"{format_size(row['bytes']):>14} {row['seconds'] * 1e3:13.3f}  {row['algorithm']}")
     if data["scaling_efficiency"] is not None:
         lines.append(f"scaling efficiency with {data['compute_seconds'] * 1e3:.0f} ms compute per step, "
                      f"{data['overlap']:.0%} overlap: {data['scaling_efficiency']:.1%}")

@@ -53,7 +53,8 @@ def allreduce_layout(op: str, dims: tuple[int, ...], arrays: tuple, codec: objec
                      settings: Any) -> tuple:
     """Everything the ranks must agree on for an allreduce (host or GPU arrays)."""
     return ("allreduce", op, dims, arrays, codec, error_feedback,
-            (settings.chunk_bytes, settings.small_bytes, settings.bucket_bytes, settings.first_bucket_bytes))
+            (settings.chunk_bytes, settings.small_bytes, settings.bucket_bytes, settings.first_bucket_bytes,
+             settings.algorithm))
 
 
 def creation_layout(settings: Any) -> tuple:
@@ -136,7 +137,8 @@ def _dtype_name(dtype: object) -> str:
 
 def _size_settings(sizes: tuple) -> dict:
     """The engine settings of an allreduce-like layout, by variable name."""
-    names = ("DDLFAST_CHUNK_BYTES", "DDLFAST_SMALL_BYTES", "DDLFAST_BUCKET_BYTES", "DDLFAST_FIRST_BUCKET_BYTES")
+    names = ("DDLFAST_CHUNK_BYTES", "DDLFAST_SMALL_BYTES", "DDLFAST_BUCKET_BYTES", "DDLFAST_FIRST_BUCKET_BYTES",
+             "DDLFAST_ALGORITHM")
     return dict(zip(names, sizes, strict=True))
 
 

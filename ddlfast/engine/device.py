@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ddlfast import config
+from ddlfast import _core, config
 from ddlfast.buffers.device import DeviceBuffer, cuda_module
 from ddlfast.buffers.dtypes import ELEMENT_SIZES, numpy_dtype
 from ddlfast.buffers.host import host_buffer
@@ -146,8 +146,9 @@ class DeviceExecutor:
             if id(b) not in packed:
                 pointers.append(b.pointer)
                 counts.append(b.count)
-        self._gpu.allreduce_segments(device, pointers, counts, code, op, dims, settings.chunk_bytes,
-                                     settings.receives_in_flight, settings.small_bytes, order, direct)
+        options = _core.CallOptions(dims, settings.chunk_bytes, settings.receives_in_flight, settings.small_bytes,
+                                    order)
+        self._gpu.allreduce_segments(device, pointers, counts, code, op, options, direct)
         if small:
             self._gpu.copy_batch(device, [b.pointer for b in small], slots, [b.nbytes for b in small])
 

@@ -46,10 +46,17 @@ class FastPath:
             return None
         try:
             ring_dims = state.resolve_dims(dims, settings)
+            # DDLFAST_ALGORITHM's choice for this size (the general path makes the same): a shape and a direct
+            # reduce-scatter per dimension run here; mpi (MPI's collective at every size) and latency (refused
+            # above DDLFAST_SMALL_BYTES) take the general path.
+            algorithm = state.algorithm_for(array.nbytes, ring_dims, settings)
         except DdlfastError:
             return None  # the general path refuses it on every rank
+        if algorithm.name in ("mpi", "latency"):
+            return None
         layout = allreduce_layout(op, ring_dims, ((array.dtype, array.shape),), codec, False, settings)
-        plan = (settings, code, OPS[op], ring_dims, layout, state.agreement.digest(layout))
+        options = state.call_options(array.nbytes, ring_dims, settings)
+        plan = (settings, code, OPS[op], options, layout, state.agreement.digest(layout))
         if len(self._plans) >= MAX_PLANS:
             self._plans.clear()
         self._plans[(array.dtype, array.shape, op, dims, compression)] = plan
@@ -58,16 +65,14 @@ class FastPath:
     def run(self, array: np.ndarray, plan: tuple, settings: Settings, name: str | int | None = None) -> bool:
         """False when the array's buffer cannot take the latency path (nothing ran, not even the agreement).
         `name` (a str or an int, checked by the caller) enters the fingerprint (Agreement.fingerprint)."""
-        _, code, op_code, ring_dims, layout, digest = plan
+        _, code, op_code, options, layout, digest = plan
         state = self._state
         if name is not None:
             digest = state.agreement.fingerprint(layout, digest, name)
         if state.core_timeout_s != settings.timeout_s:  # set_core_timeout's own test, spelled out: the latency path
             state.set_core_timeout(settings.timeout_s)
         try:  # the agreement and the collective in one call into the core
-            outcome = state.core.allreduce_array(array, array.size, code, op_code, ring_dims, settings.chunk_bytes,
-                                                 settings.receives_in_flight, settings.small_bytes,
-                                                 state.rank_order, digest)
+            outcome = state.core.allreduce_array(array, array.size, code, op_code, options, digest)
         except DdlfastConsistentError:
             raise
         except BaseException as error:

@@ -70,7 +70,8 @@ def layout_of(kind: str, op: str, dims: tuple[int, ...], specs: Sequence[Spec], 
               settings: Any) -> tuple:
     """Everything the ranks must agree on (agreement.describe reads it back)."""
     return (kind, op, dims, tuple((s.layout_dtype, s.shape) for s in specs), counts, codec,
-            (settings.chunk_bytes, settings.small_bytes, settings.bucket_bytes, settings.first_bucket_bytes))
+            (settings.chunk_bytes, settings.small_bytes, settings.bucket_bytes, settings.first_bucket_bytes,
+             settings.algorithm))
 
 
 def _like(result: np.ndarray, original: object) -> Any:
@@ -204,8 +205,14 @@ def prepare(state: EngineState, kind: str, arrays: Any, op: str, dims: object, c
                            "('none', 'fp16', 'bf16', per dimension, or 'auto'), not a user codec")
     codec = resolve_compression(compression, settings, [], state.rank)  # float32 is checked per array below
     check_op_on_wire(state, op, codec, ring_dims, False)  # also raises when codecs do not fit the dims
-    return _validate(kind, arrays, op, ring_dims, counts, out, codec, settings, state.rank, state.size, stream,
-                     single)
+    request = _validate(kind, arrays, op, ring_dims, counts, out, codec, settings, state.rank, state.size, stream,
+                        single)
+    if settings.algorithm != "auto":  # GPU arrays run on the host engine here, so every algorithm can
+        compressed = bool(wire_by_dim(codec, ring_dims, state.hosts_tier(ring_dims)))
+        largest = max((sum(map(sum, request.counts)) * max(s.dtype.itemsize for s in request.specs)
+                       if request.specs else 0), 0)
+        state.check_algorithm(settings, ring_dims, compressed, largest, gpu=False)
+    return request
 
 
 def execute(state: EngineState, request: HalfRequest) -> Any:
@@ -225,10 +232,12 @@ def _run(state: EngineState, request: HalfRequest) -> None:
     wire = wire_by_dim(request.codec, dims, state.hosts_tier(dims))
     if any(s.dtype != np.float32 for s in request.specs):
         wire = ()  # "auto" leaves other dtypes uncompressed (explicit codecs were refused for them)
-    for method, arguments in core_calls(request, inputs, state.rank, state.size, bool(wire)):
-        extra = (OPS[request.op],) if method == "reduce_scatter_segments" else ()
-        getattr(state.core, method)(*arguments, *extra, dims, settings.chunk_bytes, settings.receives_in_flight,
-                                    settings.small_bytes, state.rank_order, wire)
+    for method, arguments, nbytes in core_calls(request, inputs, state.rank, state.size, bool(wire)):
+        options = state.call_options(nbytes, dims, settings, wire)  # the allgather half has no direct step to run
+        if method == "reduce_scatter_segments":
+            state.core.reduce_scatter_segments(*arguments, OPS[request.op], options)
+        else:
+            state.core.allgather_segments(*arguments, options)
     state.record_events(state.core.take_events)
     state.flush_timeline()
     for staging, target in request.copy_back:
@@ -330,9 +339,10 @@ def _empty_device(array: object, shape: tuple[int, ...], index: int, rank: int) 
 
 
 def core_calls(request: HalfRequest, inputs: Sequence[np.ndarray], rank: int, world: int,
-               compressed: bool) -> list[tuple[str, tuple]]:
-    """The core calls that run a request: (method, arguments before the engine settings). One per dtype for
-    reduce-scatter; one for an allgather (opaque bytes, or float32 elements when the wire compresses)."""
+               compressed: bool) -> list[tuple[str, tuple, int]]:
+    """The core calls that run a request: (method, arguments before the engine settings, bytes of the whole
+    buffer it reduces or gathers). One per dtype for reduce-scatter; one for an allgather (opaque bytes, or
+    float32 elements when the wire compresses)."""
     calls = []
     if request.kind == REDUCE_SCATTER:
         groups: dict[np.dtype, list[int]] = {}
@@ -350,7 +360,7 @@ def core_calls(request: HalfRequest, inputs: Sequence[np.ndarray], rank: int, wo
             out_counts = [request.counts[j][rank] for j in members]
             by_rank = [sum(request.counts[j][q] for j in members) for q in range(world)]
             calls.append(("reduce_scatter_segments", (in_pointers, in_counts, out_pointers, out_counts, by_rank,
-                                                      dtype_code(dtype, "array"))))
+                                                      dtype_code(dtype, "array")), sum(by_rank) * itemsize))
         return calls
     unit = 4 if compressed else 1
     sizes = [a.nbytes // unit for a in inputs]
@@ -360,5 +370,5 @@ def core_calls(request: HalfRequest, inputs: Sequence[np.ndarray], rank: int, wo
             out_pointers.append(a.ctypes.data + q * n * unit)
             out_counts.append(n)
     calls.append(("allgather_segments", ([a.ctypes.data for a in inputs], sizes, out_pointers, out_counts,
-                                         [sum(sizes)] * world, unit, compressed)))
+                                         [sum(sizes)] * world, unit, compressed), sum(sizes) * world * unit))
     return calls

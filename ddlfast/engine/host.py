@@ -121,9 +121,9 @@ def _reduce_bucket(state: EngineState, members: list[HostBuffer], request: HostR
         else:
             pointers.append(b.pointer)
         counts.append(b.count)
-    agreed = state.core.allreduce_segments(pointers, counts, members[0].dtype_code, OPS[request.op], dims,
-                                           settings.chunk_bytes, settings.receives_in_flight, settings.small_bytes,
-                                           state.rank_order, wire, fingerprint)
+    options = state.call_options(sum(counts) * members[0].array.dtype.itemsize, dims, settings, wire)
+    agreed = state.core.allreduce_segments(pointers, counts, members[0].dtype_code, OPS[request.op], options,
+                                           fingerprint)
     state.record_events(state.core.take_events)
     if not agreed:
         return False

@@ -19,6 +19,7 @@ from ddlfast.engine.device import DeviceRequest, submit
 from ddlfast.engine.host import HostRequest
 from ddlfast.engine.state import EngineState
 from ddlfast.errors import DdlfastError
+from ddlfast.fusion.pack_policy import bucket_indices
 from ddlfast.ops import SUMMING_OPS, WIRE_OPS, check_op
 
 
@@ -38,6 +39,9 @@ def prepare(state: EngineState, arrays: Sequence[Any], op: str, dims: object, re
         check_no_overlap([(b.pointer, b.nbytes) for b in gpu_buffers], rank)
         codec = resolve_compression(compression, settings, [b.dtype_name for b in gpu_buffers], rank)
         check_op_on_wire(state, op, codec, ring_dims, error_feedback)
+        if settings.algorithm != "auto":
+            state.check_algorithm(settings, ring_dims, False, largest_bucket(
+                [b.dtype_name for b in gpu_buffers], [b.nbytes for b in gpu_buffers], settings), gpu=True)
         # The fences go on the caller's streams now, on the caller's thread: later work there is not waited for.
         return DeviceRequest(submit(gpu_buffers), op, ring_dims, settings, list(arrays) if result is None else result,
                              codec, bool(error_feedback), asynchronous)
@@ -49,8 +53,18 @@ def prepare(state: EngineState, arrays: Sequence[Any], op: str, dims: object, re
         check_no_overlap([(b.pointer, b.nbytes) for b in buffers], rank)
     codec = resolve_compression(compression, settings, [b.array.dtype.name for b in buffers], rank)
     check_op_on_wire(state, op, codec, ring_dims, error_feedback)
+    if settings.algorithm != "auto":
+        compressed = isinstance(codec, tuple) and bool(wire_by_dim(codec, ring_dims, state.hosts_tier(ring_dims)))
+        largest = largest_bucket([b.array.dtype for b in buffers], [b.nbytes for b in buffers], settings)
+        state.check_algorithm(settings, ring_dims, compressed, largest, gpu=False)
     return HostRequest(buffers, op, ring_dims, settings, list(arrays) if result is None else result, codec,
                        bool(error_feedback))
+
+
+def largest_bucket(dtypes: list, nbytes: list[int], settings: Settings) -> int:
+    """Bytes of the largest core call the buckets of these arrays make (ddlfast/fusion/pack_policy.py)."""
+    buckets = bucket_indices(dtypes, nbytes, settings.bucket_bytes, settings.first_bucket_bytes)
+    return max((sum(nbytes[i] for i in bucket) for bucket in buckets), default=0)
 
 
 def execute(state: EngineState, request: HostRequest | DeviceRequest) -> Any:

@@ -11,14 +11,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from ddlfast import _core
 from ddlfast.compression.wire import ErrorFeedback
-from ddlfast.config import Settings, parse_dims
+from ddlfast.config import ALGORITHMS, MAX_SMALL_BYTES, Settings, parse_dims
 from ddlfast.engine.agreement import Agreement
 from ddlfast.engine.control import Control
 from ddlfast.engine.timeline import Timeline
 from ddlfast.errors import DdlfastBrokenError, DdlfastConsistentError, DdlfastError
 from ddlfast.fusion.buffer_pool import FusedBufferPool
+from ddlfast.topology.cost_model import Algorithm, PlanError, power_of_two_dims
 from ddlfast.topology.placement import Topology, build
+
+MAX_CACHED_ALGORITHMS = 4096
 
 
 class EngineState:
@@ -36,6 +40,8 @@ class EngineState:
         self.rank_order: tuple[int, ...] = ()  # torus position -> rank; () is identity
         self._every_tier = False  # the topology was probed on every tier, even on one host
         self._dims_cache: dict[tuple, tuple[int, ...]] = {}
+        self._algorithm_cache: dict[tuple, Algorithm] = {}
+        self._options_cache: dict[tuple, _core.CallOptions] = {}
         self.core_timeout_s = timeout_s  # what the core was last told
         self.device_executor: Any = None  # ddlfast.engine.device.DeviceExecutor, from its first GPU collective
 
@@ -65,6 +71,73 @@ class EngineState:
         except TypeError:
             pass
         return resolved
+
+    def algorithm_for(self, nbytes: int, dims: tuple[int, ...], settings: Settings,
+                      compressed: tuple[bool, ...] = ()) -> Algorithm:
+        """The algorithm one core call of `nbytes` runs with (DDLFAST_ALGORITHM; auto: the cost model per size).
+        A pure function of agreed values (the size, the dims, the settings, the topology every rank shares), so
+        every rank of a call chooses the same; the plain ring at or below DDLFAST_SMALL_BYTES, where the core
+        runs its small-message path whatever the choice. `compressed`: per dimension, whether the wire is."""
+        key = (nbytes, dims, settings.algorithm, settings.small_bytes, settings.ring_dims, compressed)
+        try:
+            return self._algorithm_cache[key]
+        except KeyError:
+            pass
+        if settings.algorithm == "rabenseifner" and power_of_two_dims(self.size) is None and self.size > 1:
+            self.check_algorithm(settings, dims, False, 0, False)  # raises, at every size: no such dims here
+        try:
+            choice = self.topology_for(settings.bucket_bytes).algorithm(
+                nbytes, dims, settings.algorithm, settings.small_bytes, settings.ring_dims, compressed)
+        except PlanError as error:
+            raise DdlfastError(f"DDLFAST_ALGORITHM={settings.algorithm} cannot run on rank {self.rank}: {error}; "
+                               f"choices: {', '.join(ALGORITHMS)}") from None
+        if len(self._algorithm_cache) >= MAX_CACHED_ALGORITHMS:
+            self._algorithm_cache.clear()
+        self._algorithm_cache[key] = choice
+        return choice
+
+    def call_options(self, nbytes: int, dims: tuple[int, ...], settings: Settings,
+                     wire: tuple[int, ...] = ()) -> _core.CallOptions:
+        """The core's options for one call of `nbytes` (one object across the binding, cached per kind of call):
+        DDLFAST_ALGORITHM's choice for that size (algorithm_for) with the settings that size messages. `mpi` hands
+        every size to MPI's own allreduce, after the agreement; every other choice leaves buffers of at most
+        DDLFAST_SMALL_BYTES to the latency path."""
+        choice = self.algorithm_for(nbytes, dims, settings, tuple(code >= 0 for code in wire))
+        key = (choice, settings, wire, self.rank_order)
+        try:
+            return self._options_cache[key]
+        except KeyError:
+            pass
+        mpi = choice.name == "mpi"
+        options = _core.CallOptions(choice.dims, settings.chunk_bytes, settings.receives_in_flight,
+                                    MAX_SMALL_BYTES if mpi else settings.small_bytes, self.rank_order, wire,
+                                    choice.direct, mpi)
+        if len(self._options_cache) >= MAX_CACHED_ALGORITHMS:
+            self._options_cache.clear()
+        self._options_cache[key] = options
+        return options
+
+    def check_algorithm(self, settings: Settings, dims: tuple[int, ...], compressed: bool, largest_call: int,
+                        gpu: bool) -> None:
+        """Before the agreement: a DDLFAST_ALGORITHM that cannot run this call raises on this rank (and the
+        rank joins the agreement with the error). `largest_call`: the bytes of the largest core call."""
+        algorithm = settings.algorithm
+        problem = None
+        if algorithm == "latency" and largest_call > settings.small_bytes:
+            problem = (f"the latency path takes calls of at most DDLFAST_SMALL_BYTES ({settings.small_bytes} "
+                       f"bytes), and this one moves {largest_call} bytes in one call")
+        elif gpu and algorithm in ("direct", "rabenseifner"):
+            problem = "the GPU path runs the ring reduce-scatter on the topology's dims only"
+        elif gpu and algorithm == "mpi" and largest_call > settings.small_bytes:
+            problem = (f"the GPU path hands only calls of at most DDLFAST_SMALL_BYTES ({settings.small_bytes} bytes) "
+                       f"to MPI, and this one moves {largest_call} bytes in one call")
+        elif algorithm == "rabenseifner" and compressed:
+            problem = "a compressed wire keeps the ring dims its codecs were given for"
+        elif algorithm == "rabenseifner" and power_of_two_dims(self.size) is None and self.size > 1:
+            problem = f"rabenseifner needs a power-of-two rank count, not {self.size}"
+        if problem is not None:
+            raise DdlfastError(f"DDLFAST_ALGORITHM={algorithm} cannot run this call on rank {self.rank}: {problem}; "
+                               f"choices: {', '.join(ALGORITHMS)}")
 
     def hosts_tier(self, dims: tuple[int, ...]) -> int | None:
         """Index of the first ring dimension whose rings cross hosts (None on one host)."""

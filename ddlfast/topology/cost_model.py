@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -169,33 +170,65 @@ def _edges_out(dims_before: int, size: int, ranks: int, unit: int) -> tuple[bool
     return inside, int(np.bincount(v[crossing] // unit).max())
 
 
-def predict(cluster: Cluster, dims: Sequence[int], nbytes: float) -> Prediction:
-    """Predicted seconds of one allreduce of `nbytes` on ring shape `dims`."""
+def _direct_out(dims_before: int, size: int, ranks: int, unit: int) -> tuple[bool, int]:
+    """For a direct reduce-scatter of one dimension (every rank sends a block to each of the other size-1 ranks
+    of its dimension): does any block stay inside a unit of `unit` consecutive positions, and how many blocks
+    leave the busiest unit?"""
+    v = np.arange(ranks)
+    coordinate = (v // dims_before) % size
+    inside, busiest = False, np.zeros(ranks // unit + 1, dtype=np.int64)
+    for shift in range(1, size):
+        peer = v + (((coordinate + shift) % size) - coordinate) * dims_before
+        crossing = (v // unit) != (peer // unit)
+        inside = inside or bool((~crossing).any())
+        busiest += np.bincount(v[crossing] // unit, minlength=busiest.size)
+    return inside, int(busiest.max())
+
+
+def predict(cluster: Cluster, dims: Sequence[int], nbytes: float, direct: Sequence[int] = ()) -> Prediction:
+    """Predicted seconds of one allreduce of `nbytes` on ring shape `dims`; `direct[i]` = 1: dimension i's
+    reduce-scatter is direct (one step: every rank sends its d-1 blocks at once, at the latency of the slowest
+    tier they cross and the busiest link's bytes; the allgather stays the ring's)."""
     dims = tuple(int(d) for d in dims)
     if int(np.prod(dims)) != cluster.ranks:
         raise PlanError(f"dims {'x'.join(map(str, dims))} do not multiply to {cluster.ranks} ranks")
     rph, group_size = cluster.ranks_per_host, cluster.ranks_per_host * cluster.hosts_per_group
     per_dim, before = [], 1
-    for size in dims:
+    for index, size in enumerate(dims):
         if size == 1:
             per_dim.append(0.0)
             continue
         block = nbytes / (before * size)
-        intra_edges, host_out = _edges_out(before, size, cluster.ranks, rph)
-        alpha, transfer = 0.0, 0.0
-        if intra_edges:
-            alpha, transfer = cluster.intra.alpha, block * cluster.intra.beta
-        if host_out:
-            alpha = max(alpha, cluster.inter.alpha)
-            transfer = max(transfer, host_out * block * cluster.inter.beta)
-        if cluster.group is not None and cluster.groups > 1:
-            _, group_out = _edges_out(before, size, cluster.ranks, group_size)
-            if group_out:
-                alpha = max(alpha, cluster.group.alpha)
-                transfer = max(transfer, group_out * block * cluster.group.beta)
-        per_dim.append((size - 1) * (2 * (alpha + transfer) + block * cluster.gamma))
+        alpha, transfer = _step_cost(cluster, block, 1, _edges_out, before, size, rph, group_size)
+        ring_half = (size - 1) * (alpha + transfer)
+        if index < len(direct) and direct[index]:
+            # All d-1 blocks at once: the busiest link carries all of its blocks in one step.
+            _, direct_transfer = _step_cost(cluster, block, size - 1, _direct_out, before, size, rph, group_size)
+            reduce_scatter = alpha + direct_transfer
+        else:
+            reduce_scatter = ring_half
+        per_dim.append(reduce_scatter + ring_half + (size - 1) * block * cluster.gamma)
         before *= size
     return Prediction(dims, float(sum(per_dim)), tuple(per_dim))
+
+
+def _step_cost(cluster: Cluster, block: float, sent: int, edges_out: Any, before: int, size: int, rph: int,
+               group_size: int) -> tuple[float, float]:
+    """(latency, transfer seconds) of one step of a dimension in which each rank sends `sent` blocks and
+    `edges_out` counts the blocks that leave each unit of a tier."""
+    intra_edges, host_out = edges_out(before, size, cluster.ranks, rph)
+    alpha, transfer = 0.0, 0.0
+    if intra_edges:
+        alpha, transfer = cluster.intra.alpha, sent * block * cluster.intra.beta
+    if host_out:
+        alpha = max(alpha, cluster.inter.alpha)
+        transfer = max(transfer, host_out * block * cluster.inter.beta)
+    if cluster.group is not None and cluster.groups > 1:
+        _, group_out = edges_out(before, size, cluster.ranks, group_size)
+        if group_out:
+            alpha = max(alpha, cluster.group.alpha)
+            transfer = max(transfer, group_out * block * cluster.group.beta)
+    return alpha, transfer
 
 
 def factorizations(n: int, max_factors: int) -> list[tuple[int, ...]]:
@@ -232,6 +265,85 @@ def plan(cluster: Cluster, nbytes: float, max_dims: int = MAX_DIMS) -> tuple[Pre
     """auto's pick for `nbytes`, and the predictions of every shape (fastest first)."""
     predictions = rank(predict(cluster, shape, nbytes) for shape in all_shapes(cluster.ranks, max_dims))
     return choose(predictions), predictions
+
+
+# -- the algorithm per call size ------------------------------------------------------------------------------------
+
+# A compressed dimension takes the direct reduce-scatter (one rounding per dimension instead of one per hop) unless
+# it is predicted slower than the ring by more than this fraction.
+DIRECT_COMPRESSED_SLACK = 0.05
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """How one call of a given size runs: the ring dims and, per dimension, a direct (1) or ring (0)
+    reduce-scatter; () is the ring everywhere."""
+
+    name: str  # "ring", "direct" (some dimension direct), "rabenseifner" (dims all 2), "latency", "mpi"
+    dims: tuple[int, ...]
+    direct: tuple[int, ...] = ()
+    seconds: float = field(default=0.0, compare=False)  # predicted (0 where nothing was predicted)
+
+    def __str__(self) -> str:
+        if self.name in ("latency", "mpi"):
+            return self.name
+        shape = "x".join(map(str, self.dims))
+        if self.name == "direct":
+            which = [str(i + 1) for i, d in enumerate(self.direct) if d and self.dims[i] > 1]
+            if len(which) < sum(1 for d in self.dims if d > 1):
+                return f"ring {shape}, direct reduce-scatter in dim {','.join(which)}"
+        return f"{self.name} {shape}"
+
+
+def power_of_two_dims(ranks: int) -> tuple[int, ...] | None:
+    """All-2 dims (the k-dim ring as Rabenseifner's halving/doubling), or None where `ranks` is no power of 2."""
+    if ranks < 2 or ranks & (ranks - 1):
+        return None
+    return (2,) * (ranks.bit_length() - 1)
+
+
+def choose_algorithm(cluster: Cluster | None, dims: Sequence[int], nbytes: float, algorithm: str = "auto",
+                     reshape: bool = True, compressed: Sequence[bool] = ()) -> Algorithm:
+    """The algorithm (DDLFAST_ALGORITHM, ddlfast/config.py) a call of `nbytes` runs with on ring `dims`: a pure
+    function of values every rank shares (the size, the dims, the settings and the topology), so every rank
+    chooses the same.
+
+    auto: per dimension the direct reduce-scatter where it is predicted faster than the ring by more than the
+    tie fraction (a `compressed` dimension: unless slower by more than DIRECT_COMPRESSED_SLACK), and, where
+    `reshape` allows another shape (dims chosen by auto, an uncompressed wire) and P is a power of two, all-2
+    dims where those are faster still. Without a cluster (an irregular placement): the ring. Raises PlanError
+    for rabenseifner on a P that is no power of two."""
+    dims = tuple(int(d) for d in dims)
+    ranks = int(np.prod(dims))
+    if algorithm in ("latency", "mpi", "ring"):
+        return Algorithm(algorithm, dims)
+    if algorithm == "direct":
+        return Algorithm("direct", dims, (1,) * len(dims))
+    halving = power_of_two_dims(ranks)
+    if algorithm == "rabenseifner":
+        if ranks == 1:
+            return Algorithm("ring", dims)  # nothing moves
+        if halving is None:
+            raise PlanError(f"rabenseifner needs a power-of-two rank count, not {ranks}")
+        return Algorithm("rabenseifner", halving)
+    if algorithm != "auto":
+        raise PlanError(f"unknown algorithm {algorithm!r}")
+    if cluster is None or ranks != cluster.ranks or ranks == 1:
+        return Algorithm("ring", dims)
+    ring = predict(cluster, dims, nbytes)
+    everywhere = predict(cluster, dims, nbytes, (1,) * len(dims))
+    direct = []
+    for i, size in enumerate(dims):
+        slack = DIRECT_COMPRESSED_SLACK if i < len(compressed) and compressed[i] else -TIE_FRACTION
+        direct.append(int(size > 2 and everywhere.per_dim[i] <= ring.per_dim[i] * (1 + slack)))
+    best = (Algorithm("direct", dims, tuple(direct), float(sum(everywhere.per_dim[i] if d else ring.per_dim[i]
+                                                               for i, d in enumerate(direct))))
+            if any(direct) else Algorithm("ring", dims, (), ring.seconds))
+    if reshape and halving is not None and halving != dims and not any(compressed):
+        halved = predict(cluster, halving, nbytes)
+        if halved.seconds < best.seconds * (1 - TIE_FRACTION):
+            best = Algorithm("rabenseifner", halving, (), halved.seconds)
+    return best
 
 
 def step_efficiency(compute_s: float, allreduce_s: float, overlap: float = 0.0) -> float:

@@ -23,8 +23,19 @@ from mpi4py import MPI
 from ddlfast import config
 from ddlfast.errors import DdlfastError
 from ddlfast.topology import probe
-from ddlfast.topology.cost_model import DEFAULT_INTER, DEFAULT_INTRA, Cluster, Link, Prediction, plan
+from ddlfast.topology.cost_model import (
+    DEFAULT_INTER,
+    DEFAULT_INTRA,
+    Algorithm,
+    Cluster,
+    Link,
+    Prediction,
+    choose_algorithm,
+    plan,
+)
 
+# The call sizes ddlfast.topology() and `python -m ddlfast.plan` show the algorithm of.
+SHOWN_SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20)
 # Environment that changes which transport MPI uses between hosts, so a cached probe would not apply.
 _TRANSPORT_VARIABLES = ("MPIR_CVAR_CH4_NETMOD", "FI_PROVIDER", "FI_TCP_IFACE", "UCX_TLS", "UCX_NET_DEVICES")
 
@@ -160,6 +171,24 @@ class Topology:
             )
         return tuple(chosen)
 
+    def algorithm(self, nbytes: int, dims: tuple[int, ...] | None = None, algorithm: str = "auto",
+                  small_bytes: int = config.DEFAULT_SMALL_BYTES, ring_dims: object = "auto",
+                  compressed: tuple[bool, ...] = ()) -> Algorithm:
+        """The algorithm one call of `nbytes` on `dims` (default: auto's) runs with, for DDLFAST_ALGORITHM
+        `algorithm`: the plain ring at or below `small_bytes` (the core's small-message path runs there), else
+        the cost model's choice (cost_model.choose_algorithm), which may change auto's dims only where
+        DDLFAST_RING_DIMS (`ring_dims`) is auto and the wire is not compressed. Raises PlanError."""
+        dims = self.auto_dims if dims is None else dims
+        if nbytes <= small_bytes:
+            return Algorithm("ring", dims)
+        reshape = ring_dims == "auto" and dims == self.auto_dims
+        return choose_algorithm(self.cluster, dims, nbytes, algorithm, reshape, compressed)
+
+    def algorithms(self, small_bytes: int = config.DEFAULT_SMALL_BYTES) -> dict[int, str]:
+        """auto's algorithm per shown size (uncompressed, on auto's dims), as text."""
+        return {n: "small-message path" if n <= small_bytes else str(self.algorithm(n, small_bytes=small_bytes))
+                for n in SHOWN_SIZES}
+
     def describe(self) -> str:
         p = self.placement
         text = f"{p.hosts} host{'s' if p.hosts > 1 else ''} x {_counts(p)} ranks"
@@ -167,6 +196,8 @@ class Topology:
             text += f" in groups of {self.hosts_per_group} hosts"
         text += ", host-contiguous" if p.contiguous else ", renumbered host-contiguous"
         text += f"; auto {'x'.join(map(str, self.auto_dims))} for {self.plan_bytes / 2**20:.3g} MiB buckets"
+        text += "; per call size: " + ", ".join(f"{config.format_size(n)} {name}"
+                                                for n, name in self.algorithms().items())
         tiers = [f"{t} {getattr(self.links, t)}" for t in probe.TIERS if getattr(self.links, t) is not None]
         return text + f" (links from {self.links.source}{': ' if tiers else ''}{', '.join(tiers)})"
 
@@ -179,6 +210,7 @@ class Topology:
             "links": self.links.as_dict(), "plan_bytes": self.plan_bytes,
             "auto_dims": "x".join(map(str, self.auto_dims)),
             "candidates": [{"dims": c.name, "seconds": c.seconds} for c in self.candidates[:8]],
+            "algorithms": {str(n): name for n, name in self.algorithms().items()},
             "warnings": list(self.warnings),
         }
 

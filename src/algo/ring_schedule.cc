@@ -64,6 +64,25 @@ RingPhase make_phase(const Torus& torus, const BlockLayout& layout, int rank, in
   return phase;
 }
 
+// Dimension `dim`'s reduce-scatter as one direct phase: block j of the segment goes to coordinate j.
+RingPhase make_direct_phase(const Torus& torus, const BlockLayout& layout, int rank, int dim, int first_key) {
+  const int d = torus.dims()[dim];
+  std::vector<int> coords = torus.coords(rank);
+  RingPhase phase;
+  phase.kind = PhaseKind::kReduceScatter;
+  phase.dim = dim;
+  phase.successor = torus.neighbor(rank, dim, +1);
+  phase.predecessor = torus.neighbor(rank, dim, -1);
+  phase.direct = true;
+  phase.coordinate = coords[dim];
+  for (int j = 0; j < d; ++j) {
+    coords[dim] = j;
+    phase.peers.push_back(torus.rank_of(coords));
+    phase.blocks.push_back(layout.block(dim, first_key, j));
+  }
+  return phase;
+}
+
 }  // namespace
 
 std::vector<int> positions_in_block_order(const Torus& torus) {
@@ -97,7 +116,8 @@ std::vector<std::size_t> near_equal_block_counts(const Torus& torus, std::size_t
   return counts;
 }
 
-RingSchedule build_ring_schedule(const Torus& torus, int rank, const std::vector<std::size_t>& block_counts) {
+RingSchedule build_ring_schedule(const Torus& torus, int rank, const std::vector<std::size_t>& block_counts,
+                                 const std::vector<int>& direct_by_dim) {
   const BlockLayout layout(torus, block_counts);
   const std::vector<int> coords = torus.coords(rank);
   RingSchedule schedule;
@@ -105,8 +125,10 @@ RingSchedule build_ring_schedule(const Torus& torus, int rank, const std::vector
   int first_key = 0;
   for (int dim = 0; dim < torus.num_dims(); ++dim) {
     first_keys.push_back(first_key);
+    const bool direct = dim < static_cast<int>(direct_by_dim.size()) && direct_by_dim[dim] != 0;
     if (torus.dims()[dim] > 1) {
-      schedule.phases.push_back(make_phase(torus, layout, rank, dim, PhaseKind::kReduceScatter, first_key));
+      schedule.phases.push_back(direct ? make_direct_phase(torus, layout, rank, dim, first_key)
+                                       : make_phase(torus, layout, rank, dim, PhaseKind::kReduceScatter, first_key));
     }
     first_key += coords[dim] * layout.tail(dim);
   }
@@ -119,21 +141,24 @@ RingSchedule build_ring_schedule(const Torus& torus, int rank, const std::vector
   return schedule;
 }
 
-RingSchedule build_ring_schedule(const Torus& torus, int rank, std::size_t count) {
-  return build_ring_schedule(torus, rank, near_equal_block_counts(torus, count));
+RingSchedule build_ring_schedule(const Torus& torus, int rank, std::size_t count,
+                                 const std::vector<int>& direct_by_dim) {
+  return build_ring_schedule(torus, rank, near_equal_block_counts(torus, count), direct_by_dim);
 }
 
-RingSchedule build_rank_schedule(const RankedTorus& ring, const std::vector<std::size_t>& block_counts) {
-  RingSchedule schedule = build_ring_schedule(ring.torus, ring.position, block_counts);
+RingSchedule build_rank_schedule(const RankedTorus& ring, const std::vector<std::size_t>& block_counts,
+                                 const std::vector<int>& direct_by_dim) {
+  RingSchedule schedule = build_ring_schedule(ring.torus, ring.position, block_counts, direct_by_dim);
   for (RingPhase& phase : schedule.phases) {
     phase.successor = ring.rank_at[phase.successor];
     phase.predecessor = ring.rank_at[phase.predecessor];
+    for (int& peer : phase.peers) peer = ring.rank_at[peer];
   }
   return schedule;
 }
 
-RingSchedule build_rank_schedule(const RankedTorus& ring, std::size_t count) {
-  return build_rank_schedule(ring, near_equal_block_counts(ring.torus, count));
+RingSchedule build_rank_schedule(const RankedTorus& ring, std::size_t count, const std::vector<int>& direct_by_dim) {
+  return build_rank_schedule(ring, near_equal_block_counts(ring.torus, count), direct_by_dim);
 }
 
 int last_reduce_scatter_phase(const RingSchedule& schedule) {

@@ -30,7 +30,14 @@ struct RingPhase {
   int dim = 0;
   int successor = 0;
   int predecessor = 0;
-  std::vector<RingStep> steps;
+  std::vector<RingStep> steps;  // empty for a direct reduce-scatter
+  // Direct (all-to-all) reduce-scatter of this dimension instead of its ring: every block of the segment goes
+  // straight to the rank that owns it (the same owner the ring gives), which adds the d contributions in
+  // coordinate order 0..d-1. One latency step instead of d-1, the same bytes per rank.
+  bool direct = false;
+  int coordinate = 0;                // this rank's coordinate in the dimension: it ends owning blocks[coordinate]
+  std::vector<int> peers;            // the rank at each coordinate of this dimension (peers[coordinate]: this rank)
+  std::vector<ElementRange> blocks;  // the segment's d blocks; block j ends at coordinate j
 };
 
 struct RingSchedule {
@@ -62,13 +69,17 @@ std::vector<std::size_t> near_equal_block_counts(const Torus& torus, std::size_t
 // the halves; the blocks lie in positions_in_block_order, and a block of
 // dimension i is the union of the owned blocks of the positions under it.
 // The `count` form is the near-equal split (near_equal_block_counts).
-RingSchedule build_ring_schedule(const Torus& torus, int rank, const std::vector<std::size_t>& block_counts);
-RingSchedule build_ring_schedule(const Torus& torus, int rank, std::size_t count);
+RingSchedule build_ring_schedule(const Torus& torus, int rank, const std::vector<std::size_t>& block_counts,
+                                 const std::vector<int>& direct_by_dim = {});
+RingSchedule build_ring_schedule(const Torus& torus, int rank, std::size_t count,
+                                 const std::vector<int>& direct_by_dim = {});
 
 // The same for this rank's position on `ring`, with each phase's neighbours
 // translated to communicator ranks.
-RingSchedule build_rank_schedule(const RankedTorus& ring, const std::vector<std::size_t>& block_counts);
-RingSchedule build_rank_schedule(const RankedTorus& ring, std::size_t count);
+RingSchedule build_rank_schedule(const RankedTorus& ring, const std::vector<std::size_t>& block_counts,
+                                 const std::vector<int>& direct_by_dim = {});
+RingSchedule build_rank_schedule(const RankedTorus& ring, std::size_t count,
+                                 const std::vector<int>& direct_by_dim = {});
 
 // Index of the last reduce-scatter phase (where averaging divides), or -1.
 int last_reduce_scatter_phase(const RingSchedule& schedule);

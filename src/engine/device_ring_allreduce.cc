@@ -4,6 +4,7 @@
 #include <climits>
 #include <cstdint>
 
+#include "engine/direct_phase.h"
 #include "engine/ring_phases.h"
 #include "kernels/cpu/cpu_kernels.h"
 
@@ -43,7 +44,8 @@ class DeviceSteps {
         staged_(transfer == DeviceTransfer::kStaged),
         lanes_(lanes),
         staging_(staging),
-        slots_(staging.slots) {}
+        slots_(staging.slots),
+        receive_slots_(phase.direct ? staging.slots - 1 : staging.slots) {}
 
   // Orders the phase after all work enqueued before it.
   Status begin() {
@@ -53,21 +55,23 @@ class DeviceSteps {
     return Status::ok();
   }
 
-  std::size_t receive_window() const { return static_cast<std::size_t>(slots_); }
+  std::size_t receive_window() const { return static_cast<std::size_t>(receive_slots_); }
   std::size_t send_window() const { return static_cast<std::size_t>(slots_); }
   std::size_t wire_bytes(std::size_t count) const { return count * esize_; }
   bool poll() { return lanes_->poll(); }
 
-  Status receive_room(std::size_t index, bool* free) { return lanes_->passed(recv_marker(slot(index)), free); }
+  Status receive_room(std::size_t index, bool* free) {
+    return lanes_->passed(recv_marker(receive_slot(index)), free);
+  }
 
   void* receive_buffer(std::size_t index, const ChunkItem& chunk) const {
     char* target = data_.address(chunk.offset);
-    if (staged_) return host_recv(slot(index));
-    return reduces_ ? device_recv(slot(index), target) : target;
+    if (staged_) return host_recv(receive_slot(index));
+    return reduces_ ? device_recv(receive_slot(index), target) : target;
   }
 
   Status receive_reduce(std::size_t index, const ChunkItem& chunk, int divisor) {
-    const int k = slot(index);
+    const int k = receive_slot(index);
     char* target = data_.address(chunk.offset);
     char* scratch = device_recv(k, target);
     if (staged_) DDLFAST_RETURN_IF_ERROR(lanes_->copy(scratch, host_recv(k), chunk.count * esize_, Lane::kInbound));
@@ -76,7 +80,7 @@ class DeviceSteps {
   }
 
   Status receive_copy(std::size_t index, const ChunkItem& chunk) {
-    const int k = slot(index);
+    const int k = receive_slot(index);
     if (staged_) {
       DDLFAST_RETURN_IF_ERROR(
           lanes_->copy(data_.address(chunk.offset), host_recv(k), chunk.count * esize_, Lane::kInbound));
@@ -85,7 +89,7 @@ class DeviceSteps {
   }
 
   Status stage(std::size_t index, const ChunkSend& send) {
-    const int k = slot(index);
+    const int k = send_slot(index);
     if (!staged_) return lanes_->mark(send_marker(slots_, k), Lane::kInbound);
     if (send.forward_of >= 0) {  // after the copy or reduce that put it in place
       DDLFAST_RETURN_IF_ERROR(lanes_->mark(kNowMarker, Lane::kInbound));
@@ -96,14 +100,58 @@ class DeviceSteps {
     return lanes_->mark(send_marker(slots_, k), Lane::kOutbound);
   }
 
-  Status staged(std::size_t index, bool* ready) { return lanes_->passed(send_marker(slots_, slot(index)), ready); }
-
-  const void* send_buffer(std::size_t index, const ChunkSend& send) const {
-    return staged_ ? static_cast<const void*>(host_send(slot(index))) : data_.address(send.offset);
+  Status staged(std::size_t index, bool* ready) {
+    return lanes_->passed(send_marker(slots_, send_slot(index)), ready);
   }
 
+  const void* send_buffer(std::size_t index, const ChunkSend& send) const {
+    return staged_ ? static_cast<const void*>(host_send(send_slot(index))) : data_.address(send.offset);
+  }
+
+  // A direct reduce-scatter phase (engine/direct_phase.h): its sends are own data, its sum is built on the
+  // inbound lane, in order, so one accumulator (the last device slot, kept from receives) serves every chunk.
+  Status stage(std::size_t index, const ChunkItem& send) {
+    return stage(index, ChunkSend{send.offset, send.count, 0, -1});
+  }
+  const void* send_buffer(std::size_t index, const ChunkItem& send) const {
+    return send_buffer(index, ChunkSend{send.offset, send.count, 0, -1});
+  }
+  void begin_chunk(const ChunkItem& chunk, bool own_first) {
+    char* target = data_.address(chunk.offset);
+    sum_ = own_first ? target : device_recv(slots_ - 1, target);
+  }
+  Status load(std::size_t index, const ChunkItem& chunk) {
+    char* contribution = nullptr;
+    DDLFAST_RETURN_IF_ERROR(on_device(index, chunk, &contribution));
+    return lanes_->copy(sum_, contribution, chunk.count * esize_, Lane::kInbound);
+  }
+  Status add(std::size_t index, const ChunkItem& chunk, int divisor) {
+    char* contribution = nullptr;
+    DDLFAST_RETURN_IF_ERROR(on_device(index, chunk, &contribution));
+    return lanes_->reduce(dtype_, sum_, contribution, chunk.count, divisor, Lane::kInbound);
+  }
+  Status add_own(const ChunkItem& chunk, int divisor) {
+    return lanes_->reduce(dtype_, sum_, data_.address(chunk.offset), chunk.count, divisor, Lane::kInbound);
+  }
+  Status finish_chunk(const ChunkItem& chunk) {
+    char* target = data_.address(chunk.offset);
+    if (sum_ == target) return Status::ok();
+    return lanes_->copy(target, sum_, chunk.count * esize_, Lane::kInbound);
+  }
+  Status consumed(std::size_t index) { return lanes_->mark(recv_marker(receive_slot(index)), Lane::kInbound); }
+
  private:
-  int slot(std::size_t index) const { return static_cast<int>(index % static_cast<std::size_t>(slots_)); }
+  int receive_slot(std::size_t index) const {
+    return static_cast<int>(index % static_cast<std::size_t>(receive_slots_));
+  }
+  int send_slot(std::size_t index) const { return static_cast<int>(index % static_cast<std::size_t>(slots_)); }
+  // Where contribution `index` is on the device: staged, copied there from its pinned slot first.
+  Status on_device(std::size_t index, const ChunkItem& chunk, char** contribution) {
+    const int k = receive_slot(index);
+    *contribution = device_recv(k, data_.address(chunk.offset));
+    if (!staged_) return Status::ok();
+    return lanes_->copy(*contribution, host_recv(k), chunk.count * esize_, Lane::kInbound);
+  }
   char* host_recv(int k) const { return staging_.host_recv + k * staging_.slot_bytes; }
   char* host_send(int k) const { return staging_.host_send + k * staging_.slot_bytes; }
   // A device scratch slot at the same address mod 16 as `target`, so the reduce kernel can use 16-byte vectors.
@@ -119,6 +167,8 @@ class DeviceSteps {
   DeviceLanes* lanes_;
   const DeviceStaging& staging_;
   int slots_;
+  int receive_slots_;       // all slots; a direct phase keeps the last device slot for its sum
+  char* sum_ = nullptr;     // a direct phase: where the current chunk's sum builds
 };
 
 }  // namespace
@@ -190,11 +240,16 @@ Status DeviceRingAllreduce::run(const SegmentedBuffer& data, DType dtype, Reduce
       staging.device_recv == nullptr || (staged && (staging.host_recv == nullptr || staging.host_send == nullptr))) {
     return Status(StatusCode::kInternal, "GPU ring: staging slots missing or smaller than one chunk");
   }
+  DDLFAST_RETURN_IF_ERROR(check_direct(options.direct_by_dim, ring_.torus.num_dims()));
   return run_ring_schedule(
-      data, build_rank_schedule(ring_, count), RingHalves::kBoth, divisor, chunk_elems, options.events,
-      [&](const RingPhase& phase, const PhaseChunks& chunks, int tag_base, int final_divisor) {
+      data, build_rank_schedule(ring_, count, options.direct_by_dim), RingHalves::kBoth, divisor, chunk_elems,
+      options.events, [&](const RingPhase& phase, const PhaseChunks& chunks, int tag_base, int final_divisor) {
         DeviceSteps steps(data, phase, dtype, run.transfer, lanes, staging);
         DDLFAST_RETURN_IF_ERROR(steps.begin());
+        if (phase.direct) {
+          return run_direct_phase(transport_, phase, direct_chunks(data, phase, chunk_elems), tag_base,
+                                  final_divisor, steps);
+        }
         return run_ring_phase(transport_, phase, chunks, tag_base, final_divisor, steps);
       });
 }

@@ -34,6 +34,9 @@ struct EngineOptions {
   // Wire type per torus dimension for float32 data: -1 sends float32, 0 fp16,
   // 1 bf16 (WireType). Empty: no compression anywhere.
   std::vector<int> wire_by_dim;
+  // Reduce-scatter per torus dimension: 1 direct (all-to-all, engine/direct_phase.h), 0 the ring. Empty: the
+  // ring everywhere. The host executor runs it; the GPU executor refuses it.
+  std::vector<int> direct_by_dim;
 };
 
 inline double monotonic_seconds() {

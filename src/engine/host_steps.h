@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstring>
 #include <vector>
 
 #include "common/dtype.h"
@@ -31,6 +32,7 @@ struct HostScratch {
   std::vector<unsigned char> send_stage;     // encoded chunks until their sends complete
   std::vector<unsigned char> receive_stage;  // encoded allgather chunks, kept for forwarding
   std::vector<float> decoded;                // a received chunk decoded for compressed min/max
+  std::vector<double> accumulator;           // a direct reduce-scatter's sum of one chunk (double: aligned)
 };
 
 class PlainWire {
@@ -43,6 +45,13 @@ class PlainWire {
   }
   void encode(unsigned char*, const char*, std::size_t) const {}
   void decode(char*, const unsigned char*, std::size_t) const {}
+  // The direct reduce-scatter's verbs: take a contribution as it is, and add data values (not wire ones).
+  void load(char* target, const unsigned char* wire, std::size_t count) const {
+    std::memcpy(target, wire, count * esize_);
+  }
+  void reduce_values(char* target, const char* values, std::size_t count, int divisor) const {
+    reduce_into(dtype_, op_, target, values, count, divisor);
+  }
 
  private:
   DType dtype_;
@@ -74,6 +83,11 @@ class HalfWire {
   }
   void decode(char* values, const unsigned char* wire, std::size_t count) const {
     kernels_.decode[wire_](reinterpret_cast<float*>(values), wire, count);
+  }
+  // The direct reduce-scatter's verbs: a contribution decoded to float32, and float32 values added.
+  void load(char* target, const unsigned char* wire, std::size_t count) const { decode(target, wire, count); }
+  void reduce_values(char* target, const char* values, std::size_t count, int divisor) const {
+    reduce_into(DType::kFloat32, op_, target, values, count, divisor);
   }
 
  private:

@@ -120,9 +120,11 @@ Status RingAllreduce::reduce(const SegmentedBuffer& data, DType dtype, ReduceOp 
   const std::size_t esize = dtype_size(dtype);
   int divisor = op == ReduceOp::kAverage ? world : 1;
   if (count * esize <= options.small_bytes) return run_small(data, dtype, op, divisor, options);
+  DDLFAST_RETURN_IF_ERROR(check_direct(options.direct_by_dim, ring_.torus.num_dims()));
   bool compressed = false;
   DDLFAST_RETURN_IF_ERROR(prepare_wire(data, dtype == DType::kFloat32, op, options, &divisor, &compressed));
-  return run_phases(data, build_rank_schedule(ring_, count), dtype, op, divisor, compressed, options, RingHalves::kBoth);
+  return run_phases(data, build_rank_schedule(ring_, count, options.direct_by_dim), dtype, op, divisor, compressed,
+                    options, RingHalves::kBoth);
 }
 
 Status RingAllreduce::prepare_wire(const SegmentedBuffer& data, bool float32, ReduceOp op,
@@ -157,6 +159,17 @@ Status RingAllreduce::run_phases(const SegmentedBuffer& data, const RingSchedule
       data, schedule, halves, divisor, chunk_elems, options.events,
       [&](const RingPhase& phase, const PhaseChunks& chunks, int tag_base, int final_divisor) {
         const int wire = compressed ? options.wire_by_dim[phase.dim] : -1;
+        if (phase.direct) {
+          const DirectChunks direct = direct_chunks(data, phase, chunk_elems);
+          if (wire >= 0) {
+            DirectHostSteps<HalfWire> steps(data, phase, direct, slots, chunk_elems,
+                                            HalfWire(wire, op, &scratch_.decoded, &overflows_), &scratch_);
+            return run_direct_phase(transport_, phase, direct, tag_base, final_divisor, steps);
+          }
+          DirectHostSteps<PlainWire> steps(data, phase, direct, slots, chunk_elems,
+                                           PlainWire(dtype, op, data.element_size()), &scratch_);
+          return run_direct_phase(transport_, phase, direct, tag_base, final_divisor, steps);
+        }
         if (wire >= 0) {
           HostSteps<HalfWire> steps(data, phase, chunks, slots, chunk_elems,
                                     HalfWire(wire, op, &scratch_.decoded, &overflows_), &scratch_);
@@ -247,10 +260,11 @@ Status RingAllreduce::reduce_scatter(const SegmentedBuffer& input, const Segment
   if (data.count() * esize <= options.small_bytes) {
     DDLFAST_RETURN_IF_ERROR(reduce_scatter_small(data, block_counts, dtype, kernel_op, divisor, options));
   } else {
+    DDLFAST_RETURN_IF_ERROR(check_direct(options.direct_by_dim, ring_.torus.num_dims()));
     bool compressed = false;
     DDLFAST_RETURN_IF_ERROR(prepare_wire(data, dtype == DType::kFloat32, kernel_op, options, &divisor, &compressed));
-    DDLFAST_RETURN_IF_ERROR(run_phases(data, build_rank_schedule(ring_, block_counts), dtype, kernel_op, divisor,
-                                       compressed, options, RingHalves::kReduceScatter));
+    DDLFAST_RETURN_IF_ERROR(run_phases(data, build_rank_schedule(ring_, block_counts, options.direct_by_dim), dtype,
+                                       kernel_op, divisor, compressed, options, RingHalves::kReduceScatter));
   }
   if (dtype == DType::kFloat16 || dtype == DType::kBFloat16) {
     return finish_half_reduce_scatter(input, output, counts, dtype, op);

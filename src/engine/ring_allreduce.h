@@ -11,6 +11,7 @@
 
 #include "algo/ring_schedule.h"
 #include "common/dtype.h"
+#include "engine/direct_phase.h"
 #include "engine/engine_options.h"
 #include "engine/exact_arithmetic.h"
 #include "engine/host_steps.h"

@@ -104,6 +104,118 @@ inline PhaseChunks phase_chunks(const SegmentedBuffer& data, const RingPhase& ph
 // No bound on posted receives or sends.
 constexpr std::size_t kUnbounded = std::numeric_limits<std::size_t>::max();
 
+// The message bookkeeping every phase loop shares (the ring's below, the direct reduce-scatter's in
+// engine/direct_phase.h): receives posted as far ahead as the window and the policy allow and taken strictly
+// in order; sends started (staged) strictly in order within the send window and posted once staged; the send
+// slots of completed sends freed in order; idle turns handed to the StallWatch. `Receive` and `Send` are the
+// loop's item types; the loop says, per item, its peer and tag.
+template <class Steps, class Receive, class Send>
+class PhaseMessages {
+ public:
+  PhaseMessages(Transport& transport, Steps& steps, const std::vector<Receive>& receives,
+                const std::vector<Send>& sends)
+      : transport_(transport),
+        steps_(steps),
+        receives_(receives),
+        sends_(sends),
+        receive_window_(steps.receive_window()),
+        send_window_(steps.send_window()),
+        receive_ids_(receives.size()),
+        send_ids_(send_window_ == kUnbounded ? 0 : sends.size()),
+        watch_(transport) {}
+
+  bool done() const { return arrived_ == receives_.size() && completed_ == sends_.size(); }
+  std::size_t arrived() const { return arrived_; }
+
+  // Posts receives while there is room; peer(i) and tag(i) address receive i.
+  template <class PeerOf, class TagOf>
+  Status post_receives(PeerOf peer, TagOf tag, bool* progress) {
+    while (posted_ < receives_.size() && posted_ - arrived_ < receive_window_) {
+      bool free = true;
+      DDLFAST_RETURN_IF_ERROR(steps_.receive_room(posted_, &free));
+      if (!free) break;
+      const Receive& item = receives_[posted_];
+      DDLFAST_RETURN_IF_ERROR(transport_.irecv(steps_.receive_buffer(posted_, item), steps_.wire_bytes(item.count),
+                                               peer(posted_), tag(posted_), &receive_ids_[posted_]));
+      ++posted_;
+      *progress = true;
+    }
+    return Status::ok();
+  }
+
+  // Sends, strictly in order: post each once it is staged, and start (stage) the next one once
+  // may_start(j, arrived) says its data is in place, within the send window.
+  template <class MayStart, class PeerOf, class TagOf>
+  Status advance_sends(MayStart may_start, PeerOf peer, TagOf tag, bool* progress) {
+    for (;;) {
+      while (sent_ < started_) {
+        bool ready = true;
+        DDLFAST_RETURN_IF_ERROR(steps_.staged(sent_, &ready));
+        if (!ready) break;
+        const Send& send = sends_[sent_];
+        RequestId id;
+        DDLFAST_RETURN_IF_ERROR(transport_.isend(steps_.send_buffer(sent_, send), steps_.wire_bytes(send.count),
+                                                 peer(sent_), tag(sent_), &id));
+        if (send_window_ == kUnbounded) {
+          ++completed_;  // wait_all at the end completes it
+        } else {
+          send_ids_[sent_] = id;
+        }
+        ++sent_;
+        *progress = true;
+      }
+      if (started_ == sends_.size() || started_ - completed_ >= send_window_ || !may_start(started_, arrived_)) {
+        return Status::ok();
+      }
+      DDLFAST_RETURN_IF_ERROR(steps_.stage(started_, sends_[started_]));
+      ++started_;
+      *progress = true;
+    }
+  }
+
+  // Whether the next receive in order has arrived; take_arrived() once it has been handled.
+  Status next_arrived(bool* done) {
+    *done = false;
+    if (arrived_ == posted_) return Status::ok();
+    return transport_.test(receive_ids_[arrived_], done);
+  }
+  void take_arrived() { ++arrived_; }
+
+  // Frees the send slots of completed sends, in order.
+  Status complete_sends(bool* progress) {
+    while (send_window_ != kUnbounded && completed_ < sent_) {
+      bool done = false;
+      DDLFAST_RETURN_IF_ERROR(transport_.test(send_ids_[completed_], &done));
+      if (!done) break;
+      ++completed_;
+      *progress = true;
+    }
+    return Status::ok();
+  }
+
+  // The end of one turn: idle turns back off and let the transport check the stall limit.
+  Status end_turn(bool progress, const char* what, int peer) {
+    if (progress) {
+      watch_.progressed();
+      return Status::ok();
+    }
+    return watch_.idle(what, peer);
+  }
+
+ private:
+  Transport& transport_;
+  Steps& steps_;
+  const std::vector<Receive>& receives_;
+  const std::vector<Send>& sends_;
+  const std::size_t receive_window_;
+  const std::size_t send_window_;
+  std::vector<RequestId> receive_ids_;
+  std::vector<RequestId> send_ids_;
+  std::size_t posted_ = 0, arrived_ = 0;                // receives
+  std::size_t started_ = 0, sent_ = 0, completed_ = 0;  // sends
+  StallWatch watch_;
+};
+
 // Runs one phase. `Steps` (a policy, so no call per chunk is virtual) provides:
 //   receive_window(), send_window()   how many receives / sends may be in flight (kUnbounded: all at once;
 //                                     unbounded sends are completed by wait_all at the end)
@@ -121,85 +233,38 @@ Status run_ring_phase(Transport& transport, const RingPhase& phase, const PhaseC
   const bool reduces = phase.kind == PhaseKind::kReduceScatter;
   const std::vector<ChunkItem>& receives = chunks.receives;
   const std::vector<ChunkSend>& sends = chunks.sends;
-  const std::size_t receive_window = steps.receive_window();
-  const std::size_t send_window = steps.send_window();
-  std::vector<RequestId> receive_ids(receives.size());
-  std::vector<RequestId> send_ids(send_window == kUnbounded ? 0 : sends.size());
-  std::size_t posted = 0, arrived = 0;                      // receives
-  std::size_t started = 0, sent = 0, completed = 0;        // sends
-  StallWatch watch(transport);
-  while (arrived < receives.size() || completed < sends.size()) {
+  PhaseMessages<Steps, ChunkItem, ChunkSend> messages(transport, steps, receives, sends);
+  auto from_predecessor = [&](std::size_t) { return phase.predecessor; };
+  auto to_successor = [&](std::size_t) { return phase.successor; };
+  auto receive_tag = [&](std::size_t i) { return step_tag(tag_base, receives[i].step); };
+  auto send_tag = [&](std::size_t j) { return step_tag(tag_base, sends[j].step); };
+  // An own chunk may start at once, a forward once the chunk it forwards is in place.
+  auto in_place = [&](std::size_t j, std::size_t arrived) {
+    return sends[j].forward_of < 0 || static_cast<std::size_t>(sends[j].forward_of) < arrived;
+  };
+  while (!messages.done()) {
     bool progress = steps.poll();
-    // Post receives while there is room.
-    while (posted < receives.size() && posted - arrived < receive_window) {
-      bool free = true;
-      DDLFAST_RETURN_IF_ERROR(steps.receive_room(posted, &free));
-      if (!free) break;
-      const ChunkItem& chunk = receives[posted];
-      DDLFAST_RETURN_IF_ERROR(transport.irecv(steps.receive_buffer(posted, chunk), steps.wire_bytes(chunk.count),
-                                              phase.predecessor, step_tag(tag_base, chunk.step),
-                                              &receive_ids[posted]));
-      ++posted;
-      progress = true;
-    }
-    // Sends, strictly in order: post each once it is staged, and start (stage) the next one once it may go:
-    // an own chunk at once, a forward once its chunk is in place, each within the send window.
-    for (;;) {
-      while (sent < started) {
-        bool ready = true;
-        DDLFAST_RETURN_IF_ERROR(steps.staged(sent, &ready));
-        if (!ready) break;
-        const ChunkSend& send = sends[sent];
-        RequestId id;
-        DDLFAST_RETURN_IF_ERROR(transport.isend(steps.send_buffer(sent, send), steps.wire_bytes(send.count),
-                                                phase.successor, step_tag(tag_base, send.step), &id));
-        if (send_window == kUnbounded) {
-          ++completed;  // wait_all below completes it
-        } else {
-          send_ids[sent] = id;
-        }
-        ++sent;
-        progress = true;
-      }
-      if (started == sends.size() || started - completed >= send_window ||
-          (sends[started].forward_of >= 0 && static_cast<std::size_t>(sends[started].forward_of) >= arrived)) {
-        break;
-      }
-      DDLFAST_RETURN_IF_ERROR(steps.stage(started, sends[started]));
-      ++started;
-      progress = true;
-    }
+    DDLFAST_RETURN_IF_ERROR(messages.post_receives(from_predecessor, receive_tag, &progress));
+    DDLFAST_RETURN_IF_ERROR(messages.advance_sends(in_place, to_successor, send_tag, &progress));
     // Take the next chunk if it arrived: the step verb for its step. Its forward, if any, goes out on the
     // next turn, after the receive that reuses its slot is posted.
-    if (arrived < posted) {
-      bool done = false;
-      DDLFAST_RETURN_IF_ERROR(transport.test(receive_ids[arrived], &done));
-      if (done) {
-        const ChunkItem& chunk = receives[arrived];
-        const bool keeps = chunk.step == chunks.last_step;  // receive_reduce_keep: the last step divides
-        if (reduces) {
-          DDLFAST_RETURN_IF_ERROR(steps.receive_reduce(arrived, chunk, keeps ? final_divisor : 1));
-        } else {
-          DDLFAST_RETURN_IF_ERROR(steps.receive_copy(arrived, chunk));
-        }
-        ++arrived;
-        progress = true;
+    bool done = false;
+    DDLFAST_RETURN_IF_ERROR(messages.next_arrived(&done));
+    if (done) {
+      const std::size_t i = messages.arrived();
+      const ChunkItem& chunk = receives[i];
+      const bool keeps = chunk.step == chunks.last_step;  // receive_reduce_keep: the last step divides
+      if (reduces) {
+        DDLFAST_RETURN_IF_ERROR(steps.receive_reduce(i, chunk, keeps ? final_divisor : 1));
+      } else {
+        DDLFAST_RETURN_IF_ERROR(steps.receive_copy(i, chunk));
       }
-    }
-    // Free the send slots of completed sends, in order.
-    while (send_window != kUnbounded && completed < sent) {
-      bool done = false;
-      DDLFAST_RETURN_IF_ERROR(transport.test(send_ids[completed], &done));
-      if (!done) break;
-      ++completed;
+      messages.take_arrived();
       progress = true;
     }
-    if (progress) {
-      watch.progressed();
-    } else {
-      DDLFAST_RETURN_IF_ERROR(
-          watch.idle(reduces ? "ring reduce-scatter chunks" : "ring allgather chunks", phase.predecessor));
-    }
+    DDLFAST_RETURN_IF_ERROR(messages.complete_sends(&progress));
+    DDLFAST_RETURN_IF_ERROR(messages.end_turn(
+        progress, reduces ? "ring reduce-scatter chunks" : "ring allgather chunks", phase.predecessor));
   }
   return transport.wait_all();
 }
@@ -208,7 +273,8 @@ Status run_ring_phase(Transport& transport, const RingPhase& phase, const PhaseC
 enum class RingHalves { kBoth, kReduceScatter, kAllgather };
 
 // Runs the schedule's phases of `halves` in order, each as
-// run_phase(phase, chunks, tag_base, final_divisor): average's divisor applies
+// run_phase(phase, chunks, tag_base, final_divisor) (chunks empty for a direct
+// phase, which the executor runs itself): average's divisor applies
 // on the last step of the last reduce-scatter phase. Each phase gets its own
 // band of tags, so a fast rank's next phase never matches a slow rank's
 // current one. One timeline event per phase when `events` is set.
@@ -221,12 +287,16 @@ Status run_ring_schedule(const SegmentedBuffer& data, const RingSchedule& schedu
     const bool reduces = phase.kind == PhaseKind::kReduceScatter;
     if ((halves == RingHalves::kReduceScatter && !reduces) || (halves == RingHalves::kAllgather && reduces)) continue;
     const double start = monotonic_seconds();
-    const PhaseChunks chunks = phase_chunks(data, phase, chunk_elems);
+    // A direct phase (engine/direct_phase.h) cuts its own chunks; it has no ring steps.
+    const PhaseChunks chunks = phase.direct ? PhaseChunks{} : phase_chunks(data, phase, chunk_elems);
     const int tag_base = (i * kTagsPerPhase) % kTagSpace;
     DDLFAST_RETURN_IF_ERROR(run_phase(phase, chunks, tag_base, i == last_reduce_scatter ? divisor : 1));
     if (events) {
       std::size_t phase_bytes = 0;
       for (const RingStep& step : phase.steps) phase_bytes += step.send.count * data.element_size();
+      for (std::size_t j = 0; j < phase.blocks.size(); ++j) {
+        if (static_cast<int>(j) != phase.coordinate) phase_bytes += phase.blocks[j].count * data.element_size();
+      }
       events->push_back({static_cast<int>(phase.kind), phase.dim, start, monotonic_seconds(), phase_bytes});
     }
   }

@@ -88,10 +88,9 @@ class _DeviceEngine:
     def copy(self, device: int, dst: int, src: int, nbytes: int) -> None:
         ctypes.memmove(dst, src, nbytes)
 
-    def allreduce_segments(self, device, pointers, counts, dtype, op, dims, chunk_bytes, receives_in_flight,
-                           small_bytes, order=(), direct=False) -> None:
-        self._real.emulated_allreduce(self.core, list(pointers), list(counts), dtype, op, dims, chunk_bytes,
-                                      receives_in_flight, small_bytes, order, direct, next(self.seeds))
+    def allreduce_segments(self, device, pointers, counts, dtype, op, options, direct=False) -> None:
+        self._real.emulated_allreduce(self.core, list(pointers), list(counts), dtype, op, options, direct,
+                                      next(self.seeds))
 
     def record(self, device: int) -> _Fence:
         return _Fence()

@@ -66,7 +66,7 @@ def test_a_gpu_context_without_a_device_fails_cleanly_at_first_use() -> None:
 
     context = _cuda.DeviceEngine(_core.Engine(MPI.COMM_SELF))  # creating it touches no device
     with pytest.raises(DdlfastError, match="CUDA error"):
-        context.allreduce_segments(0, [0x1000], [4], 0, 0, (1,), 1 << 20, 4, 0)
+        context.allreduce_segments(0, [0x1000], [4], 0, 0, _core.CallOptions((1,), 1 << 20, 4, 0))
     with pytest.raises(DdlfastError, match="CUDA error"):
         context.bucket(0, 0, 64)
     context.close()

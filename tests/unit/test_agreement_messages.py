@@ -9,7 +9,8 @@ import numpy as np
 from ddlfast.engine.agreement import allreduce_layout, describe, disagreement_message, readable
 from ddlfast.engine.control import decode_value, encode_value
 
-SETTINGS = SimpleNamespace(chunk_bytes=1 << 20, small_bytes=8192, bucket_bytes=64 << 20, first_bucket_bytes=1 << 20)
+SETTINGS = SimpleNamespace(chunk_bytes=1 << 20, small_bytes=8192, bucket_bytes=64 << 20, first_bucket_bytes=1 << 20,
+                           algorithm="auto")
 
 
 def host_layout(dtype: object, shape: tuple, op: str = "sum", settings: object = SETTINGS) -> tuple:
@@ -97,3 +98,14 @@ def test_a_peer_description_is_data_never_code() -> None:
 def test_numpy_values_and_tuples_survive_the_exchange() -> None:
     value = {"n": np.int64(3), "x": np.float32(0.5), "t": (1, (2, 3)), "d": np.dtype("float32")}
     assert decode_value(encode_value(value), 0) == {"n": 3, "x": 0.5, "t": [1, [2, 3]], "d": "float32"}
+
+
+def test_ranks_that_would_choose_different_algorithms_are_named() -> None:
+    """DDLFAST_ALGORITHM is in every allreduce layout: ranks with different values disagree, by name."""
+    other = SimpleNamespace(**{**vars(SETTINGS), "algorithm": "direct"})
+    layouts = [allreduce_layout("sum", (4,), ((np.dtype("float32"), (10,)),), ("none",), False, s)
+               for s in (SETTINGS, other)]
+    assert layouts[0] != layouts[1]
+    message = disagreement_message([readable(describe(layout, 3, None), rank)
+                                    for rank, layout in enumerate(layouts)])
+    assert "DDLFAST_ALGORITHM" in message and "'direct'" in message and "rank 1" in message, message

@@ -16,6 +16,7 @@ VARIABLES = (
     "DDLFAST_RING_DIMS",
     "DDLFAST_TIMEOUT_S",
     "DDLFAST_COMPRESSION",
+    "DDLFAST_ALGORITHM",
 )
 
 
@@ -428,3 +429,25 @@ def test_the_documented_table_lists_every_runtime_variable() -> None:
                      "1 byte to 16 GiB", "integer 1 to 10000000", "0.1 to 3600 seconds", "integer 1 to 1048576",
                      "integer 0 to 100000"):
         assert expected in table, f"docs/configuration.md should say {expected!r}"
+
+
+# ---------------------------------------------------------------- DDLFAST_ALGORITHM
+
+
+@pytest.mark.parametrize("value", ["auto", "latency", "mpi", "ring", "rabenseifner", "direct", " Direct ", "RING"])
+def test_algorithm_accepts_each_choice(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("DDLFAST_ALGORITHM", value)
+    assert config.load_settings().algorithm == value.strip().lower()
+
+
+def test_algorithm_defaults_to_auto() -> None:
+    assert config.load_settings().algorithm == "auto"
+
+
+@pytest.mark.parametrize("value", ["fastest", "rings", "direct,ring", "0", "recursive-doubling"])
+def test_algorithm_rejects_naming_the_variable_and_the_choices(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("DDLFAST_ALGORITHM", value)
+    with pytest.raises(DdlfastError, match="DDLFAST_ALGORITHM") as raised:
+        config.load_settings()
+    for choice in config.ALGORITHMS:
+        assert choice in str(raised.value)

@@ -137,3 +137,64 @@ def test_cli_described_cluster(capsys: pytest.CaptureFixture[str]) -> None:
 def test_cli_bad_quantity(capsys: pytest.CaptureFixture[str]) -> None:
     assert plan.main(["--hosts", "2", "--inter", "fast,5us"]) == 2
     assert "cannot read 'fast'" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- the algorithm per call size
+
+
+def test_direct_reduce_scatter_costs_one_latency_step_and_the_rings_bytes() -> None:
+    a, b, g = 3e-6, 1e-9, 2e-10
+    for p in (3, 5, 8):
+        ring = predict(_one_tier(p, a, b, g), (p,), S).seconds
+        direct = predict(_one_tier(p, a, b, g), (p,), S, (1,)).seconds
+        assert direct == pytest.approx(ring - (p - 2) * a)
+
+
+def test_direct_across_a_shared_host_link_pays_every_block_that_leaves_the_host() -> None:
+    """A flat direct step over 2 hosts x 4 sends 16 blocks over each host's link, the ring 1 per step."""
+    slow = Link(50e-6, 1 / 125e6)
+    cluster = Cluster(hosts=2, ranks_per_host=4, inter=slow)
+    assert predict(cluster, (8,), S, (1,)).seconds > predict(cluster, (8,), S).seconds
+
+
+@pytest.mark.parametrize("p", [3, 5, 6, 7])
+def test_auto_takes_direct_where_latency_dominates_and_the_ring_for_large_sizes(p: int) -> None:
+    cluster = Cluster(hosts=1, ranks_per_host=p)
+    medium = cost_model.choose_algorithm(cluster, (p,), 16 << 10)
+    assert medium.name == "direct" and medium.direct == (1,), str(medium)
+    assert medium.seconds < predict(cluster, (p,), 16 << 10).seconds
+    large = cost_model.choose_algorithm(cluster, (p,), 64 << 20)
+    assert (large.name, large.dims, large.direct) == ("ring", (p,), ()), "a saving under the tie fraction"
+
+
+def test_auto_takes_all_two_dims_only_where_the_shape_may_change() -> None:
+    cluster = Cluster(hosts=1, ranks_per_host=8)
+    assert cost_model.choose_algorithm(cluster, (8,), 16 << 10).dims == (2, 2, 2)
+    kept = cost_model.choose_algorithm(cluster, (8,), 16 << 10, reshape=False)
+    assert kept.dims == (8,)
+    compressed = cost_model.choose_algorithm(cluster, (8,), 16 << 10, compressed=(True,))
+    assert compressed.dims == (8,)
+
+
+def test_compressed_dimension_takes_direct_unless_five_percent_slower() -> None:
+    cluster = Cluster(hosts=3, ranks_per_host=4)
+    plain = cost_model.choose_algorithm(cluster, (4, 3), 64 << 20)
+    wire = cost_model.choose_algorithm(cluster, (4, 3), 64 << 20, compressed=(False, True))
+    assert plain.direct == () and wire.direct == (0, 1), (str(plain), str(wire))
+
+
+def test_forced_algorithms_and_their_refusals() -> None:
+    cluster = Cluster(hosts=1, ranks_per_host=6)
+    assert cost_model.choose_algorithm(cluster, (3, 2), 1 << 20, "direct").direct == (1, 1)
+    assert cost_model.choose_algorithm(cluster, (6,), 1 << 20, "ring") == cost_model.Algorithm("ring", (6,))
+    assert cost_model.choose_algorithm(Cluster(1, 8), (8,), 1 << 20, "rabenseifner").dims == (2, 2, 2)
+    with pytest.raises(PlanError, match="power-of-two"):
+        cost_model.choose_algorithm(cluster, (6,), 1 << 20, "rabenseifner")
+    assert cost_model.choose_algorithm(None, (6,), 1 << 20).name == "ring"  # an irregular placement
+    assert cost_model.choose_algorithm(Cluster(1, 1), (1,), 1 << 20, "rabenseifner").dims == (1,)  # one rank
+
+
+def test_algorithm_names_read_as_the_plan_prints_them() -> None:
+    assert str(cost_model.Algorithm("direct", (4, 2), (1, 0))) == "ring 4x2, direct reduce-scatter in dim 1"
+    assert str(cost_model.Algorithm("direct", (5,), (1,))) == "direct 5"
+    assert str(cost_model.Algorithm("rabenseifner", (2, 2))) == "rabenseifner 2x2"

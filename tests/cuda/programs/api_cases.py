@@ -9,7 +9,9 @@ Prints "<n> failures" on rank 0."""
 from __future__ import annotations
 
 import hashlib
+import os
 import sys
+from collections.abc import Callable
 
 import numpy as np
 from mpi4py import MPI
@@ -110,6 +112,21 @@ bad_calls = {
     "compression of int32": (lambda: ddlfast.fused_allreduce([DeviceArray(np.ones(4, np.int32), device)],
                                                              compression="fp16"), "float32 arrays only"),
 }
+
+def with_algorithm(value: str, call: Callable[[], object]) -> Callable[[], None]:
+    def run() -> None:
+        os.environ["DDLFAST_ALGORITHM"] = value
+        try:
+            call()
+        finally:
+            del os.environ["DDLFAST_ALGORITHM"]
+    return run
+
+
+# The GPU ring runs the ring reduce-scatter only (the direct step runs in its executor, but not yet from here).
+bad_calls["DDLFAST_ALGORITHM=direct on GPU arrays"] = (
+    with_algorithm("direct", lambda: ddlfast.allreduce(DeviceArray(np.ones(4096, np.float32), device))),
+    "DDLFAST_ALGORITHM=direct")
 for label, (call, words) in bad_calls.items():
     try:
         call()

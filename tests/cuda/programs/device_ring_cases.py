@@ -55,8 +55,8 @@ for case in range(40):
     inputs = [values(dtype, n, data_rng) for n in segments]
     expected = [a.copy() for a in inputs]
     code = DTYPE_CODES[dtype]
-    host.allreduce_segments([a.ctypes.data for a in expected], [a.size for a in expected], code, op, dims,
-                            chunk_bytes, slots, small_bytes, order)
+    options = _core.CallOptions(dims, chunk_bytes, slots, small_bytes, order)
+    host.allreduce_segments([a.ctypes.data for a in expected], [a.size for a in expected], code, op, options)
     for direct in modes:
         memories, pointers = [], []
         for a, offset in zip(inputs, offsets, strict=True):
@@ -65,8 +65,7 @@ for case in range(40):
             _testing_cuda.copy(pointer, a.ctypes.data, a.nbytes)
             memories.append(memory)
             pointers.append(pointer)
-        gpu.allreduce_segments(device, pointers, [a.size for a in inputs], code, op, dims, chunk_bytes, slots,
-                               small_bytes, order, direct)
+        gpu.allreduce_segments(device, pointers, [a.size for a in inputs], code, op, options, direct)
         gpu.synchronize(device)
         got = []
         for a, pointer in zip(inputs, pointers, strict=True):

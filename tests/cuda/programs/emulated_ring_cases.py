@@ -1,6 +1,7 @@
 """Runs on every rank: the GPU ring executor on emulated lanes (host memory, every device operation
 deferred and interleaved at random) against the host engine, bit for bit, over dims, dtypes, segment
-layouts, chunk sizes, slot counts, rank orders and both transfer modes. Also checks that every rank
+layouts, chunk sizes, slot counts, rank orders, both transfer modes, and ring or direct reduce-scatter per
+dimension. Also checks that every rank
 ends with identical bits. Needs the CUDA build (not a GPU)."""
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ faulthandler.dump_traceback_later(120, exit=True)
 host = _core.Engine(comm, 60.0)
 host.set_timeout(60.0)
 case_rng = np.random.default_rng(1234)  # the same cases on every rank
+mask_rng = np.random.default_rng(4321)  # which dimensions reduce-scatter directly (engine/direct_phase.h)
 shapes = factorizations(world)
 dtypes = ("float32", "float64", "float16", "bfloat16", "int32", "int64")
 for case in range(64):
@@ -67,6 +69,7 @@ for case in range(64):
     order = tuple(case_rng.permutation(world).tolist()) if case_rng.random() < 0.3 else ()
     direct = bool(case_rng.random() < 0.5)
     seed = int(case_rng.integers(0, 1 << 30))
+    direct_by_dim = tuple(int(d) for d in mask_rng.integers(0, 2, len(dims))) if mask_rng.random() < 0.5 else ()
     # Tiny chunks over the largest segments mean ~10^6 messages and emulated operations per rank: minutes
     # on the 2-core CI machine (and the emulated lanes' queues grow to hundreds of MB). Keep tiny chunks
     # for the smaller layouts, where they already cover every boundary case.
@@ -77,12 +80,12 @@ for case in range(64):
     expected = [a.copy() for a in inputs]
     got = [a.copy() for a in inputs]
     code = DTYPE_CODES[dtype]
-    host.allreduce_segments([a.ctypes.data for a in expected], [a.size for a in expected], code, op, dims,
-                            chunk_bytes, slots, small_bytes, order)
-    _testing.emulated_allreduce(host, [a.ctypes.data for a in got], [a.size for a in got], code, op, dims,
-                                chunk_bytes, slots, small_bytes, order, direct, seed + rank)  # stalls fail at 60 s
+    options = _core.CallOptions(dims, chunk_bytes, slots, small_bytes, order, (), direct_by_dim)
+    host.allreduce_segments([a.ctypes.data for a in expected], [a.size for a in expected], code, op, options)
+    _testing.emulated_allreduce(host, [a.ctypes.data for a in got], [a.size for a in got], code, op, options,
+                                direct, seed + rank)  # stalls fail at 60 s
     label = (f"case {case}: dims={dims} {dtype} segments={segments} chunk={chunk_bytes} slots={slots} "
-             f"small={small_bytes} op={op} order={order} direct={direct}")
+             f"small={small_bytes} op={op} order={order} direct={direct} direct_by_dim={direct_by_dim}")
     for i, (g, e) in enumerate(zip(got, expected, strict=True)):
         if g.tobytes() != e.tobytes():
             bad = np.flatnonzero(g.view(np.uint8) != e.view(np.uint8))

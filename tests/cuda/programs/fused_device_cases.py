@@ -94,8 +94,8 @@ for case in (1, 3, 5):
     copies = path.to_host(submission)
     live = [c for c in copies if c.size]
     if live:
-        host.allreduce_segments([c.ctypes.data for c in live], [c.size for c in live], 0, 0, (world,), 1 << 20, 4, 0,
-                                (), (0,))
+        host.allreduce_segments([c.ctypes.data for c in live], [c.size for c in live], 0, 0,
+                                _core.CallOptions((world,), 1 << 20, 4, 0, (), (0,)))
     path.from_host(submission, copies)
     got = [a.get() for a in arrays]
     for i, value in enumerate(got):

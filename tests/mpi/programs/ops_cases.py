@@ -2,8 +2,9 @@
 references computed here from every rank's inputs (each rank regenerates them all from seeds), and the
 result's bits compared across ranks.
 
-Paths: the ring (DDLFAST_SMALL_BYTES=0) and the small-message path (MPI's allreduce with ddlfast's kernels as
-user ops, DDLFAST_SMALL_BYTES=1GiB); calls: allreduce (the latency path for float32/float64/int32/int64),
+Paths: the ring (DDLFAST_SMALL_BYTES=0), the latency path (DDLFAST_SMALL_BYTES=1GiB: the allreduce inside the
+agreement's butterfly) and MPI's allreduce with ddlfast's kernels as user ops (DDLFAST_ALGORITHM=mpi); calls:
+allreduce,
 fused_allreduce of three arrays, and explicit dims "2x2" at 4 ranks. min/max inputs hold nan (several
 payloads, both signs), +-inf and +-0; the result must follow docs/numerics.md: nan propagates as the one
 canonical quiet nan, min(-0, +0) = -0, max = +0. Products use values whose products are exact in every
@@ -26,7 +27,9 @@ from mpi4py import MPI
 
 import ddlfast
 
-PATHS = {"ring": "0", "small": "1GiB"}
+PATHS = {"ring": {"DDLFAST_SMALL_BYTES": "0", "DDLFAST_ALGORITHM": "auto"},
+         "latency": {"DDLFAST_SMALL_BYTES": "1GiB", "DDLFAST_ALGORITHM": "auto"},
+         "mpi": {"DDLFAST_SMALL_BYTES": "1GiB", "DDLFAST_ALGORITHM": "mpi"}}
 OPS = ("sum", "average", "min", "max", "product")
 DTYPES = {
     "float32": np.dtype(np.float32), "float64": np.dtype(np.float64), "float16": np.dtype(np.float16),
@@ -191,7 +194,7 @@ def compressed_cases(comm: MPI.Intracomm, case: int) -> list[tuple[str, str | No
     refused on every rank; min with error feedback refused."""
     rank, world = comm.Get_rank(), comm.Get_size()
     results = []
-    os.environ["DDLFAST_SMALL_BYTES"] = "0"
+    os.environ.update(PATHS["ring"])
     for wire, wire_dtype in (("fp16", np.float16), ("bf16", ml_dtypes.bfloat16)):
         for op in ("min", "max"):
             for count in (1, 5, 1001):
@@ -247,8 +250,8 @@ def overflow_cases(comm: MPI.Intracomm) -> list[tuple[str, str | None]]:
     results = []
     if world < 2:
         return results
-    for path, small in PATHS.items():
-        os.environ["DDLFAST_SMALL_BYTES"] = small
+    for path, variables in PATHS.items():
+        os.environ.update(variables)
         for name, big in (("float16", 300.0), ("bfloat16", 1e30)):
             array = np.full(9, big, dtype=DTYPES[name])
             results.append((f"{name} product overflow ({path})", expect_error(
@@ -269,8 +272,8 @@ def main() -> int:
     apis = ["allreduce", "fused"] + (["dims"] if world == 4 else [])
     results: list[tuple[str, str | None]] = []
     case = 0
-    for path, small in PATHS.items():
-        os.environ["DDLFAST_SMALL_BYTES"] = small
+    for path, variables in PATHS.items():
+        os.environ.update(variables)
         for name in DTYPES:
             for op in OPS:
                 for count in (1, 7, 301):
@@ -284,7 +287,7 @@ def main() -> int:
                         results.append((label, failure))
     results += compressed_cases(comm, case)
     results += overflow_cases(comm)
-    os.environ["DDLFAST_SMALL_BYTES"] = "0"
+    os.environ.update(PATHS["ring"])
     results += bad_input_cases(comm)
     return report(comm, results)
 

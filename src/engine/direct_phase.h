@@ -1,0 +1,232 @@
+// The direct (all-to-all) reduce-scatter of one ring dimension (RingPhase::direct,
+// algo/ring_schedule.h): instead of d-1 ring steps, every rank sends each block
+// of its segment straight to the block's owner, and each owner adds the d
+// contributions to its own block in one fixed order, coordinate 0..d-1 with its
+// own at its place, so the result does not depend on arrival order. The bytes
+// each rank sends and receives are the ring's ((d-1)/d of the segment); the
+// latency is one step instead of d-1.
+//
+// With an fp16/bf16 wire (HalfWire, engine/host_steps.h) every contribution
+// is rounded once, when its sender encodes it, and the owner decodes and adds
+// all d in float32 before the block is rounded once more (by the allgather that
+// sends it): one rounding per dimension, where the ring rounds each partial sum
+// at every hop.
+//
+// How it runs: one polling loop for both executors (run_direct_phase), with
+// their step policies: the host's (DirectHostSteps, below) and the GPU's
+// (DeviceSteps, engine/device_ring_allreduce.cc). Every send may start at once
+// (no block this phase sends is written during it), within the executor's send
+// window (the host: all; the GPU: its send slots); receives are posted in the
+// order they are combined, chunk by chunk of the own block and, within a
+// chunk, by coordinate, as far ahead as the receive slots allow (the host:
+// `receives_in_flight` chunks of d-1 contributions; the GPU: its slots but
+// one, which holds the sum); stall-limited like the ring's loop.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "algo/ring_schedule.h"
+#include "engine/host_steps.h"
+#include "engine/ring_phases.h"
+#include "engine/segmented_buffer.h"
+#include "transport/transport.h"
+
+namespace ddlfast {
+
+// direct_by_dim: empty, or one 0 (ring) or 1 (direct) per ring dimension.
+inline Status check_direct(const std::vector<int>& direct_by_dim, int num_dims) {
+  if (direct_by_dim.empty()) return Status::ok();
+  if (direct_by_dim.size() != static_cast<std::size_t>(num_dims)) {
+    return Status::invalid("direct reduce-scatter is given for " + std::to_string(direct_by_dim.size()) +
+                           " dimensions but the ring has " + std::to_string(num_dims));
+  }
+  for (int direct : direct_by_dim) {
+    if (direct != 0 && direct != 1) {
+      return Status::invalid("direct reduce-scatter per dimension is 0 (ring) or 1 (direct), not " +
+                             std::to_string(direct));
+    }
+  }
+  return Status::ok();
+}
+
+// What moves in one direct phase; ChunkItem::step is the peer's coordinate in the dimension.
+struct DirectChunks {
+  std::vector<ChunkItem> receives;  // per chunk of the own block, one contribution per other coordinate, in order
+  std::vector<ChunkItem> sends;     // chunk by chunk, each round to coordinate+1, +2, ... so no owner is first
+};
+
+inline DirectChunks direct_chunks(const SegmentedBuffer& data, const RingPhase& phase, std::size_t chunk_elems) {
+  const int d = static_cast<int>(phase.blocks.size());
+  const int me = phase.coordinate;
+  DirectChunks chunks;
+  std::vector<ChunkItem> own;
+  append_chunks(data, me, phase.blocks[me], chunk_elems, &own);
+  for (const ChunkItem& chunk : own) {
+    for (int j = 0; j < d; ++j) {
+      if (j != me) chunks.receives.push_back({j, chunk.offset, chunk.count});
+    }
+  }
+  std::vector<std::vector<ChunkItem>> to(d);
+  std::size_t rounds = 0;
+  for (int j = 0; j < d; ++j) {
+    if (j == me) continue;
+    append_chunks(data, j, phase.blocks[j], chunk_elems, &to[j]);
+    rounds = std::max(rounds, to[j].size());
+  }
+  for (std::size_t k = 0; k < rounds; ++k) {
+    for (int r = 1; r < d; ++r) {
+      const int j = (me + r) % d;
+      if (k < to[j].size()) chunks.sends.push_back(to[j][k]);
+    }
+  }
+  return chunks;
+}
+
+// The host's arithmetic for a direct phase, for either wire (engine/host_steps.h). Contributions land in a
+// window of receive slots; the sum of one chunk builds in an accumulator (or in the data itself when this rank's
+// own contribution comes first) and is copied into the data when complete.
+template <class Wire>
+class DirectHostSteps {
+ public:
+  DirectHostSteps(const SegmentedBuffer& data, const RingPhase& phase, const DirectChunks& chunks, int slots,
+                  std::size_t chunk_elems, Wire wire, HostScratch* scratch)
+      : data_(data), wire_(wire) {
+    window_ = static_cast<std::size_t>(slots) * (phase.blocks.size() - 1);
+    slot_bytes_ = wire_.bytes(chunk_elems);
+    if (scratch->receive_slots.size() < window_ * slot_bytes_) scratch->receive_slots.resize(window_ * slot_bytes_);
+    receive_slots_ = scratch->receive_slots.data();
+    const std::size_t sum_doubles = (chunk_elems * data.element_size() + sizeof(double) - 1) / sizeof(double);
+    if (scratch->accumulator.size() < sum_doubles) scratch->accumulator.resize(sum_doubles);
+    accumulator_ = reinterpret_cast<char*>(scratch->accumulator.data());
+    if constexpr (!Wire::kInPlace) {
+      // Sized before the phase: no stage may move while MPI reads it.
+      std::size_t stage_bytes = 0;
+      for (const ChunkItem& send : chunks.sends) stage_bytes += wire_.bytes(send.count);
+      if (scratch->send_stage.size() < stage_bytes) scratch->send_stage.resize(stage_bytes);
+      stage_cursor_ = scratch->send_stage.data();
+      send_from_.resize(chunks.sends.size());
+    }
+  }
+
+  // The phase loop's policy (run_direct_phase): slots rotate, everything runs at once on the CPU.
+  std::size_t receive_window() const { return window_; }
+  std::size_t send_window() const { return kUnbounded; }
+  Status receive_room(std::size_t, bool*) const { return Status::ok(); }
+  std::size_t wire_bytes(std::size_t count) const { return wire_.bytes(count); }
+  bool poll() const { return false; }
+  void* receive_buffer(std::size_t index, const ChunkItem&) const { return slot(index); }
+
+  Status stage(std::size_t index, const ChunkItem& send) {
+    if constexpr (!Wire::kInPlace) {
+      wire_.encode(stage_cursor_, data_.address(send.offset), send.count);
+      send_from_[index] = stage_cursor_;
+      stage_cursor_ += wire_.bytes(send.count);
+    }
+    return Status::ok();
+  }
+  Status staged(std::size_t, bool*) const { return Status::ok(); }
+  const void* send_buffer(std::size_t index, const ChunkItem& send) const {
+    if constexpr (Wire::kInPlace) return data_.address(send.offset);
+    return send_from_[index];
+  }
+
+  // The verbs of one chunk's sum, called in coordinate order.
+  void begin_chunk(const ChunkItem& chunk, bool own_first) {
+    sum_ = own_first ? data_.address(chunk.offset) : accumulator_;
+  }
+  Status load(std::size_t index, const ChunkItem& chunk) {
+    wire_.load(sum_, slot(index), chunk.count);
+    return Status::ok();
+  }
+  Status add(std::size_t index, const ChunkItem& chunk, int divisor) {
+    wire_.reduce(sum_, slot(index), chunk.count, divisor);
+    return Status::ok();
+  }
+  Status add_own(const ChunkItem& chunk, int divisor) {
+    wire_.reduce_values(sum_, data_.address(chunk.offset), chunk.count, divisor);
+    return Status::ok();
+  }
+  Status finish_chunk(const ChunkItem& chunk) {
+    char* target = data_.address(chunk.offset);
+    if (sum_ != target) std::memcpy(target, sum_, chunk.count * data_.element_size());
+    return Status::ok();
+  }
+  Status consumed(std::size_t) const { return Status::ok(); }
+
+ private:
+  unsigned char* slot(std::size_t index) const { return receive_slots_ + (index % window_) * slot_bytes_; }
+
+  const SegmentedBuffer& data_;
+  Wire wire_;
+  std::size_t window_ = 0;
+  std::size_t slot_bytes_ = 0;
+  unsigned char* receive_slots_ = nullptr;
+  char* accumulator_ = nullptr;
+  char* sum_ = nullptr;
+  unsigned char* stage_cursor_ = nullptr;
+  std::vector<const unsigned char*> send_from_;
+};
+
+// Runs one direct phase, on either executor. `Steps` provides what the ring's phase loop asks of a policy
+// (engine/ring_phases.h: receive_window, send_window, receive_room, receive_buffer, wire_bytes, stage, staged,
+// send_buffer, poll; a send here is a ChunkItem whose step is the destination's coordinate) and the verbs of
+// one chunk's sum, each called once its contribution is in place, in coordinate order:
+//   begin_chunk(chunk, own_first)    the sum starts in the data itself (this rank is coordinate 0) or in scratch
+//   load(i, chunk)                   the sum is contribution i (coordinate 0's)
+//   add(i, chunk, divisor)           add contribution i (divisor 1 but on the last addition)
+//   add_own(chunk, divisor)          add this rank's own data at its place
+//   finish_chunk(chunk)              the finished sum into the data (after the chunk's last contribution)
+//   consumed(i)                      receive i's slot may be reused once the executor has read it
+// Average's divisor applies to the last addition, as on the ring's last step. Sends are staged and posted
+// strictly in order within the send window; receives are taken strictly in order.
+template <class Steps>
+Status run_direct_phase(Transport& transport, const RingPhase& phase, const DirectChunks& chunks, int tag,
+                        int final_divisor, Steps& steps) {
+  const int d = static_cast<int>(phase.blocks.size());
+  const int me = phase.coordinate;
+  const int first = me == 0 ? 1 : 0;             // the first coordinate that arrives
+  const int last = me == d - 1 ? d - 2 : d - 1;  // the last one
+  const std::vector<ChunkItem>& receives = chunks.receives;
+  PhaseMessages<Steps, ChunkItem, ChunkItem> messages(transport, steps, receives, chunks.sends);
+  auto from_owner = [&](std::size_t i) { return phase.peers[receives[i].step]; };
+  auto to_owner = [&](std::size_t j) { return phase.peers[chunks.sends[j].step]; };
+  auto one_tag = [&](std::size_t) { return tag; };
+  auto at_once = [](std::size_t, std::size_t) { return true; };  // no block this phase sends is written in it
+  while (!messages.done()) {
+    bool progress = steps.poll();
+    DDLFAST_RETURN_IF_ERROR(messages.post_receives(from_owner, one_tag, &progress));
+    DDLFAST_RETURN_IF_ERROR(messages.advance_sends(at_once, to_owner, one_tag, &progress));
+    bool done = false;
+    DDLFAST_RETURN_IF_ERROR(messages.next_arrived(&done));
+    if (done) {
+      const std::size_t i = messages.arrived();
+      const ChunkItem& chunk = receives[i];
+      const int j = chunk.step;
+      if (j == first) steps.begin_chunk(chunk, me == 0);
+      if (j == 0) {
+        DDLFAST_RETURN_IF_ERROR(steps.load(i, chunk));
+      } else {
+        if (me != 0 && j == me + 1) DDLFAST_RETURN_IF_ERROR(steps.add_own(chunk, 1));
+        DDLFAST_RETURN_IF_ERROR(steps.add(i, chunk, j == last && me != d - 1 ? final_divisor : 1));
+      }
+      if (j == last) {
+        if (me == d - 1) DDLFAST_RETURN_IF_ERROR(steps.add_own(chunk, final_divisor));
+        DDLFAST_RETURN_IF_ERROR(steps.finish_chunk(chunk));
+      }
+      DDLFAST_RETURN_IF_ERROR(steps.consumed(i));
+      messages.take_arrived();
+      progress = true;
+    }
+    DDLFAST_RETURN_IF_ERROR(messages.complete_sends(&progress));
+    const std::size_t waiting = messages.arrived();
+    DDLFAST_RETURN_IF_ERROR(messages.end_turn(progress, "direct reduce-scatter contributions",
+                                              waiting < receives.size() ? from_owner(waiting) : -1));
+  }
+  return transport.wait_all();
+}
+
+}  // namespace ddlfast
