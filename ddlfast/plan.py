@@ -129,7 +129,7 @@ def format_report(data: dict, top: int) -> str:
         lines.append(f"host-link bound 2(h-1)/h*S/rate: {data['link_bound_seconds'] * 1e3:.3f} ms "
                      f"(pick = {data['pick_seconds'] / data['link_bound_seconds']:.2f}x the bound)")
     lines += ["", f"algorithm per call size (DDLFAST_ALGORITHM=auto on {data['pick']}; at or below "
-                  "DDLFAST_SMALL_BYTES the small-message path):"]
+                  "DDLFAST_SMALL_BYTES the latency path, or MPI's allreduce with DDLFAST_ALGORITHM=mpi):"]
     for row in data["algorithms"]:
         lines.append(f"{format_size(row['bytes']):>14} {row['seconds'] * 1e3:13.3f}  {row['algorithm']}")
     if data["scaling_efficiency"] is not None:

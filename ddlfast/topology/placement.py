@@ -186,7 +186,7 @@ class Topology:
 
     def algorithms(self, small_bytes: int = config.DEFAULT_SMALL_BYTES) -> dict[int, str]:
         """auto's algorithm per shown size (uncompressed, on auto's dims), as text."""
-        return {n: "small-message path" if n <= small_bytes else str(self.algorithm(n, small_bytes=small_bytes))
+        return {n: "latency path" if n <= small_bytes else str(self.algorithm(n, small_bytes=small_bytes))
                 for n in SHOWN_SIZES}
 
     def describe(self) -> str:
