@@ -127,7 +127,7 @@ class EngineState:
             problem = (f"the latency path takes calls of at most DDLFAST_SMALL_BYTES ({settings.small_bytes} "
                        f"bytes), and this one moves {largest_call} bytes in one call")
         elif gpu and algorithm in ("direct", "rabenseifner"):
-            problem = "the GPU path runs the ring reduce-scatter on the topology's dims only"
+            problem = "GPU arrays run the ring reduce-scatter on the topology's dims only"
         elif gpu and algorithm == "mpi" and largest_call > settings.small_bytes:
             problem = (f"the GPU path hands only calls of at most DDLFAST_SMALL_BYTES ({settings.small_bytes} bytes) "
                        f"to MPI, and this one moves {largest_call} bytes in one call")

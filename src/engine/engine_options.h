@@ -35,7 +35,7 @@ struct EngineOptions {
   // 1 bf16 (WireType). Empty: no compression anywhere.
   std::vector<int> wire_by_dim;
   // Reduce-scatter per torus dimension: 1 direct (all-to-all, engine/direct_phase.h), 0 the ring. Empty: the
-  // ring everywhere. The host executor runs it; the GPU executor refuses it.
+  // ring everywhere. Both executors run it.
   std::vector<int> direct_by_dim;
 };
 

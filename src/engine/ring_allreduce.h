@@ -1,7 +1,8 @@
 // The host executor: runs a RingSchedule on host memory through the phase
 // loop (engine/ring_phases.h) with the host step policy and its wire codecs
-// (engine/host_steps.h), plus the small-message path and the two halves on
-// their own. Its GPU twin is DeviceRingAllreduce, over the same Transport.
+// (engine/host_steps.h), or a dimension's direct reduce-scatter
+// (engine/direct_phase.h) where EngineOptions::direct_by_dim asks, plus the
+// small-message path and the two halves on their own. Its GPU twin is DeviceRingAllreduce, over the same Transport.
 #pragma once
 
 #include <cstddef>
