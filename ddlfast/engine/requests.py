@@ -26,7 +26,7 @@ def prepare(state: EngineState, arrays: Sequence[Any], op: str, dims: object, re
             compression: object = None, error_feedback: bool = False, stream: object = None,
             asynchronous: bool = False) -> HostRequest | DeviceRequest:
     rank = state.rank
-    check_op(op, rank)
+    op = check_op(op, rank)  # ddlfast's name (also for MPI.SUM, torch's ReduceOp.SUM, ...)
     if isinstance(arrays, np.ndarray) or not isinstance(arrays, Sequence):
         raise DdlfastError("fused_allreduce takes a list of arrays; use ddlfast.allreduce for one array")
     if len(arrays) == 0:
