@@ -101,6 +101,10 @@ class CMakeBuild(build_ext):
         built = {path.name: path.stat().st_size for name in ("_core", "_cuda", "_testing", "_testing_cuda")
                  for path in out_dir.glob(f"{name}.*.so")}
         text += f"MODULES = {dict(sorted(built.items()))!r}\n"
+        with_cuda, reason = (build_dir / "ddlfast_cuda.txt").read_text().splitlines()[:2]
+        cuda_line = f"CUDA kernels compiled: {reason}" if with_cuda == "ON" else f"no CUDA kernels: {reason}"
+        text += f"CUDA_KERNELS = {cuda_line!r}\n"
+        print(f"ddlfast: {cuda_line}")
         record.write_text(text)
         if self.inplace or getattr(self, "editable_mode", False):  # `pip install -e`: the modules are copied there
             source_package = ROOT / "ddlfast"

@@ -7,6 +7,8 @@
 # ruff: noqa: E402  (the MPI check runs before the modules that load the core)
 from __future__ import annotations
 
+__version__ = "0.1.0"  # the one place: pyproject.toml reads it (CHANGELOG.md has its history)
+
 from ddlfast import mpi_check as _mpi_check
 
 _mpi_check.verify()  # before the core is loaded: ddlfast and mpi4py must use one MPI library
@@ -82,4 +84,3 @@ __all__ = [
     "size",
     "topology",
 ]
-__version__ = "0.1.0"
