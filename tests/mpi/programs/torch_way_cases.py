@@ -3,11 +3,13 @@ plain `torch.distributed.init_process_group("ddlfast")` with no rendezvous varia
 torch CPU tensors (also ones that require grad) through ddlfast.allreduce/broadcast/fused_allreduce, compared
 with NumPy references every rank computes itself and bit-identical across ranks; op= as mpi4py's and torch's op
 objects; local_rank()/local_size() against MPI's own shared-memory split; ddlfast's collectives named in a
-torch.profiler trace. Prints "<n> failures" on rank 0 and exits 1 on every rank if any rank failed."""
+torch.profiler trace; sparse COO dist.all_reduce summed as gloo sums it; dist.all_gather_coalesced. Prints
+"<n> failures" on rank 0 and exits 1 on every rank if any rank failed."""
 
 from __future__ import annotations
 
 import os
+import warnings
 
 import numpy as np
 import torch
@@ -131,6 +133,42 @@ def profiler_names_collectives() -> None:
     for expected in ("ddlfast:allreduce", "ddlfast:broadcast", "ddlfast:barrier"):
         if expected not in names:
             fail("profiler_names_collectives", f"{expected} is not in the trace ({sorted(names)[:20]})")
+
+
+@case
+def sparse_all_reduce_sums_like_gloo() -> None:
+    def sparse_input(r: int) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(500 + r)
+        indices = torch.stack([torch.randint(0, 6, (5,), generator=gen), torch.randint(0, 3, (5,), generator=gen)])
+        return torch.sparse_coo_tensor(indices, torch.randint(-4, 5, (5,), generator=gen).float(), (6, 3))
+
+    tensor = sparse_input(rank)
+    dist.all_reduce(tensor)
+    expected = sum(sparse_input(r).to_dense() for r in range(world))  # small integers: every order is exact
+    if not tensor.is_sparse or not torch.equal(tensor.to_dense(), expected):
+        fail("sparse_all_reduce_sums_like_gloo", f"got {tensor.to_dense().tolist()}, expected {expected.tolist()}")
+    identical("sparse_all_reduce_sums_like_gloo", tensor.to_dense().numpy())
+    try:
+        dist.all_reduce(sparse_input(rank), op=dist.ReduceOp.MAX)
+    except Exception as error:  # noqa: BLE001 - torch may wrap it; the message is what counts
+        if "takes ReduceOp.SUM" not in str(error):
+            fail("sparse_all_reduce_sums_like_gloo", f"MAX refused with an unclear message: {error}")
+    else:
+        fail("sparse_all_reduce_sums_like_gloo", "a sparse MAX was not refused")
+
+
+@case
+def all_gather_coalesced() -> None:
+    def inputs_of(r: int) -> list[torch.Tensor]:
+        return [torch.full((2, 3), r + 0.5), torch.arange(5.0) + 10 * r]  # one dtype per call: torch's rule
+
+    outputs = [[torch.empty(2, 3), torch.empty(5)] for _ in range(world)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch: "will be deprecated"
+        dist.all_gather_coalesced(outputs, inputs_of(rank))
+    for r, outs in enumerate(outputs):
+        if not all(torch.equal(o, e) for o, e in zip(outs, inputs_of(r), strict=True)):
+            fail("all_gather_coalesced", f"rank {r}'s tensors: {[o.tolist() for o in outs]}")
 
 
 report_and_exit(lambda: dist.destroy_process_group() if dist.is_initialized() else None)
