@@ -1,4 +1,4 @@
-"""`python -m ddlfast.plan`: the cost model's predicted allreduce time of every ring shape (DESIGN §1,
+"""`python -m ddlfast.plan`: the cost model's predicted allreduce time of every ring shape (docs/topology.md,
 ddlfast/topology/cost_model.py) and its pick.
 
 Two ways to run it:
@@ -34,7 +34,7 @@ from ddlfast.topology.cost_model import (
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m ddlfast.plan",
-        description="Predict allreduce time for every ring shape (DESIGN §1 cost model). With --hosts: a described "
+        description="Predict allreduce time for every ring shape (the cost model of docs/topology.md). With --hosts: a described "
                     "cluster; without: this MPI job's detected placement and probed links.",
     )
     parser.add_argument("--hosts", type=int, help="describe a cluster of this many hosts (else: measure this job)")

@@ -1,4 +1,4 @@
-"""The cost model: predicted allreduce time of every ring shape (DESIGN §1), and the pick among them.
+"""The cost model: predicted allreduce time of every ring shape (docs/topology.md), and the pick among them.
 `python -m ddlfast.plan` (ddlfast/plan.py) prints it for a described cluster or for this job.
 
 The model. Ranks sit at torus positions, host-contiguous (ddlfast renumbers them so), `ranks_per_host` to a
@@ -10,7 +10,7 @@ A step costs the latency of the slowest tier its edges cross, plus the slowest o
     the busiest host's link        edges leaving it * block * beta_inter   (shared by the host's ranks)
     the busiest group's uplink     edges leaving it * block * beta_group   (when a group link is given)
 
-plus `block * gamma` for the reduction in reduce-scatter steps. With one tier this is exactly DESIGN's
+plus `block * gamma` for the reduction in reduce-scatter steps. With one tier this is exactly the classic
 `2(p-1)a + 2(p-1)/p S b + (p-1)/p S g`; with a slow host link shared by a host's ranks it charges a flat ring
 `2(p-1)/p * S` per host link crossing and the host-aligned 2D ring `2(h-1)/h * S` per host.
 """

@@ -145,7 +145,7 @@ class Topology:
         return () if self.placement.contiguous else self.placement.order
 
     def resolve(self, chosen: str | tuple[int, ...]) -> tuple[int, ...]:
-        """'flat' | 'auto' | explicit dims -> the dims to run, with the checks DESIGN §1 asks for."""
+        """'flat' | 'auto' | explicit dims -> the dims to run, with the checks docs/topology.md describes."""
         size = self.placement.size
         if chosen == "flat":
             return (size,)

@@ -1,4 +1,4 @@
-"""The planner's cost model against DESIGN §1's formulas, its parsing, its choice rule and its CLI."""
+"""The planner's cost model against docs/topology.md's formulas, its parsing, its choice rule and its CLI."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def test_k_dim_ring_is_designs_formula_with_equal_links(dims: tuple[int, ...]) -
 
 
 def test_slow_shared_host_link_two_hosts_by_four() -> None:
-    """DESIGN: over the slow link the 2D ring moves S bytes per host, a flat ring 1.75 S."""
+    """docs/topology.md: over the slow link the 2D ring moves S bytes per host, a flat ring 1.75 S."""
     beta = 1 / 125e6
     cluster = Cluster(hosts=2, ranks_per_host=4, intra=Link(0.0, 0.0), inter=Link(0.0, beta), gamma=0.0)
     assert predict(cluster, (8,), S).seconds == pytest.approx(1.75 * S * beta)
