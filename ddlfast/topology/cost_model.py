@@ -23,6 +23,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ddlfast import config
+from ddlfast.errors import DdlfastError
+
 # Defaults where nothing was measured or described (DDLFAST_PROBE=0): shared memory and a 10 Gbit/s network.
 DEFAULT_INTRA = (1e-6, 1 / 10e9)
 DEFAULT_INTER = (20e-6, 8 / 10e9)
@@ -51,12 +54,12 @@ def _split(text: str, what: str) -> tuple[float, str, bool]:
 
 
 def parse_bytes(text: str) -> int:
-    """'102MB' -> 102e6, '64MiB' -> 2**26, '4096' -> 4096 (decimal k/M/G, binary Ki/Mi/Gi)."""
-    value, unit, per_second = _split(text, "bytes")
-    prefix = unit[:-1] if unit.lower().endswith("b") else unit
-    if per_second or prefix.lower() not in _UNITS:
-        raise PlanError(f"bytes: cannot read {text!r}; use e.g. 102MB, 64MiB or 4096")
-    return int(round(value * _UNITS[prefix.lower()]))
+    """A byte size as every ddlfast size reads ('64MiB', '64MB' and '64M' are 2**26; config.parse_size, the one size
+    parser, shared with --sizes and the DDLFAST_*_BYTES variables)."""
+    try:
+        return config.parse_size(text, "bytes")
+    except DdlfastError as error:
+        raise PlanError(str(error)) from None
 
 
 def parse_rate(text: str) -> float:

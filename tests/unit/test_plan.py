@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ddlfast import plan
+from ddlfast import config, plan
 from ddlfast.topology import cost_model
 from ddlfast.topology.cost_model import Cluster, Link, PlanError, Prediction, predict
 
@@ -15,10 +15,11 @@ S = 64 * 2**20
 
 @pytest.mark.parametrize(
     ("text", "value"),
-    [("102MB", 102_000_000), ("64MiB", 64 * 2**20), ("4096", 4096), ("1.5GB", 1_500_000_000), ("8KiB", 8192)],
+    [("102MB", 102 * 2**20), ("64MiB", 64 * 2**20), ("64M", 64 * 2**20), ("4096", 4096), ("8KiB", 8192)],
 )
 def test_parse_bytes(text: str, value: int) -> None:
-    assert cost_model.parse_bytes(text) == value
+    """One size parser: plan --bytes reads sizes as --sizes and DDLFAST_*_BYTES do (config.parse_size)."""
+    assert cost_model.parse_bytes(text) == value == config.parse_size(text, "x")
 
 
 @pytest.mark.parametrize(
