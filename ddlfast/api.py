@@ -262,10 +262,12 @@ def topology(comm: MPI.Comm | None = None, *, probe_every_tier: bool = False) ->
 
 
 def rank(comm: MPI.Comm | None = None) -> int:
+    """This process's rank in `comm` (default COMM_WORLD); not collective."""
     return (MPI.COMM_WORLD if comm is None else comm).Get_rank()  # not `comm or`: COMM_NULL is falsy
 
 
 def size(comm: MPI.Comm | None = None) -> int:
+    """The number of ranks in `comm` (default COMM_WORLD); not collective."""
     return (MPI.COMM_WORLD if comm is None else comm).Get_size()
 
 
