@@ -44,7 +44,8 @@ from ddlfast.errors import DdlfastError
 
 DEFAULT_SIZES = "4KiB,64KiB,1MiB,16MiB,64MiB"
 DTYPES = ("float32", "float64", "float16", "int32", "int64")
-BENCHED_OPS = ("sum", "average")  # the ops the bench times (MPI's baseline is SUM either way)
+BENCHED_OPS = ("sum", "average", "min", "max", "product")  # MPI's baseline: the same op (SUM for average)
+_MPI_OPS = {"sum": "SUM", "average": "SUM", "min": "MIN", "max": "MAX", "product": "PROD"}
 # Auto iteration count: about this many bytes reduced per row and per library, clamped to [MIN, MAX] iterations.
 AUTO_BYTES_PER_ROW = 512 << 20
 AUTO_MIN_ITERS = 5
@@ -153,7 +154,8 @@ def _pristine(count: int, dtype: np.dtype, rank: int, world: int) -> np.ndarray:
 
 
 def _expected_from_mpi(mpi_sum: np.ndarray, op: str, world: int) -> np.ndarray:
-    if op == "sum":
+    """What ddlfast must hold given MPI's result of the baseline op (_MPI_OPS): the same, but for average."""
+    if op != "average":
         return mpi_sum
     if mpi_sum.dtype.kind == "f":
         return (mpi_sum.astype(np.float64) / world).astype(mpi_sum.dtype)
@@ -184,6 +186,12 @@ def _check_row(ours: np.ndarray, mpi_sum: np.ndarray, pristine: np.ndarray, op: 
         tolerance = 2.0 * (world + 1) * eps * abs_sum * scale + float(np.finfo(ours.dtype).tiny)
         if compression in WIRE_UNIT_ROUNDOFF:  # one rounding to the wire type per ring hop, plus subnormals
             tolerance = world * (WIRE_UNIT_ROUNDOFF[compression] * abs_sum * scale + 2.0**-24)
+        if op in ("min", "max"):  # exact (docs/numerics.md): MPI's bits, or their one rounding to the wire type
+            magnitude = np.abs(expected.astype(np.float64))
+            tolerance = (WIRE_UNIT_ROUNDOFF[compression] * magnitude + 2.0**-24 if compression in WIRE_UNIT_ROUNDOFF
+                         else np.zeros_like(magnitude))
+        elif op == "product":  # p-1 roundings in either order, relative to the product itself
+            tolerance = 2.0 * (world + 1) * eps * np.abs(expected.astype(np.float64)) + float(np.finfo(ours.dtype).tiny)
         diff = np.abs(ours.astype(np.float64) - expected.astype(np.float64))
         bad = ~(diff <= tolerance)  # NaN counts as a mismatch
         if bad.any():
@@ -365,17 +373,18 @@ def run_bench(
 def _calls(collective: str, pristine: np.ndarray, op: str, dims: str, comm: MPI.Intracomm,
            compression: str) -> tuple[Any, Any]:
     """ddlfast's call and MPI's, each writing its result into the buffer it is given."""
+    mpi_op = getattr(MPI, _MPI_OPS[op])
     if collective == "reduce_scatter":
         return (lambda out: ddlfast.reduce_scatter(pristine, op=op, dims=dims, comm=comm, out=out,
                                                    compression=compression),
-                lambda out: comm.Reduce_scatter_block(pristine, out, op=MPI.SUM))
+                lambda out: comm.Reduce_scatter_block(pristine, out, op=mpi_op))
     if collective == "allgather":
         return (lambda out: ddlfast.allgather(pristine, dims=dims, comm=comm, out=out, compression=compression),
                 lambda out: comm.Allgather(pristine, out))
     if collective == "broadcast":
         return (lambda buf: ddlfast.broadcast(buf, root=0, comm=comm), lambda buf: comm.Bcast(buf, root=0))
     return (lambda buf: ddlfast.allreduce(buf, op=op, dims=dims, comm=comm, compression=compression),
-            lambda buf: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM))
+            lambda buf: comm.Allreduce(MPI.IN_PLACE, buf, op=mpi_op))
 
 
 # -- output ---------------------------------------------------------------------------------------------------------
@@ -393,6 +402,7 @@ def header_lines(rows: Sequence[dict[str, Any]], world: int) -> list[str]:
     op = first.get("op", "sum")
     collective = first.get("collective", "allreduce")
     mpi_name, baseline, factor_text = COLLECTIVES[collective]
+    baseline = baseline.replace("MPI.SUM", f"MPI.{_MPI_OPS.get(op, 'SUM')}")
     factor = f"{busbw_factor(world, collective):.3f}" if world > 1 else "0 -> busbw n/a"
     lines = [
         f"# ddlfast bench: {collective} op={op}, world size {world} (busbw factor {factor_text} = {factor})",
@@ -506,7 +516,7 @@ def _parser() -> argparse.ArgumentParser:
                         f"about {format_bytes(AUTO_BYTES_PER_ROW)} per size)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed iterations first (default auto: 2..10)")
     parser.add_argument("--op", default="sum", choices=BENCHED_OPS,
-                        help="sum or average (MPI baseline is SUM either way)")
+                        help="the op; MPI's baseline runs the same one (SUM for average)")
     parser.add_argument("--compression", default="none",
                         help="ddlfast wire codec: none, fp16, bf16, or per dimension e.g. none,fp16 (float32 only)")
     parser.add_argument("--json", action="store_true", help="print one JSON document (rank 0) instead of the table")

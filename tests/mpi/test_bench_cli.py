@@ -74,3 +74,15 @@ def test_cli_sizes_and_json_as_before() -> None:
     assert [row["size_bytes"] for row in document["rows"]] == [1024, 2048]
     both = run_cli("--sizes", "1KiB", "-b", "1KiB")
     assert both.returncode == 2 and "give --sizes or -b/-e/-f, not both" in both.stderr
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(("collective", "op", "dtype"), [
+    ("allreduce", "min", "float32"), ("allreduce", "max", "float16"), ("allreduce", "product", "float64"),
+    ("reduce_scatter", "product", "int32"),
+])
+def test_cli_every_op_is_checked_against_the_same_mpi_op(collective: str, op: str, dtype: str) -> None:
+    result = run_cli("--collective", collective, "--op", op, "--dtype", dtype, "--sizes", "4KiB,64KiB", "--check")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"op=MPI.{ {'min': 'MIN', 'max': 'MAX', 'product': 'PROD'}[op] })" in result.stdout
+    assert "# check: ddlfast matches" in result.stdout and result.stdout.count(" ok") == 2
