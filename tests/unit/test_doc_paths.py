@@ -34,3 +34,15 @@ def test_no_comment_cites_the_design_document() -> None:
     citing = [str(p.relative_to(ROOT)) for p in [*ROOT.glob("ddlfast/**/*.py"), *ROOT.glob("tests/**/*.py"), *DOCS]
               if "DESIGN" in p.read_text() and p.name != "test_doc_paths.py"]
     assert citing == [], f"these cite a DESIGN document the repository does not have: {citing}"
+
+
+def test_readme_layout_names_every_folder() -> None:
+    """README's layout block names every folder of src/, tests/ and ddlfast/ (it described the tree before a
+    refactor)."""
+    text = (ROOT / "README.md").read_text()
+    layout = text[text.index("## Layout"):]
+    layout = layout[:layout.index("\n## ") if "\n## " in layout[3:] else len(layout)]
+    folders = [f"src/{p.name}" for p in (ROOT / "src").iterdir() if p.is_dir()]
+    folders += [f"tests/{p.name}" for p in (ROOT / "tests").iterdir() if p.is_dir() and p.name != "__pycache__"]
+    folders += [f"{p.name}/" for p in (ROOT / "ddlfast").iterdir() if p.is_dir() and p.name != "__pycache__"]
+    assert [f for f in folders if f not in layout] == []
