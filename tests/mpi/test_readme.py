@@ -1,6 +1,6 @@
-"""The READMEs' Python blocks (README.md, bench/README.md) run, in order, as a reader would paste them (issue 25
-item 5): per file one program of every block under mpiexec on 4 ranks (README's blocks use a 2x2 torus and
-4-way counts). A block may be preceded by
+"""The docs' Python blocks (README.md, bench/README.md, docs/*.md) run, in order, as a reader would paste them
+(issue 25 item 5): per file one program of every block under mpiexec on 4 ranks (README's blocks use a 2x2 torus
+and 4-way counts). A block may be preceded by
 `<!-- doc-test: setup: CODE -->` (the names a reader brings along, e.g. their gradients) or
 `<!-- doc-test: skip: REASON -->` (it cannot run here, and says why and what runs it instead)."""
 
@@ -14,7 +14,8 @@ import pytest
 from tests.mpi.launcher import run_mpi
 
 ROOT = Path(__file__).resolve().parents[2]
-READMES = ("README.md", "bench/README.md")
+READMES = ("README.md", "bench/README.md", *(f"docs/{p.name}" for p in sorted((ROOT / "docs").glob("*.md"))
+                                             if "```python" in p.read_text()))
 RANKS = 4
 _BLOCK = re.compile(r"(?:<!-- doc-test: (setup|skip): (.*?) -->\n)?```python\n(.*?)```", re.DOTALL)
 
