@@ -24,7 +24,8 @@ class HostBuffer(NamedTuple):  # a tuple: built on every call, so kept cheap
 def host_buffer(array: object, where: str) -> HostBuffer:
     """Validate one array (NumPy, or a torch CPU tensor through its view) for an in-place reduction; `where` names
     it in errors."""
-    array = host_view(array, where)
+    if type(array) is not np.ndarray:  # the common case costs one compare (fused calls of 100k arrays)
+        array = host_view(array, where)
     if not isinstance(array, np.ndarray):
         kind = type(array).__module__ + "." + type(array).__qualname__
         hint = " (CuPy/CUDA arrays need a CUDA build)" if hasattr(array, "__cuda_array_interface__") else ""
