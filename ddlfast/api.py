@@ -262,11 +262,27 @@ def topology(comm: MPI.Comm | None = None, *, probe_every_tier: bool = False) ->
 
 
 def rank(comm: MPI.Comm | None = None) -> int:
+    """This process's rank in `comm` (default COMM_WORLD); not collective."""
     return (MPI.COMM_WORLD if comm is None else comm).Get_rank()  # not `comm or`: COMM_NULL is falsy
 
 
 def size(comm: MPI.Comm | None = None) -> int:
+    """The number of ranks in `comm` (default COMM_WORLD); not collective."""
     return (MPI.COMM_WORLD if comm is None else comm).Get_size()
+
+
+def local_rank(comm: MPI.Comm | None = None) -> int:
+    """This rank's index among the ranks of `comm` (default COMM_WORLD) on its host (MPI's shared-memory split),
+    e.g. to pick a GPU: `torch.cuda.set_device(ddlfast.local_rank())`. Collective on the first call for a
+    communicator, like topology() (it creates the context): call it on every rank."""
+    context = _context_for(comm)
+    return context.topology().placement.local_rank(context.rank)
+
+
+def local_size(comm: MPI.Comm | None = None) -> int:
+    """How many ranks of `comm` (default COMM_WORLD) run on this rank's host; collective like local_rank()."""
+    context = _context_for(comm)
+    return context.topology().placement.local_size(context.rank)
 
 
 def has_cuda() -> bool:

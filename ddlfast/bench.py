@@ -2,6 +2,10 @@
 
     mpiexec -n 4 python -m ddlfast.bench --sizes 4KiB,1MiB,64MiB --dims flat,2x2 --check
     mpiexec -n 4 python -m ddlfast.bench --collective reduce_scatter --sizes 4KiB,1MiB --check
+    mpiexec -n 4 python -m ddlfast.bench -b 8 -e 64MiB -f 2      # nccl-tests' begin/end/factor sweep
+
+Rows are printed as they are measured; the table closes with the failed-check count and the average busbw.
+Unlike nccl-tests (a loop of back-to-back calls, divided by its length) every call is timed alone (below).
 
 --collective picks the pair: allreduce (comm.Allreduce), reduce_scatter (comm.Reduce_scatter_block), allgather
 (comm.Allgather) or broadcast (comm.Bcast from rank 0). A size is the full buffer: the reduce-scatter's input,
@@ -27,7 +31,7 @@ import argparse
 import hashlib
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from statistics import median
 from typing import Any
 
@@ -35,12 +39,13 @@ import numpy as np
 from mpi4py import MPI
 
 import ddlfast
-from ddlfast import config
+from ddlfast import config, files
 from ddlfast.errors import DdlfastError
 
 DEFAULT_SIZES = "4KiB,64KiB,1MiB,16MiB,64MiB"
 DTYPES = ("float32", "float64", "float16", "int32", "int64")
-BENCHED_OPS = ("sum", "average")  # the ops the bench times (MPI's baseline is SUM either way)
+BENCHED_OPS = ("sum", "average", "min", "max", "product")  # MPI's baseline: the same op (SUM for average)
+_MPI_OPS = {"sum": "SUM", "average": "SUM", "min": "MIN", "max": "MAX", "product": "PROD"}
 # Auto iteration count: about this many bytes reduced per row and per library, clamped to [MIN, MAX] iterations.
 AUTO_BYTES_PER_ROW = 512 << 20
 AUTO_MIN_ITERS = 5
@@ -60,18 +65,18 @@ _SEED = 20240917
 # -- sizes, shapes, iteration counts --------------------------------------------------------------------------------
 
 
-def parse_sizes(text: str) -> list[int]:
-    """'4KiB,1MiB,64M' -> [4096, 1048576, 67108864] (bytes)."""
+def parse_sizes(text: str, name: str = "--sizes") -> list[int]:
+    """'4KiB,1MiB,64M' -> [4096, 1048576, 67108864] (bytes); `name` is the option errors name."""
     sizes = []
     for part in text.split(","):
         if not part.strip():
             continue
-        value = config.parse_size(part, "--sizes")
+        value = config.parse_size(part, name)
         if value <= 0:
-            raise DdlfastError(f"--sizes: {part.strip()!r} must be more than 0 bytes")
+            raise DdlfastError(f"{name}: {part.strip()!r} must be more than 0 bytes")
         sizes.append(value)
     if not sizes:
-        raise DdlfastError("--sizes is empty; use e.g. 4KiB,1MiB,64MiB")
+        raise DdlfastError(f"{name} is empty; use e.g. 4KiB,1MiB,64MiB")
     return sizes
 
 
@@ -103,6 +108,23 @@ def _algorithm(comm: MPI.Comm, dims: str, nbytes: int, settings: config.Settings
     compressed = () if compression == "none" else (True,) * len(ring_dims)  # keeps the dims, as the engine does
     return topology.algorithm(nbytes, ring_dims, settings.algorithm, settings.small_bytes, settings.ring_dims,
                               compressed)
+
+
+def sweep_sizes(begin: str | None, end: str | None, factor: int | None) -> list[int]:
+    """nccl-tests' -b/-e/-f: begin, begin*factor, ... up to end (bytes; either bound alone is one size)."""
+    first = parse_sizes(begin, "-b")[0] if begin else parse_sizes(end, "-e")[0] if end else None
+    last = parse_sizes(end, "-e")[0] if end else first
+    step = 2 if factor is None else factor
+    if first is None or last is None:
+        raise DdlfastError("-f needs -b and/or -e (e.g. -b 8 -e 64MiB -f 2)")
+    if step < 2:
+        raise DdlfastError(f"-f {step}: the step factor must be an integer >= 2")
+    if last < first:
+        raise DdlfastError(f"-e {format_bytes(last)} is below -b {format_bytes(first)}")
+    sizes = [first]
+    while sizes[-1] * step <= last:
+        sizes.append(sizes[-1] * step)
+    return sizes
 
 
 def auto_iters(nbytes: int) -> int:
@@ -141,7 +163,8 @@ def _pristine(count: int, dtype: np.dtype, rank: int, world: int) -> np.ndarray:
 
 
 def _expected_from_mpi(mpi_sum: np.ndarray, op: str, world: int) -> np.ndarray:
-    if op == "sum":
+    """What ddlfast must hold given MPI's result of the baseline op (_MPI_OPS): the same, but for average."""
+    if op != "average":
         return mpi_sum
     if mpi_sum.dtype.kind == "f":
         return (mpi_sum.astype(np.float64) / world).astype(mpi_sum.dtype)
@@ -172,6 +195,12 @@ def _check_row(ours: np.ndarray, mpi_sum: np.ndarray, pristine: np.ndarray, op: 
         tolerance = 2.0 * (world + 1) * eps * abs_sum * scale + float(np.finfo(ours.dtype).tiny)
         if compression in WIRE_UNIT_ROUNDOFF:  # one rounding to the wire type per ring hop, plus subnormals
             tolerance = world * (WIRE_UNIT_ROUNDOFF[compression] * abs_sum * scale + 2.0**-24)
+        if op in ("min", "max"):  # exact (docs/numerics.md): MPI's bits, or their one rounding to the wire type
+            magnitude = np.abs(expected.astype(np.float64))
+            tolerance = (WIRE_UNIT_ROUNDOFF[compression] * magnitude + 2.0**-24 if compression in WIRE_UNIT_ROUNDOFF
+                         else np.zeros_like(magnitude))
+        elif op == "product":  # p-1 roundings in either order, relative to the product itself
+            tolerance = 2.0 * (world + 1) * eps * np.abs(expected.astype(np.float64)) + float(np.finfo(ours.dtype).tiny)
         diff = np.abs(ours.astype(np.float64) - expected.astype(np.float64))
         bad = ~(diff <= tolerance)  # NaN counts as a mismatch
         if bad.any():
@@ -256,12 +285,14 @@ def run_bench(
     comm: MPI.Intracomm | None = None,
     compression: str = "none",
     collective: str = "allreduce",
+    on_row: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Measure a ddlfast collective beside MPI's (COLLECTIVES) for every size (bytes) and ring shape; collective.
 
     iters/warmup None = automatic (see auto_iters). Returns the same rows on every rank: one dict per
     (dims, size) with both libraries' per-iteration samples (max over ranks), medians and bandwidths, and,
     with check=True, "check" ("ok"/"FAIL") and "check_errors" (messages naming rank, index and values).
+    on_row(row) is called with each row as soon as it is measured (the command line streams the table so).
     """
     comm = MPI.COMM_WORLD if comm is None else comm
     if op not in BENCHED_OPS:
@@ -325,10 +356,13 @@ def run_bench(
                 "warmup": n_warmup,
                 "chunk_bytes": settings.chunk_bytes,
                 "small_bytes": settings.small_bytes,
-                # The core hands buffers <= DDLFAST_SMALL_BYTES to MPI_Allreduce (latency-bound sizes); above,
+                # Buffers <= DDLFAST_SMALL_BYTES: an allreduce rides in the agreement's butterfly (the latency
+                # path; MPI's allreduce with DDLFAST_ALGORITHM=mpi), the halves go to MPI's own collective; above,
                 # DDLFAST_ALGORITHM chooses (the name here, the shape in "algorithm").
                 "path": ("local" if world == 1 else "mpi-bcast" if collective == "broadcast"
-                         else "mpi-handoff" if nbytes <= settings.small_bytes else algorithm.name),
+                         else algorithm.name if nbytes > settings.small_bytes
+                         else "latency" if collective == "allreduce" and settings.algorithm != "mpi"
+                         else "mpi-handoff"),
                 "algorithm": None if collective == "broadcast" else str(algorithm),
                 "ddlfast": _summary(samples[:, 0], nbytes, world, collective),
                 "mpi": _summary(samples[:, 1], nbytes, world, collective),
@@ -345,6 +379,8 @@ def run_bench(
                 row["check"] = "FAIL" if errors else "ok"
                 row["check_errors"] = errors
             rows.append(row)
+            if on_row is not None:
+                on_row(row)
             del pristine, ours, theirs
     return rows
 
@@ -352,17 +388,18 @@ def run_bench(
 def _calls(collective: str, pristine: np.ndarray, op: str, dims: str, comm: MPI.Intracomm,
            compression: str) -> tuple[Any, Any]:
     """ddlfast's call and MPI's, each writing its result into the buffer it is given."""
+    mpi_op = getattr(MPI, _MPI_OPS[op])
     if collective == "reduce_scatter":
         return (lambda out: ddlfast.reduce_scatter(pristine, op=op, dims=dims, comm=comm, out=out,
                                                    compression=compression),
-                lambda out: comm.Reduce_scatter_block(pristine, out, op=MPI.SUM))
+                lambda out: comm.Reduce_scatter_block(pristine, out, op=mpi_op))
     if collective == "allgather":
         return (lambda out: ddlfast.allgather(pristine, dims=dims, comm=comm, out=out, compression=compression),
                 lambda out: comm.Allgather(pristine, out))
     if collective == "broadcast":
         return (lambda buf: ddlfast.broadcast(buf, root=0, comm=comm), lambda buf: comm.Bcast(buf, root=0))
     return (lambda buf: ddlfast.allreduce(buf, op=op, dims=dims, comm=comm, compression=compression),
-            lambda buf: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM))
+            lambda buf: comm.Allreduce(MPI.IN_PLACE, buf, op=mpi_op))
 
 
 # -- output ---------------------------------------------------------------------------------------------------------
@@ -380,6 +417,7 @@ def header_lines(rows: Sequence[dict[str, Any]], world: int) -> list[str]:
     op = first.get("op", "sum")
     collective = first.get("collective", "allreduce")
     mpi_name, baseline, factor_text = COLLECTIVES[collective]
+    baseline = baseline.replace("MPI.SUM", f"MPI.{_MPI_OPS.get(op, 'SUM')}")
     factor = f"{busbw_factor(world, collective):.3f}" if world > 1 else "0 -> busbw n/a"
     lines = [
         f"# ddlfast bench: {collective} op={op}, world size {world} (busbw factor {factor_text} = {factor})",
@@ -388,38 +426,65 @@ def header_lines(rows: Sequence[dict[str, Any]], world: int) -> list[str]:
         f"mpi4py on {info.get('mpi4py_vendor', '?')}, compiler {info.get('compiler', '?')}",
         f"# ddlfast wire compression: {first.get('compression', 'none')}",
         f"# settings: chunk bytes {chunk} ({format_bytes(chunk)}, DDLFAST_CHUNK_BYTES), small bytes {small} "
-        f"(DDLFAST_SMALL_BYTES: buffers <= this go to MPI's own collective, path 'mpi-handoff')",
+        f"(DDLFAST_SMALL_BYTES: an allreduce of at most this takes the latency path, reduce-scatter and allgather "
+        f"MPI's own collective, path 'mpi-handoff')",
         f"# baseline: {baseline}, alternated with ddlfast every iteration",
         "# time: median over iterations of the slowest rank's time; GB/s = 1e9 B/s; "
         "ratio = busbw_ddlfast / busbw_mpi (>1: ddlfast faster)",
+        "# vs nccl-tests: they time a loop of back-to-back calls and divide by its length; here every call is "
+        "timed alone, after a Barrier, so no call overlaps the next",
     ]
     if op == "average" and collective in ("allreduce", "reduce_scatter"):
         lines.append(f"# note: op=average; the MPI baseline is {mpi_name} SUM (MPI has no average op)")
     return lines
 
 
-def format_table(rows: Sequence[dict[str, Any]], world: int) -> str:
-    """nccl-tests style table (header lines included) of run_bench rows."""
-    checked = any("check" in row for row in rows)
-    mpi_name = COLLECTIVES[rows[0].get("collective", "allreduce") if rows else "allreduce"][0]
+def column_titles(collective: str, checked: bool) -> list[str]:
+    """The table's column title lines (below header_lines)."""
+    mpi_name = COLLECTIVES[collective][0]
     left = f"{'size(B)':>12} {'count':>11} {'type':>8} {'dims':>6} {'path':>12}"
     lib = f"{'time(us)':>10} {'algbw':>7} {'busbw':>7}"
     units = f"{'':>10} {'(GB/s)':>7} {'(GB/s)':>7}"
     span = len(lib)
-    lines = header_lines(rows, world) + [
+    return [
         "#",
         f"# {'':{len(left)}} | {'ddlfast':^{span}} | {mpi_name:^{span}} |",
         f"# {left} | {lib} | {lib} | {'ratio':>6}" + (f" {'check':>6}" if checked else ""),
         f"# {'':{len(left)}} | {units} | {units} |",
     ]
-    for row in rows:
-        cells = [f"{row['size_bytes']:>12} {row['count']:>11} {row['dtype']:>8} {row['dims']:>6} {row['path']:>12}"]
-        for lib_name in ("ddlfast", "mpi"):
-            r = row[lib_name]
-            cells.append(f"{r['median_us']:>10.1f} {_num(r['algbw_GBps']):>7} {_num(r['busbw_GBps']):>7}")
-        cells.append(f"{_num(row['ratio']):>6}" + (f" {row.get('check', '-'):>6}" if checked else ""))
-        lines.append("  " + " | ".join(cells))
-    return "\n".join(lines)
+
+
+def format_row(row: dict[str, Any], checked: bool) -> str:
+    """One run_bench row as a table line."""
+    cells = [f"{row['size_bytes']:>12} {row['count']:>11} {row['dtype']:>8} {row['dims']:>6} {row['path']:>12}"]
+    for lib_name in ("ddlfast", "mpi"):
+        r = row[lib_name]
+        cells.append(f"{r['median_us']:>10.1f} {_num(r['algbw_GBps']):>7} {_num(r['busbw_GBps']):>7}")
+    cells.append(f"{_num(row['ratio']):>6}" + (f" {row.get('check', '-'):>6}" if checked else ""))
+    return "  " + " | ".join(cells)
+
+
+def footer_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """nccl-tests' closing lines: the number of rows whose check failed, and each library's busbw averaged over
+    the rows (n/a with one rank)."""
+    lines = []
+    if any("check" in row for row in rows):
+        lines.append(f"# out of bounds values : {sum(row.get('check') == 'FAIL' for row in rows)} "
+                     f"({'FAILED' if any(row.get('check') == 'FAIL' for row in rows) else 'OK'})")
+    for lib_name in ("ddlfast", "mpi"):
+        values = [row[lib_name]["busbw_GBps"] for row in rows if row[lib_name]["busbw_GBps"] is not None]
+        average = sum(values) / len(values) if values else None
+        label = "ddlfast" if lib_name == "ddlfast" else COLLECTIVES[rows[0].get("collective", "allreduce")][0]
+        lines.append(f"# avg bus bandwidth {label:>24} : {_num(average, 3)} GB/s")
+    return lines
+
+
+def format_table(rows: Sequence[dict[str, Any]], world: int) -> str:
+    """nccl-tests style table (header lines included) of run_bench rows."""
+    checked = any("check" in row for row in rows)
+    collective = rows[0].get("collective", "allreduce") if rows else "allreduce"
+    lines = header_lines(rows, world) + column_titles(collective, checked)
+    return "\n".join(lines + [format_row(row, checked) for row in rows])
 
 
 def json_document(rows: Sequence[dict[str, Any]], world: int) -> dict[str, Any]:
@@ -455,7 +520,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--collective", default="allreduce", choices=COLLECTIVES,
                         help="which collective, beside its MPI counterpart (default allreduce)")
-    parser.add_argument("--sizes", default=DEFAULT_SIZES, help=f"comma list of byte sizes (default {DEFAULT_SIZES})")
+    parser.add_argument("--sizes", default=None, help=f"comma list of byte sizes (default {DEFAULT_SIZES})")
+    parser.add_argument("-b", "--minbytes", default=None, help="first size of a sweep, as nccl-tests' -b (e.g. 8)")
+    parser.add_argument("-e", "--maxbytes", default=None, help="last size of a sweep, as nccl-tests' -e (e.g. 64MiB)")
+    parser.add_argument("-f", "--stepfactor", type=int, default=None,
+                        help="multiply the size by this from -b to -e, as nccl-tests' -f (default 2)")
     parser.add_argument("--dtype", default="float32", choices=DTYPES)
     parser.add_argument("--dims", default="flat", help="ring shape(s), comma list: flat, auto, 2x2, ... (default flat)")
     parser.add_argument("--iters", type=int, default=None,
@@ -463,10 +532,12 @@ def _parser() -> argparse.ArgumentParser:
                         f"about {format_bytes(AUTO_BYTES_PER_ROW)} per size)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed iterations first (default auto: 2..10)")
     parser.add_argument("--op", default="sum", choices=BENCHED_OPS,
-                        help="sum or average (MPI baseline is SUM either way)")
+                        help="the op; MPI's baseline runs the same one (SUM for average)")
     parser.add_argument("--compression", default="none",
                         help="ddlfast wire codec: none, fp16, bf16, or per dimension e.g. none,fp16 (float32 only)")
     parser.add_argument("--json", action="store_true", help="print one JSON document (rank 0) instead of the table")
+    parser.add_argument("--json-file", default=None, metavar="FILE",
+                        help="also write the JSON document to FILE (beside the streamed table)")
     parser.add_argument("--check", action="store_true",
                         help="verify ddlfast's result against MPI's (ints exactly, floats within tolerance)")
     return parser
@@ -478,7 +549,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
-        sizes = parse_sizes(args.sizes)
+        swept = args.minbytes is not None or args.maxbytes is not None or args.stepfactor is not None
+        if swept and args.sizes is not None:
+            raise DdlfastError("give --sizes or -b/-e/-f, not both")
+        sizes = (sweep_sizes(args.minbytes, args.maxbytes, args.stepfactor) if swept
+                 else parse_sizes(DEFAULT_SIZES if args.sizes is None else args.sizes))
         dims_list = parse_dims_list(args.dims, world)
         if args.iters is not None and args.iters < 1:
             raise DdlfastError("--iters must be >= 1")
@@ -486,19 +561,31 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise DdlfastError("--warmup must be >= 0")
     except DdlfastError as error:
         parser.error(str(error))  # exits 2 on every rank, message printed once
+    streaming = rank == 0 and not args.json
+    checked = args.check
+
+    def print_row(row: dict[str, Any]) -> None:
+        print(format_row(row, checked), flush=True)
+
+    if streaming:  # the header now, each row as it is measured (as nccl-tests does)
+        first = {"collective": args.collective, "op": args.op, "compression": args.compression}
+        print("\n".join(header_lines([first], world) + column_titles(args.collective, checked)), flush=True)
     try:
         rows = run_bench(sizes, args.dtype, dims_list, args.iters, args.warmup, args.op, args.check, comm=comm,
-                         compression=args.compression, collective=args.collective)
+                         compression=args.compression, collective=args.collective,
+                         on_row=print_row if streaming else None)
     except DdlfastError as error:
         if rank == 0:
             print(f"ddlfast bench: error: {error}", file=sys.stderr)
         return 1
     failures = [message for row in rows for message in row.get("check_errors", [])]
     if rank == 0:
+        if args.json_file:
+            files.replace_file(args.json_file, json.dumps(json_document(rows, world)) + "\n")
         if args.json:
             print(json.dumps(json_document(rows, world)))
         else:
-            print(format_table(rows, world))
+            print("\n".join(footer_lines(rows)))
             if args.check and not failures:
                 exactly = np.dtype(args.dtype).kind == "i" or (
                     args.collective in ("allgather", "broadcast") and args.compression == "none")

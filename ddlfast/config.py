@@ -214,7 +214,7 @@ _VARIABLES = (
 RUNTIME_VARIABLES = frozenset(_VARIABLES + (
     "DDLFAST_ABORT_ON_STALL", "DDLFAST_TIMELINE", "DDLFAST_TIMELINE_MAX_EVENTS", "DDLFAST_PROBE",
     "DDLFAST_PROBE_TIMEOUT_S", "DDLFAST_CACHE_DIR", "DDLFAST_HOSTS_PER_GROUP", "DDLFAST_CUDA_AWARE_MPI",
-    "DDLFAST_SPIN_US",
+    "DDLFAST_SPIN_US", "DDLFAST_ALLOW_SINGLE",
 ))
 # Build and test tooling.
 TOOLING_VARIABLES = frozenset((
@@ -274,6 +274,7 @@ def check_environment() -> None:
     abort_on_stall()
     cuda_aware_mpi()
     spin_us()
+    allow_single()
 
 
 def _parse_settings() -> Settings:
@@ -344,6 +345,12 @@ _ON_OFF = {**dict.fromkeys(("1", "true", "yes", "on"), "1"), **dict.fromkeys(("0
 def abort_on_stall(environ: Mapping[str, str] | None = None) -> bool:
     """DDLFAST_ABORT_ON_STALL: whether an uncaught DdlfastTimeoutError calls MPI_Abort (default on)."""
     return _env_choice("DDLFAST_ABORT_ON_STALL", "1", _ON_OFF, environ) == "1"
+
+
+def allow_single(environ: Mapping[str, str] | None = None) -> bool:
+    """DDLFAST_ALLOW_SINGLE: whether a process MPI sees alone may run although its launcher (torchrun, srun, another
+    MPI's mpiexec) started several (default off: that is an error saying how to launch; ddlfast/launch.py)."""
+    return _env_choice("DDLFAST_ALLOW_SINGLE", "0", _ON_OFF, environ) == "1"
 
 
 def cuda_aware_mpi(environ: Mapping[str, str] | None = None) -> str:

@@ -94,9 +94,13 @@ def mlp_accuracy(params: list[np.ndarray], x: np.ndarray, y: np.ndarray) -> floa
 
 
 def progress(epoch: int, epochs: int, done: int, total: int, extra: str = "", width: int = 30) -> None:
+    """A bar redrawn in place on a terminal; into a file or a pipe (a log), one line per epoch, when it ends."""
+    on_terminal = sys.stdout.isatty()
+    if not on_terminal and done != total:
+        return
     filled = int(width * done / max(total, 1))
-    sys.stdout.write(f"\r  epoch {epoch + 1:>2}/{epochs} [{'#' * filled}{'.' * (width - filled)}] "
-                     f"{done}/{total} {extra}")
+    sys.stdout.write(f"{chr(13) if on_terminal else ''}  epoch {epoch + 1:>2}/{epochs} "
+                     f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {extra}")
     if done == total:
         sys.stdout.write("\n")
     sys.stdout.flush()
@@ -199,13 +203,23 @@ def save_plot(rows: list[dict], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from ddlfast.bench import busbw_factor, format_bytes
+
     sizes = [row["size_bytes"] for row in rows]
     fig, axis = plt.subplots(figsize=(7, 4.5))
-    axis.plot(sizes, [row["ddlfast"]["busbw_GBps"] for row in rows], "o-", label="ddlfast")
-    axis.plot(sizes, [row["mpi"]["busbw_GBps"] for row in rows], "s--", label="MPI_Allreduce (mpi4py)")
+    for name, style, label in (("ddlfast", "o-", "ddlfast"), ("mpi", "s--", "MPI_Allreduce (mpi4py)")):
+        line, = axis.plot(sizes, [row[name]["busbw_GBps"] for row in rows], style, label=f"{label} (median)")
+        # the spread of the samples: busbw of the slowest and the fastest iteration of each size
+        spread = [[row["size_bytes"] / (t * 1e-6) / 1e9 * busbw_factor(row["world"]) for t in
+                   (max(row[name]["samples_us"]), min(row[name]["samples_us"]))] for row in rows]
+        axis.fill_between(sizes, [low for low, _ in spread], [high for _, high in spread], color=line.get_color(),
+                          alpha=0.15, linewidth=0)
     axis.set_xscale("log", base=2)
-    axis.set_xlabel("message size (bytes)")
-    axis.set_ylabel("busbw (GB/s)")
+    axis.set_yscale("log")  # a linear axis flattens the small sizes into the floor
+    axis.set_xticks(sizes, [format_bytes(size).replace("KiB", " KiB").replace("MiB", " MiB")
+                            .replace("GiB", " GiB") for size in sizes])
+    axis.set_xlabel("message size")
+    axis.set_ylabel("busbw (GB/s), band: fastest to slowest iteration")
     axis.set_title(f"allreduce busbw, {rows[0]['world']} ranks, {rows[0]['dtype']}")
     axis.grid(True, alpha=0.3)
     axis.legend()

@@ -22,6 +22,7 @@ def mpi_facts() -> dict:
 
     recorded = mpi_check.built_with()
     return {
+        "cuda_kernels": mpi_check.recorded_fact("CUDA_KERNELS") or "not recorded (an older build)",
         "ddlfast_built_against": str(recorded[0]) if recorded else "not recorded",
         "ddlfast_mpicc": recorded[1] if recorded else "not recorded",
         "mpi4py_runs_on": " ".join(MPI.Get_library_version().split("\n")[0].replace("\0", "").split()),
@@ -40,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(facts, sys.stdout, indent=1, default=str)
         print()
     elif args.short:
-        print(f"ddlfast built: {facts['kernel_selected']} | CUDA {facts['cuda']} | built against "
+        print(f"ddlfast built: {facts['kernel_selected']} | {facts['cuda_kernels']} | built against "
               f"{facts['ddlfast_built_against']} ({facts['ddlfast_mpicc']}) | mpi4py runs on {facts['mpi4py_runs_on']}")
     else:
         for key, value in facts.items():

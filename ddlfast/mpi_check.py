@@ -119,6 +119,11 @@ def built_with() -> tuple[MpiIdentity, str] | None:
     return MpiIdentity(values["VENDOR"], values["FAMILY"], values["VERSION"]), values["MPICC"]
 
 
+def recorded_fact(name: str) -> object:
+    """One value setup.py recorded about this build (e.g. CUDA_KERNELS), or None."""
+    return runpy.run_path(str(RECORD)).get(name) if RECORD.exists() else None
+
+
 def stale_modules(directory: Path | None = None, record: Path | None = None) -> list[str]:
     """Compiled modules in the package the recorded build did not make (file names); [] for a build that did not
     record its modules."""

@@ -1,10 +1,10 @@
-"""`python -m ddlfast.plan`: the cost model's predicted allreduce time of every ring shape (DESIGN §1,
+"""`python -m ddlfast.plan`: the cost model's predicted allreduce time of every ring shape (docs/topology.md,
 ddlfast/topology/cost_model.py) and its pick.
 
 Two ways to run it:
 
     python -m ddlfast.plan --hosts 64 --ranks-per-host 4 --intra 40GB/s,2us --inter 100Gbit/s,5us \\
-        --bytes 102MB --compute-ms 200            # a described cluster, nothing is run
+        --bytes 102000000 --compute-ms 200            # a described cluster, nothing is run
     mpiexec -n 8 python -m ddlfast.plan --bytes 64MiB   # this job: detected placement, probed links
 """
 
@@ -37,8 +37,8 @@ from ddlfast.topology.placement import SHOWN_SIZES
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m ddlfast.plan",
-        description="Predict allreduce time for every ring shape (DESIGN §1 cost model). With --hosts: a described "
-                    "cluster; without: this MPI job's detected placement and probed links.",
+        description="Predict allreduce time for every ring shape (the cost model of docs/topology.md). With "
+                    "--hosts: a described cluster; without: this MPI job's detected placement and probed links.",
     )
     parser.add_argument("--hosts", type=int, help="describe a cluster of this many hosts (else: measure this job)")
     parser.add_argument("--ranks-per-host", type=int, default=1)
@@ -48,7 +48,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--group", help="each group's uplink, shared by its hosts: rate,latency")
     parser.add_argument("--reduce-rate", default="100GB/s",
                         help="bytes reduced per second, 1/gamma (GPU-class default; one CPU core does ~5GB/s)")
-    parser.add_argument("--bytes", default="64MiB", help="allreduce size, e.g. 102MB (gradients of a step)")
+    parser.add_argument("--bytes", default="64MiB", help="allreduce size, e.g. 64MiB or 102000000 (gradients of a "
+                        "step; KB/MB are binary, as everywhere in ddlfast)")
     parser.add_argument("--compute-ms", type=float, default=0.0, help="compute per step, for scaling efficiency")
     parser.add_argument("--overlap", type=float, default=0.0,
                         help="fraction of compute that communication can hide behind (0: none, 1: all of backward)")

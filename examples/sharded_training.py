@@ -10,7 +10,7 @@ loss curves are compared: they must agree to float rounding (the sums are the sa
 order can differ).
 
 Run: mpiexec -n 4 python examples/sharded_training.py              (~25 M parameters)
-     mpiexec -n 2 python examples/sharded_training.py --hidden 64 --width 32 --steps 5 --check
+     mpiexec -n 2 python examples/sharded_training.py --hidden 64 --width 32 --steps 6 --lr 0.01 --check
 """
 
 from __future__ import annotations
@@ -153,10 +153,14 @@ def main() -> int:
               f"unsharded {plain_state / 2**20:.1f} MiB")
         print(f"max |parameter difference| sharded vs unsharded: {np.abs(sharded_params - plain_params).max():.3g}")
     final_gap = abs(sharded[-1] - plain[-1]) / max(abs(plain[-1]), 1e-12)
-    ok = same_everywhere and final_gap <= args.rtol and sharded[-1] < sharded[0]
+    # --check is about the two runs agreeing; whether a few steps lower the loss depends on --lr and --steps,
+    # so it is reported beside, not mixed into the verdict.
+    ok = same_everywhere and final_gap <= args.rtol
     if comm.Get_rank() == 0:
         print(f"final loss: sharded {sharded[-1]:.6f} unsharded {plain[-1]:.6f} (relative gap {final_gap:.2g}); "
               f"parameters identical on every rank: {same_everywhere}; {'same loss' if ok else 'MISMATCH'}")
+        fell = "fell" if sharded[-1] < sharded[0] else "did not fall (more --steps or a larger --lr)"
+        print(f"loss over {len(sharded)} steps: {sharded[0]:.6f} -> {sharded[-1]:.6f}, {fell}")
     return 0 if ok or not args.check else 1
 
 

@@ -31,6 +31,9 @@ pin() { grep -E "^$1==" requirements.txt; }  # the version requirements.txt pins
 # Everything but MPI and mpi4py, when requirements.txt changed since the last successful run.
 stamp=$VENV/.ddlfast-requirements
 if ! cmp -s requirements.txt "$stamp" 2>/dev/null; then
+  echo "ddlfast: installing requirements.txt into $VENV: NumPy, ml_dtypes, the build tools (Cython, CMake, Ninja, build)," \
+    "pytest, ruff, Sphinx, and for the demo torch (CPU, ~200 MB), scikit-learn, matplotlib; usually 1 to 3 minutes the" \
+    "first time, from pip's cache or index"
   pip_install --upgrade pip
   pip_install -r <(grep -v -E '^(mpich|mpi4py)==' requirements.txt)
   rm -f "$VENV/.ddlfast-mpi"  # the pins may have changed: set MPI up again
@@ -68,6 +71,8 @@ fi
 
 # --no-build-isolation: build against exactly the mpi4py/MPI in the venv (its bin/mpicc).
 log=$VENV/.ddlfast-build.log
+echo "ddlfast: building the C++ core and the Cython modules (about 75 s on 2 cores from scratch, seconds when up" \
+  "to date; log: $log)"
 DDLFAST_MPICC=$VENV/bin/mpicc "$VENV/bin/python" -m pip install --quiet --no-build-isolation --no-deps -e . \
   >"$log" 2>&1 || {
   cat "$log"

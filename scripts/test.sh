@@ -3,6 +3,7 @@
 # (unit tests, multi-rank tests under mpiexec, lint, CUDA compile check, sanitizers).
 # DDLFAST_MPI=system (or a path to an mpicc) runs it on a system MPI (scripts/setup.sh, docs/mpi.md);
 # the sanitizer step then runs only with SANITIZE_SYSTEM_MPI=1 (it is checked on the wheel).
+# In CI (CI=true) the sdist is then built, installed into a fresh venv and run on 2 ranks (scripts/sdist_check.sh).
 # Then, in CI (CI=true) or with DDLFAST_SECOND_MPI=1, the unit tests and a multi-rank subset again on a second
 # MPI, Open MPI, in a copy of the tree (scripts/test_second_mpi.sh); DDLFAST_SECOND_MPI=0 turns that off.
 set -euo pipefail
@@ -30,6 +31,10 @@ if [ "$MPI_KIND" = wheel ] || [ "${SANITIZE_SYSTEM_MPI:-0}" = 1 ]; then
   with_mpi_choice bash scripts/sanitize.sh
 fi
 echo "ddlfast: main run ($MPI_CHOICE) took $(($(date +%s) - start)) s"
+# In CI: the sdist, installed into a fresh venv with pip's mpich and mpi4py, runs a 2-rank allreduce (~75 s).
+if [ "${CI:-}" = true ]; then
+  VENV=$VENV bash scripts/sdist_check.sh
+fi
 if [ "$second_mpi" = 1 ]; then
   bash scripts/test_second_mpi.sh
   echo "ddlfast: whole test run took $(($(date +%s) - start)) s"

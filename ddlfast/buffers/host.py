@@ -22,11 +22,14 @@ class HostBuffer(NamedTuple):  # a tuple: built on every call, so kept cheap
 
 
 def host_buffer(array: object, where: str) -> HostBuffer:
-    """Validate one array for an in-place reduction; `where` names it in errors."""
+    """Validate one array (NumPy, or a torch CPU tensor through its view) for an in-place reduction; `where` names
+    it in errors."""
+    if type(array) is not np.ndarray:  # the common case costs one compare (fused calls of 100k arrays)
+        array = host_view(array, where)
     if not isinstance(array, np.ndarray):
         kind = type(array).__module__ + "." + type(array).__qualname__
         hint = " (CuPy/CUDA arrays need a CUDA build)" if hasattr(array, "__cuda_array_interface__") else ""
-        raise DdlfastError(f"{where} is a {kind}, not a NumPy array{hint}")
+        raise DdlfastError(f"{where} is a {kind}, not a NumPy array or torch CPU tensor{hint}")
     if isinstance(array, np.ma.MaskedArray):
         raise DdlfastError(f"{where} is a masked array (numpy.ma.MaskedArray); ddlfast would reduce the masked "
                            "elements too and ignore the mask: pass np.ma.filled(array, 0) (a copy) or array.data "
@@ -72,19 +75,25 @@ def numpy_view(tensor: Any) -> np.ndarray:
     return tensor.numpy()
 
 
-def host_view(obj: object) -> object:
-    """Torch CPU tensors through their NumPy view (shared memory); everything else as it is."""
+def host_view(obj: object, where: str = "the tensor") -> object:
+    """The one intake of host arrays: torch CPU tensors through their NumPy view (shared memory, read detached
+    when they require grad); everything else as it is, for the caller's checks."""
     if torch_tensor_module(obj) is not None and obj.device.type == "cpu":  # type: ignore[attr-defined]
-        return numpy_view(obj)
+        try:
+            return numpy_view(obj)
+        except (TypeError, RuntimeError) as error:  # a dtype NumPy has no twin for (complex32, quantized, ...)
+            raise DdlfastError(f"{where} is a torch tensor of {obj.dtype} with no NumPy view ({error})") from None
     return obj
 
 
 def broadcast_target(array: object, where: str) -> np.ndarray:
     """A host array broadcast() can overwrite: any fixed-size dtype (the copy is of bytes), C-contiguous,
-    writable."""
+    writable; a torch CPU tensor through its view."""
+    array = host_view(array, where)
     if not isinstance(array, np.ndarray) or isinstance(array, np.ma.MaskedArray):
         kind = type(array).__module__ + "." + type(array).__qualname__
-        raise DdlfastError(f"{where}: the array is a {kind}, not a NumPy array (or a GPU array in a CUDA build)")
+        raise DdlfastError(f"{where}: the array is a {kind}, not a NumPy array or torch CPU tensor (or a GPU array "
+                           "in a CUDA build)")
     if array.dtype.hasobject:
         raise DdlfastError(f"{where}: dtype {array.dtype} holds Python objects, which cannot be broadcast as bytes; "
                            "use ddlfast.broadcast_object")

@@ -16,6 +16,10 @@ from ddlfast.errors import DdlfastError
 
 @runtime_checkable
 class Codec(Protocol):
+    """compress(bucket, state) -> payload arrays (allgathered by ddlfast), decompress(payloads_by_rank, bucket,
+    state) writes the result into the bucket. A codec may declare `dtypes` (e.g. ("float32",)): arrays of
+    another dtype are then refused before anything moves, like any bad input, on every rank."""
+
     def compress(self, bucket: np.ndarray, state: dict) -> Sequence[np.ndarray]: ...
 
     def decompress(self, payloads: list[list[np.ndarray]], bucket: np.ndarray, state: dict) -> None: ...
@@ -69,6 +73,8 @@ class TopKCodec:
     """Top-k sparsification with error feedback: each rank sends its k largest
     (after adding last step's residual) as (index, value) pairs; what it did not
     send is kept as the residual for the next step."""
+
+    dtypes = ("float32",)  # checked before the agreement (engine/requests.py): a float64 array is refused there
 
     def __init__(self, ratio: float = 0.01) -> None:
         if not 0 < ratio <= 1:

@@ -149,7 +149,7 @@ def _raise_overlap(first: tuple[bool, int], second: tuple[bool, int], rank: int)
 
 
 def _host_out(out: object, dtype: np.dtype, elements: int, where: str) -> np.ndarray:
-    out = host_view(out)
+    out = host_view(out, where)
     if not isinstance(out, np.ndarray) or isinstance(out, np.ma.MaskedArray):
         raise DdlfastError(f"{where} is a {type(out).__module__}.{type(out).__qualname__}, not a NumPy array "
                            "(or torch CPU tensor) like the input")
@@ -163,7 +163,7 @@ def _host_out(out: object, dtype: np.dtype, elements: int, where: str) -> np.nda
 
 
 def _host_spec(array: object, kind: str, where: str) -> Spec:
-    array = host_view(array)
+    array = host_view(array, where)
     if not isinstance(array, np.ndarray) or isinstance(array, np.ma.MaskedArray):
         hint = " (CuPy/CUDA arrays need a CUDA build)" if hasattr(array, "__cuda_array_interface__") else ""
         raise DdlfastError(f"{where} is a {type(array).__module__}.{type(array).__qualname__}, not a NumPy array"
@@ -197,7 +197,7 @@ def prepare(state: EngineState, kind: str, arrays: Any, op: str, dims: object, c
             compression: object, stream: object, single: bool) -> HalfRequest:
     """Validate a call on the caller's thread, so bad input raises where it was passed."""
     if kind == REDUCE_SCATTER:
-        check_op(op, state.rank)
+        op = check_op(op, state.rank)  # ddlfast's name (also for MPI.SUM, torch's ReduceOp.SUM, ...)
     settings = load_settings()
     ring_dims = state.resolve_dims(dims, settings)
     if compression is not None and not isinstance(compression, (str, tuple, list)):

@@ -27,7 +27,7 @@ def prepare(state: EngineState, arrays: Sequence[Any], op: str, dims: object, re
             compression: object = None, error_feedback: bool = False, stream: object = None,
             asynchronous: bool = False) -> HostRequest | DeviceRequest:
     rank = state.rank
-    check_op(op, rank)
+    op = check_op(op, rank)  # ddlfast's name (also for MPI.SUM, torch's ReduceOp.SUM, ...)
     if isinstance(arrays, np.ndarray) or not isinstance(arrays, Sequence):
         raise DdlfastError("fused_allreduce takes a list of arrays; use ddlfast.allreduce for one array")
     if len(arrays) == 0:
@@ -105,7 +105,14 @@ def resolve_compression(compression: object, settings: Settings, dtype_names: li
     elif isinstance(compression, (str, tuple, list)):
         names = parse_compression(compression)
     elif isinstance(compression, Codec) or callable(compression):
-        return compression  # a user codec: checked when it runs
+        # A user codec runs after the agreement (a failure there breaks the context); the dtypes it declares
+        # (`dtypes`, e.g. TopKCodec's float32) are checked now, so a mismatch is refused like any bad input.
+        accepted = getattr(compression, "dtypes", None)
+        for i, name in enumerate(dtype_names if accepted is not None else ()):
+            if name not in accepted:
+                raise DdlfastError(f"array {i} on rank {rank} is {name}, but {type(compression).__name__} takes "
+                                   f"{', '.join(accepted)} arrays")
+        return compression  # otherwise checked when it runs
     else:
         raise DdlfastError(f"compression={compression!r} is not a codec name, a Codec or a hook")
     if names not in (("none",), ("auto",)):

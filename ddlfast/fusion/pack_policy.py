@@ -2,7 +2,7 @@
 
 Small arrays are packed into the bucket's fused buffer (their per-message cost would dominate); large ones are
 reduced where they lie, as further segments of one logical buffer. The choice depends on sizes alone, which
-every rank agreed on, so every rank lays a bucket out alike (DESIGN.md 2b: the layout is a pure function of the
+every rank agreed on, so every rank lays a bucket out alike (docs/architecture.md: the layout is a pure function of the
 agreed arguments).
 """
 

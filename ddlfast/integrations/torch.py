@@ -46,8 +46,13 @@ from ddlfast.errors import DdlfastConsistentError, DdlfastError
 from ddlfast.fusion.bucketing import assign_buckets
 from ddlfast.integrations.tensors import SUPPORTED_DTYPES, collective_view, for_backward, numpy_view, stream_of
 from ddlfast.integrations.torch_backend import register as _register_backend
-from ddlfast.integrations.torch_ddp import HookState, allreduce_hook, bf16_hook, fp16_hook
+from ddlfast.integrations.torch_ddp import HookState, allreduce_hook, bf16_hook, fp16_hook, install_mpi_rendezvous
 from ddlfast.integrations.torch_ddp import init_process_group as _init_from_mpi
+
+# Importing ddlfast.torch makes "ddlfast" a torch.distributed backend and lets torch's env:// rendezvous take what
+# the environment lacks from MPI, so `dist.init_process_group("ddlfast")` works under mpiexec as it is.
+_register_backend()
+install_mpi_rendezvous()
 
 _SPARSE_MODULES = (torch.nn.Embedding, torch.nn.EmbeddingBag)
 
@@ -668,11 +673,10 @@ def _layout_dtype(tensors: list[torch.Tensor]) -> np.dtype:
 def init_process_group(backend: str = "gloo", **kwargs: Any) -> None:
     """dist.init_process_group under mpiexec, ranks and rendezvous from MPI (ddlfast/integrations/torch_ddp.py).
 
-    backend="ddlfast" registers ddlfast's torch.distributed backend first (ddlfast/integrations/torch_backend.py):
-    DDP, FSDP2's Python path and dist.* collectives then run on ddlfast. The default stays gloo (for the DDP
-    hooks)."""
-    if "ddlfast" in str(backend).replace(":", ",").split(","):
-        _register_backend()
+    backend="ddlfast" (registered when ddlfast.torch is imported; ddlfast/integrations/torch_backend.py): DDP,
+    FSDP2's Python path and dist.* collectives then run on ddlfast. The default stays gloo (for the DDP hooks).
+    Plain `torch.distributed.init_process_group("ddlfast")` works as well under mpiexec once ddlfast.torch is
+    imported."""
     _init_from_mpi(backend=backend, **kwargs)
 
 

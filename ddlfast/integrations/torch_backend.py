@@ -360,6 +360,8 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
 
     def allreduce(self, tensors: torch.Tensor | list[torch.Tensor], opts: Any = None) -> DdlfastWork:
         tensors = _tensors(tensors)
+        if any(getattr(t, "layout", None) == torch.sparse_coo for t in tensors):
+            return self._sparse_allreduce(tensors, opts)
         try:
             op = _reduce_op(opts)
             self._check(tensors, "allreduce")
@@ -369,6 +371,39 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
         with for_backward(self._context):  # DDP's reducer calls it in backward, maybe on an autograd thread
             handle = self._context.fused_allreduce_async(views, op=op, result=tensors, stream=stream_of(tensors[0]))
         return DdlfastWork(handle, tensors)
+
+    def _sparse_allreduce(self, tensors: list[torch.Tensor], opts: Any) -> DdlfastWork:
+        """Sparse COO tensors summed as gloo sums them: every rank's (indices, values) allgathered, concatenated in
+        rank order and coalesced (duplicates summed), so every rank computes the same bits; the result replaces
+        each tensor's contents in place."""
+        try:
+            op = _reduce_op(opts)
+            if op != "sum":
+                raise DdlfastError(f"allreduce on rank {self.rank()} of a sparse tensor takes ReduceOp.SUM, not "
+                                   f"{op} (as gloo)")
+            for t in tensors:
+                if t.layout != torch.sparse_coo or t.device.type != "cpu":
+                    raise DdlfastError(f"allreduce on rank {self.rank()} mixes a sparse tensor with a "
+                                       f"{t.layout} tensor on {t.device}: sparse allreduce takes CPU sparse COO "
+                                       "tensors only")
+        except Exception as error:  # noqa: BLE001 - any exception on one rank must reach every rank (_refuse)
+            raise self._refuse(error) from error
+
+        def run() -> None:
+            for i, t in enumerate(tensors):
+                mine = t.detach().coalesce()
+                everyone = self._context.allgather_object((tuple(mine.shape), str(mine.dtype), mine.indices(),
+                                                           mine.values()))
+                kinds = sorted({f"{dtype}{list(shape)}" for shape, dtype, _, _ in everyone})
+                if len(kinds) > 1:  # every rank sees the same gathered list: every rank raises this
+                    raise DdlfastConsistentError(f"sparse allreduce of tensor {i}: the ranks passed tensors of "
+                                                 f"different sizes or dtypes ({', '.join(kinds)})")
+                total = torch.sparse_coo_tensor(torch.cat([p[2] for p in everyone], dim=1),
+                                                torch.cat([p[3] for p in everyone]), mine.shape).coalesce()
+                with torch.no_grad():
+                    t.copy_(total)
+
+        return DdlfastWork(self._context.submit_collective(run, "sparse allreduce"), tensors)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> DdlfastWork:
         return self.allreduce(tensors, opts)
@@ -512,6 +547,32 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
         return works[-1] if works else self.barrier()
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
+                            opts: Any = None) -> DdlfastWork:
+        """dist.all_gather_coalesced: output_lists[r][i] gets rank r's inputs[i]; one fused ddlfast allgather (one
+        agreement over every input's shape and dtype), then copied into torch's outputs on the thread."""
+        try:
+            self._check([*inputs, *(o for outputs in output_lists for o in outputs)], "all_gather_coalesced",
+                        same_dtype=False)
+            self._host_only([*inputs, *(o for outputs in output_lists for o in outputs)], "all_gather_coalesced")
+            shapes = [tuple(t.shape) for t in inputs]
+            wanted = [(tuple(t.shape), t.dtype) for t in inputs]
+            if len(output_lists) != self.size() or any([(tuple(o.shape), o.dtype) for o in outputs] != wanted
+                                                       for outputs in output_lists):
+                raise DdlfastError(f"all_gather_coalesced on rank {self.rank()} takes {self.size()} output lists, "
+                                   f"each of tensors shaped and typed as the inputs {shapes}")
+        except Exception as error:  # noqa: BLE001 - any exception on one rank must reach every rank (_refuse)
+            raise self._refuse(error) from error
+        outputs_flat = [o for outputs in output_lists for o in outputs]
+
+        def run() -> None:
+            gathered = self._context.fused_allgather([numpy_view(t).reshape(-1) for t in inputs])
+            for i, full in enumerate(gathered):  # rank r's inputs[i] is block r of full
+                for r, block in enumerate(np.split(full, self.size())):
+                    numpy_view(output_lists[r][i]).reshape(-1)[...] = block
+
+        return DdlfastWork(self._context.submit_collective(run, "all_gather_coalesced"), outputs_flat)
 
     def _allgather_into(self, source: torch.Tensor, output: torch.Tensor) -> None:
         """On the communication thread: the ranks' `source` tensors, in rank order, into `output`'s memory."""

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
+from ddlfast import launch
 from ddlfast.api import default_context, has_cuda
 from ddlfast.context import Context
 from ddlfast.engine.worker import Handle
@@ -35,11 +36,24 @@ _WIRE = {None: None, "none": None, "fp16": "fp16", "bf16": "bf16"}
 def init_process_group(backend: str = "gloo", **kwargs: Any) -> None:
     """dist.init_process_group from MPI: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (a free port rank 0 picks
     and broadcasts) are set unless already set; a torch rank that differs from the MPI rank is an error."""
+    rank, world = environment_from_mpi()
+    kwargs.setdefault("rank", rank)
+    kwargs.setdefault("world_size", world)
+    dist.init_process_group(backend=backend, **kwargs)
+    if dist.get_rank() != rank or dist.get_world_size() != world:
+        raise DdlfastError(f"torch rank {dist.get_rank()} of {dist.get_world_size()} is MPI rank {rank} of {world}")
+
+
+_RENDEZVOUS_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def environment_from_mpi() -> tuple[int, int]:
+    """Set torch's env:// rendezvous variables from MPI where they are unset (collective over COMM_WORLD: rank 0
+    picks the port); returns (rank, world size). Raises DdlfastError where MPI sees this process alone but the
+    launcher started several, or where RANK/WORLD_SIZE are set and differ from MPI's numbering."""
     comm = MPI.COMM_WORLD
     rank, world = comm.Get_rank(), comm.Get_size()
-    env_world = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    if world == 1 and env_world > 1:
-        raise DdlfastError(f"WORLD_SIZE={env_world} but MPI sees 1 process: {_LAUNCH}")
+    launch.check_world()  # torchrun (or srun, another MPI's mpiexec) started this process alone
     for name, mine in (("RANK", rank), ("WORLD_SIZE", world)):
         given = os.environ.get(name)
         if given not in (None, "") and int(given) != mine:
@@ -60,11 +74,28 @@ def init_process_group(backend: str = "gloo", **kwargs: Any) -> None:
                                "rank 0 that every rank can reach")
     os.environ["MASTER_PORT"] = port
     os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(world)
-    kwargs.setdefault("rank", rank)
-    kwargs.setdefault("world_size", world)
-    dist.init_process_group(backend=backend, **kwargs)
-    if dist.get_rank() != rank or dist.get_world_size() != world:
-        raise DdlfastError(f"torch rank {dist.get_rank()} of {dist.get_world_size()} is MPI rank {rank} of {world}")
+    return rank, world
+
+
+def install_mpi_rendezvous() -> None:
+    """Make torch's default env:// rendezvous take what is missing from MPI, so that plain
+    `dist.init_process_group("ddlfast")` (or "gloo") works under mpiexec; where the launcher set all four
+    variables (torchrun), torch's own handler runs untouched. Idempotent."""
+    import importlib
+
+    # the module: `torch.distributed.rendezvous` as an attribute is the function of that name
+    handlers = importlib.import_module("torch.distributed.rendezvous")._rendezvous_handlers
+    original = handlers.get("env")
+    if original is None or getattr(original, "ddlfast_wrapped", False):
+        return
+
+    def env_or_mpi(url: str, *args: Any, **kwargs: Any) -> Any:
+        if any(not os.environ.get(name) for name in _RENDEZVOUS_VARIABLES):
+            environment_from_mpi()
+        return original(url, *args, **kwargs)
+
+    env_or_mpi.ddlfast_wrapped = True  # type: ignore[attr-defined]
+    handlers["env"] = env_or_mpi
 
 
 def _address_of(host: str) -> str:

@@ -1,4 +1,4 @@
-"""The cost model: predicted allreduce time of every ring shape (DESIGN §1), and the pick among them.
+"""The cost model: predicted allreduce time of every ring shape (docs/topology.md), and the pick among them.
 `python -m ddlfast.plan` (ddlfast/plan.py) prints it for a described cluster or for this job.
 
 The model. Ranks sit at torus positions, host-contiguous (ddlfast renumbers them so), `ranks_per_host` to a
@@ -10,7 +10,7 @@ A step costs the latency of the slowest tier its edges cross, plus the slowest o
     the busiest host's link        edges leaving it * block * beta_inter   (shared by the host's ranks)
     the busiest group's uplink     edges leaving it * block * beta_group   (when a group link is given)
 
-plus `block * gamma` for the reduction in reduce-scatter steps. With one tier this is exactly DESIGN's
+plus `block * gamma` for the reduction in reduce-scatter steps. With one tier this is exactly the classic
 `2(p-1)a + 2(p-1)/p S b + (p-1)/p S g`; with a slow host link shared by a host's ranks it charges a flat ring
 `2(p-1)/p * S` per host link crossing and the host-aligned 2D ring `2(h-1)/h * S` per host.
 """
@@ -23,6 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from ddlfast import config
+from ddlfast.errors import DdlfastError
 
 # Defaults where nothing was measured or described (DDLFAST_PROBE=0): shared memory and a 10 Gbit/s network.
 DEFAULT_INTRA = (1e-6, 1 / 10e9)
@@ -52,12 +55,12 @@ def _split(text: str, what: str) -> tuple[float, str, bool]:
 
 
 def parse_bytes(text: str) -> int:
-    """'102MB' -> 102e6, '64MiB' -> 2**26, '4096' -> 4096 (decimal k/M/G, binary Ki/Mi/Gi)."""
-    value, unit, per_second = _split(text, "bytes")
-    prefix = unit[:-1] if unit.lower().endswith("b") else unit
-    if per_second or prefix.lower() not in _UNITS:
-        raise PlanError(f"bytes: cannot read {text!r}; use e.g. 102MB, 64MiB or 4096")
-    return int(round(value * _UNITS[prefix.lower()]))
+    """A byte size as every ddlfast size reads ('64MiB', '64MB' and '64M' are 2**26; config.parse_size, the one size
+    parser, shared with --sizes and the DDLFAST_*_BYTES variables)."""
+    try:
+        return config.parse_size(text, "bytes")
+    except DdlfastError as error:
+        raise PlanError(str(error)) from None
 
 
 def parse_rate(text: str) -> float:

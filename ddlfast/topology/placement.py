@@ -64,6 +64,15 @@ class Placement:
             counts[host] += 1
         return tuple(counts)
 
+    def local_rank(self, rank: int) -> int:
+        """`rank`'s index among the ranks on its host, in rank order."""
+        host = self.host_of_rank[rank]
+        return sum(1 for other in range(rank) if self.host_of_rank[other] == host)
+
+    def local_size(self, rank: int) -> int:
+        """How many ranks `rank`'s host runs."""
+        return self.ranks_per_host[self.host_of_rank[rank]]
+
     @property
     def regular(self) -> bool:
         return len(set(self.ranks_per_host)) == 1
@@ -147,7 +156,7 @@ class Topology:
         return () if self.placement.contiguous else self.placement.order
 
     def resolve(self, chosen: str | tuple[int, ...]) -> tuple[int, ...]:
-        """'flat' | 'auto' | explicit dims -> the dims to run, with the checks DESIGN §1 asks for."""
+        """'flat' | 'auto' | explicit dims -> the dims to run, with the checks docs/topology.md describes."""
         size = self.placement.size
         if chosen == "flat":
             return (size,)

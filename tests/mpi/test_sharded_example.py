@@ -28,3 +28,13 @@ def test_sharded_training_reaches_the_unsharded_loss(ranks: int) -> None:
     losses = re.findall(r"^\s*\d+\s+(\d+\.\d+)\s+(\d+\.\d+)$", output, re.MULTILINE)
     assert len(losses) == 6, output[-3000:]
     assert float(losses[-1][0]) < float(losses[0][0]), "the loss must fall"
+
+
+@pytest.mark.mpi
+def test_the_quick_command_in_its_docstring_passes() -> None:
+    """The small command the example's docstring gives runs and passes its own --check (it printed MISMATCH)."""
+    quick = re.search(r"mpiexec -n (\d+) python examples/sharded_training.py (.*--check)", EXAMPLE.read_text())
+    assert quick, "the docstring no longer gives a quick command"
+    command = [*mpi_command(int(quick.group(1))), sys.executable, str(EXAMPLE), *quick.group(2).split()]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "same loss" in result.stdout, (result.stdout + result.stderr)[-3000:]

@@ -1,4 +1,4 @@
-"""The planner's cost model against DESIGN §1's formulas, its parsing, its choice rule and its CLI."""
+"""The planner's cost model against docs/topology.md's formulas, its parsing, its choice rule and its CLI."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ddlfast import plan
+from ddlfast import config, plan
 from ddlfast.topology import cost_model
 from ddlfast.topology.cost_model import Cluster, Link, PlanError, Prediction, predict
 
@@ -15,10 +15,11 @@ S = 64 * 2**20
 
 @pytest.mark.parametrize(
     ("text", "value"),
-    [("102MB", 102_000_000), ("64MiB", 64 * 2**20), ("4096", 4096), ("1.5GB", 1_500_000_000), ("8KiB", 8192)],
+    [("102MB", 102 * 2**20), ("64MiB", 64 * 2**20), ("64M", 64 * 2**20), ("4096", 4096), ("8KiB", 8192)],
 )
 def test_parse_bytes(text: str, value: int) -> None:
-    assert cost_model.parse_bytes(text) == value
+    """One size parser: plan --bytes reads sizes as --sizes and DDLFAST_*_BYTES do (config.parse_size)."""
+    assert cost_model.parse_bytes(text) == value == config.parse_size(text, "x")
 
 
 @pytest.mark.parametrize(
@@ -66,7 +67,7 @@ def test_k_dim_ring_is_designs_formula_with_equal_links(dims: tuple[int, ...]) -
 
 
 def test_slow_shared_host_link_two_hosts_by_four() -> None:
-    """DESIGN: over the slow link the 2D ring moves S bytes per host, a flat ring 1.75 S."""
+    """docs/topology.md: over the slow link the 2D ring moves S bytes per host, a flat ring 1.75 S."""
     beta = 1 / 125e6
     cluster = Cluster(hosts=2, ranks_per_host=4, intra=Link(0.0, 0.0), inter=Link(0.0, beta), gamma=0.0)
     assert predict(cluster, (8,), S).seconds == pytest.approx(1.75 * S * beta)

@@ -6,24 +6,14 @@ LR schedulers and state_dict, buffer broadcast, unused parameters. Prints "<n> f
 from __future__ import annotations
 
 import copy
-import sys
 from collections.abc import Callable
 
 import numpy as np
 import torch
-from mpi4py import MPI
+from case_runner import comm, fail, rank, report_and_exit, world
 
 import ddlfast
 import ddlfast.torch as dt
-
-comm = MPI.COMM_WORLD
-rank, world = comm.Get_rank(), comm.Get_size()
-failures: list[str] = []
-torch.set_num_threads(1)
-
-
-def fail(case: str, message: str) -> None:
-    failures.append(f"rank {rank} [{case}]: {message}")
 
 
 class WithUnused(torch.nn.Module):
@@ -404,8 +394,4 @@ def unused_parameters_do_not_stall() -> None:
         reducer.remove()
 
 
-all_failures = [f for per_rank in comm.allgather(failures) for f in per_rank]
-if rank == 0:
-    print(f"{len(all_failures)} failures")
-    print("\n".join(all_failures[:60]))
-sys.exit(1 if all_failures else 0)
+report_and_exit()
