@@ -9,11 +9,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
 second_mpi=${DDLFAST_SECOND_MPI:-}
-unset DDLFAST_SECOND_MPI  # ddlfast refuses DDLFAST_* variables it does not know
+simulation=${DDLFAST_SIMULATION:-}
+unset DDLFAST_SECOND_MPI DDLFAST_SIMULATION  # ddlfast refuses DDLFAST_* variables it does not know
 case "$second_mpi" in
   "") if [ "${CI:-}" = true ]; then second_mpi=1; else second_mpi=0; fi ;;
   0|1) ;;
   *) echo "ddlfast: DDLFAST_SECOND_MPI must be 0 or 1, not '$second_mpi'" >&2; exit 1 ;;
+esac
+case "$simulation" in
+  "") if [ "${CI:-}" = true ]; then simulation=1; else simulation=0; fi ;;
+  0|1) ;;
+  *) echo "ddlfast: DDLFAST_SIMULATION must be 0 or 1, not '$simulation'" >&2; exit 1 ;;
 esac
 # shellcheck source=scripts/mpi_choice.sh
 . scripts/mpi_choice.sh
@@ -30,6 +36,12 @@ if [ "$MPI_KIND" = wheel ] || [ "${SANITIZE_SYSTEM_MPI:-0}" = 1 ]; then
   with_mpi_choice bash scripts/sanitize.sh
 fi
 echo "ddlfast: main run ($MPI_CHOICE) took $(($(date +%s) - start)) s"
+# The engine at 16 simulated ranks under SimGrid SMPI (scripts/test_simulation.sh, docs/scale.md).
+if [ "$simulation" = 1 ]; then
+  VENV="$VENV" bash scripts/test_simulation.sh
+else
+  echo "ddlfast: simulation stage skipped (runs in CI, CI=true, or with DDLFAST_SIMULATION=1)"
+fi
 if [ "$second_mpi" = 1 ]; then
   bash scripts/test_second_mpi.sh
   echo "ddlfast: whole test run took $(($(date +%s) - start)) s"
