@@ -31,7 +31,8 @@ PLATFORMS = Path(__file__).resolve().parent / "platforms"
 REPOSITORY = Path(__file__).resolve().parents[1]
 BUILD_SCRIPT = REPOSITORY / "bench" / "simulation" / "build.sh"
 DRIVER = REPOSITORY / "build" / "simulation" / "ddlfast_sim_driver"
-BUILTINS = ("lr", "rab1", "rab_rsag", "rdb", "smp_rsag", "mvapich2", "mpich", "ompi")
+# SMPI 3.32 names Rabenseifner rab1, rab2 and rab_rdb (the rab_rsag is not among them).
+BUILTINS = ("lr", "rab1", "rab2", "rab_rdb", "rdb", "smp_rsag", "mvapich2", "mpich", "ompi")
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")
 # The planner's reduction rate where the simulation charges no reduction time (--compute off: SMPI's built-ins
 # never charge theirs, so neither side does).
@@ -177,8 +178,8 @@ class Simulation:
             compute = (["--cfg=smpi/simulate-computation:no"] if self.compute == "off"
                        else ["--cfg=smpi/host-speed:1Gf"])
             command = ["smpirun", "-np", str(self.ranks), "-platform", str(self.platform.path),
-                       "-hostfile", str(hostfile), "-tmpdir", scratch, *compute,
-                       "--cfg=smpi/test:0", "--log=root.thres:warning", "--log=smpi_config.thres:error",
+                       "-hostfile", str(hostfile), *compute,
+                       "--cfg=smpi/test:1e-7", "--log=root.thres:warning", "--log=smpi_config.thres:error",
                        *config, str(DRIVER), *driver_args]
             try:
                 result = subprocess.run(command, capture_output=True, text=True, timeout=self.timeout_s)

@@ -25,7 +25,7 @@ if [[ -f "$out" && "$out" -nt "$root/$newest_source" ]]; then exit 0; fi
 
 objects="$(dirname "$out")/objects"
 mkdir -p "$objects"
-flags=(-std=c++17 -O2 -Wall -Wextra -ffp-contract=off -I"$root/src" -include "$root/bench/simulation/smpi_compat.h" -DOMPI_SKIP_MPICXX=1 -DMPICH_SKIP_MPICXX=1)
+flags=(-std=c++17 -O2 -fno-gnu-unique -Wall -Wextra -ffp-contract=off -I"$root/src" -include "$root/bench/simulation/smpi_compat.h" -DOMPI_SKIP_MPICXX=1 -DMPICH_SKIP_MPICXX=1)
 pids=()
 compile() {  # source, extra flags...
   local source=$1; shift

@@ -35,6 +35,8 @@
 
 #include "engine/context.h"
 
+double ddlfast_sim_wait_start = -1.0;  // smpi_compat.h: when this rank's current wait began
+
 namespace {
 
 constexpr int kExitUsage = 2;
