@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ddlfast.config import DEFAULT_CHUNK_BYTES, DEFAULT_SMALL_BYTES
 from ddlfast.topology.cost_model import Cluster, PlanError, parse_bytes, parse_link, plan, predict
 
 PLATFORMS = Path(__file__).resolve().parent / "platforms"
@@ -40,6 +41,9 @@ FREE_REDUCTION = 1e18
 # Sizes up to this are checked against the exact reference inside the driver; larger ones use shared buffers.
 CHECK_BYTES = 1 << 20
 EXIT_BAD_INPUT = 2
+# SMPI's built-in algorithms allocate real temporary buffers of the whole message per rank (SMPI_SHARED_MALLOC
+# does not reach inside them): about 3 x ranks x size bytes. Sizes above this budget run ddlfast only.
+BUILTIN_MEMORY_BYTES = 6 << 30
 
 
 class SimulationError(Exception):
@@ -209,7 +213,7 @@ def busbw(collective: str, ranks: int, nbytes: int, seconds: float) -> float:
 
 def simulate(platform: Platform, ranks: int, sizes: Sequence[int], dims: tuple[int, ...] | None = None,
              collective: str = "allreduce", builtins: Sequence[str] = BUILTINS, compute: str = "off",
-             iters: int = 2) -> dict:
+             iters: int = 2, builtin_memory: int = BUILTIN_MEMORY_BYTES) -> dict:
     """Runs ddlfast and every built-in on the platform; the report as data (what --json prints)."""
     cluster = platform.cluster(ranks)
     chosen = {}
@@ -219,10 +223,16 @@ def simulate(platform: Platform, ranks: int, sizes: Sequence[int], dims: tuple[i
     simulation = Simulation(platform, ranks, compute)
     common = ["--iters", str(iters), "--check-bytes", str(CHECK_BYTES)]
     cases = [arg for size in sizes for arg in ("--case", f"{size}:{'x'.join(map(str, chosen[size][0]))}")]
-    ours = _results(simulation.run(["--collective", collective, *common, *cases]))
+    # ddlfast's defaults (ddlfast.config); its small-message handoff is MPI_Allreduce, here MPICH's selection
+    # (the MPI ddlfast's wheel runs on).
+    engine = ["--small-bytes", str(DEFAULT_SMALL_BYTES), "--chunk-bytes", str(DEFAULT_CHUNK_BYTES)]
+    ours = _results(simulation.run(["--collective", collective, *common, *engine, *cases],
+                                   ["--cfg=smpi/allreduce:mpich", "--cfg=smpi/reduce_scatter:mpich",
+                                    "--cfg=smpi/allgather:mpich"]))
     theirs: dict[str, dict[int, float]] = {}
-    if collective == "allreduce":
-        flat = [arg for size in sizes for arg in ("--case", f"{size}:{ranks}")]
+    fitting = [size for size in sizes if 3 * ranks * size <= builtin_memory]
+    if collective == "allreduce" and fitting:
+        flat = [arg for size in fitting for arg in ("--case", f"{size}:{ranks}")]
         for name in builtins:
             theirs[name] = _results(simulation.run(["--collective", "builtin", *common, *flat],
                                                    [f"--cfg=smpi/allreduce:{name}"]))
@@ -231,9 +241,9 @@ def simulate(platform: Platform, ranks: int, sizes: Sequence[int], dims: tuple[i
         row = {"size_bytes": size, "dims": "x".join(map(str, chosen[size][0])), "ddlfast_s": ours[size],
                "ddlfast_busbw_GBps": busbw(collective, ranks, size, ours[size]) / 1e9,
                "planner_s": chosen[size][1] if collective == "allreduce" else None,
-               "builtins_s": {name: times[size] for name, times in theirs.items()}}
-        if theirs:
-            best = min(theirs, key=lambda name: theirs[name][size])
+               "builtins_s": {name: times[size] for name, times in theirs.items() if size in times}}
+        if row["builtins_s"]:
+            best = min(row["builtins_s"], key=row["builtins_s"].get)
             row |= {"best_builtin": best, "best_builtin_s": theirs[best][size],
                     "ratio": theirs[best][size] / ours[size]}
         else:
@@ -241,7 +251,8 @@ def simulate(platform: Platform, ranks: int, sizes: Sequence[int], dims: tuple[i
         rows.append(row)
     hosts, per_host = platform.placement(ranks)
     return {"platform": platform.name, "ranks": ranks, "hosts": hosts, "ranks_per_host": per_host,
-            "collective": collective, "compute": compute, "iters": iters, "rows": rows}
+            "collective": collective, "compute": compute, "iters": iters, "rows": rows,
+            "builtins_skipped_above_bytes": max(fitting, default=0) if len(fitting) < len(sizes) else None}
 
 
 def _size_text(size: int) -> str:
@@ -262,12 +273,16 @@ def format_report(data: dict) -> str:
                 if row["best_builtin"] else f"{'-':>14} {'-':>10} {'-':>6}")
         lines.append(f"{_size_text(row['size_bytes']):>8} {row['dims']:>12} {row['ddlfast_s'] * 1e3:11.3f} "
                      f"{row['ddlfast_busbw_GBps']:10.2f} {planner} {best}")
-    if data["rows"] and data["rows"][0]["builtins_s"]:
-        names = list(data["rows"][0]["builtins_s"])
+    compared = [row for row in data["rows"] if row["builtins_s"]]
+    if compared:
+        names = list(compared[0]["builtins_s"])
         lines += ["", "built-in MPI_Allreduce algorithms, ms:", f"{'size':>8} " + " ".join(f"{n:>9}" for n in names)]
-        for row in data["rows"]:
+        for row in compared:
             lines.append(f"{_size_text(row['size_bytes']):>8} "
                          + " ".join(f"{row['builtins_s'][n] * 1e3:9.3f}" for n in names))
+    if data.get("builtins_skipped_above_bytes") is not None:
+        lines.append("built-ins not run above the memory budget (SMPI's algorithms hold ~3 x ranks x size bytes of "
+                     "real memory; --builtin-memory-gib)")
     lines.append("ratio = best built-in time / ddlfast time (> 1: ddlfast faster)")
     return "\n".join(lines)
 
@@ -295,6 +310,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--compute", choices=("off", "measured"), default="off",
                         help="reduction cost: off (network only, like SMPI's built-ins) or this host's measured "
                              "CPU time (docs/scale.md)")
+    parser.add_argument("--builtin-memory-gib", type=float, default=BUILTIN_MEMORY_BYTES / 2**30,
+                        help="run the built-ins only at sizes where ~3 x ranks x size fits this much memory")
     parser.add_argument("--iters", type=int, default=2, help="timed calls per size (after one warm-up)")
     parser.add_argument("--missing-rank", type=int,
                         help="census check instead: this rank never joins; every other must name it")
@@ -322,7 +339,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SimulationError as error:
         print(f"ddlfast.simulate: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    data = simulate(platform, args.ranks, sizes, dims, args.collective, builtins, args.compute, args.iters)
+    data = simulate(platform, args.ranks, sizes, dims, args.collective, builtins, args.compute, args.iters,
+                    int(args.builtin_memory_gib * 2**30))
     print(json.dumps(data, indent=1) if args.json else format_report(data))
     return 0
 

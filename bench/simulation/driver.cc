@@ -6,7 +6,7 @@
 //
 //   smpirun ... driver --collective allreduce|reduce_scatter|allgather|builtin
 //                      --case BYTES:DIMS [--case ...] [--iters N] [--check-bytes N]
-//                      [--missing-rank R --timeout S]
+//                      [--small-bytes N] [--chunk-bytes N] [--missing-rank R --timeout S]
 //
 // Per case it prints one line `result <collective> <bytes> <dims> <seconds>`:
 // the slowest rank's simulated time (MPI_Wtime) per call, averaged over the
@@ -57,6 +57,7 @@ struct Options {
   std::size_t check_bytes = 1 << 20;
   int missing_rank = -1;
   double timeout_s = 0.0;  // the stall limit; 0 (off) unless the census is under test
+  ddlfast::EngineOptions engine;  // small_bytes, chunk_bytes: ddlfast.config's defaults come from the CLI
 };
 
 [[noreturn]] void usage(int rank, const std::string& message) {
@@ -99,6 +100,10 @@ Options parse(int argc, char** argv, int rank, int size) {
       options.iters = std::atoi(value.c_str());
     } else if (flag == "--check-bytes") {
       options.check_bytes = std::strtoull(value.c_str(), nullptr, 10);
+    } else if (flag == "--small-bytes") {
+      options.engine.small_bytes = std::strtoull(value.c_str(), nullptr, 10);
+    } else if (flag == "--chunk-bytes") {
+      options.engine.chunk_bytes = std::strtoull(value.c_str(), nullptr, 10);
     } else if (flag == "--missing-rank") {
       options.missing_rank = std::atoi(value.c_str());
     } else if (flag == "--timeout") {
@@ -168,7 +173,7 @@ struct Runner {
   int size;
 
   // One call of the collective on prepared buffers; false (message printed) on an engine failure.
-  bool call(const Case& entry, const Buffer& input, const Buffer& output, ddlfast::EngineOptions engine_options) {
+  bool call(const Case& entry, const Buffer& input, const Buffer& output, const ddlfast::EngineOptions& engine_options) {
     const std::vector<int> identity;
     ddlfast::Status status;
     if (options.collective == "builtin") {
@@ -232,13 +237,12 @@ struct Runner {
     const bool checked = entry.bytes <= options.check_bytes;
     Buffer input(in_bytes, !checked);
     Buffer output(out_bytes, !checked);
-    ddlfast::EngineOptions engine_options;
     double total = 0.0;
     for (int iteration = 0; iteration <= options.iters; ++iteration) {
       if (checked) fill(input);
       MPI_Barrier(MPI_COMM_WORLD);
       const double start = MPI_Wtime();
-      if (!call(entry, input, output, engine_options)) return kExitEngine;
+      if (!call(entry, input, output, options.engine)) return kExitEngine;
       double elapsed = MPI_Wtime() - start;
       MPI_Allreduce(MPI_IN_PLACE, &elapsed, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
       if (iteration > 0) total += elapsed;  // iteration 0 builds the schedule: a warm-up
@@ -267,10 +271,9 @@ struct Runner {
     int named = 1;
     if (rank != options.missing_rank) {
       Buffer unused(sizeof(float), false);
-      ddlfast::EngineOptions engine_options;
       const std::vector<int> identity;
       const ddlfast::Status status = context.allreduce(data.segmented(), ddlfast::DType::kFloat32,
-                                                       ddlfast::ReduceOp::kSum, entry.dims, identity, engine_options);
+                                                       ddlfast::ReduceOp::kSum, entry.dims, identity, options.engine);
       const std::string expected = "rank " + std::to_string(options.missing_rank) + " did not join";
       named = !status.is_ok() && status.message().find(expected) != std::string::npos;
       if (!named || rank == (options.missing_rank == 0 ? 1 : 0)) {

@@ -49,10 +49,11 @@ def sweep(platform_name: str, ranks_list: list[int], sizes: list[int], builtins:
              "| ratio |", "|---|---|---|---|---|---|---|---|---|---|"]
     for data in results:
         for row in data["rows"]:
+            best = (f"{row['best_builtin']} | {row['best_builtin_s'] * 1e3:.3f} | {row['ratio']:.2f}"
+                    if row["best_builtin"] else "not run (memory) | - | -")
             lines.append(f"| {data['ranks']} | {simulate._size_text(row['size_bytes'])} | {row['dims']} | "
                          f"{row['ddlfast_s'] * 1e3:.3f} | {row['ddlfast_busbw_GBps']:.2f} | "
-                         f"{row['planner_s'] * 1e3:.3f} | {row['planner_s'] / row['ddlfast_s']:.2f} | "
-                         f"{row['best_builtin']} | {row['best_builtin_s'] * 1e3:.3f} | {row['ratio']:.2f} |")
+                         f"{row['planner_s'] * 1e3:.3f} | {row['planner_s'] / row['ddlfast_s']:.2f} | {best} |")
     _write(f"sweep-{platform_name}.md", "\n".join(lines) + "\n")
     _plot(platform_name, results)
 
@@ -70,7 +71,9 @@ def _plot(platform_name: str, results: list[dict]) -> None:
         sizes = [row["size_bytes"] for row in data["rows"]]
         axes[0].plot(sizes, [row["ddlfast_busbw_GBps"] for row in data["rows"]], marker="o",
                      label=f"{data['ranks']} ranks")
-        axes[1].plot(sizes, [row["ratio"] for row in data["rows"]], marker="o", label=f"{data['ranks']} ranks")
+        compared = [row for row in data["rows"] if row["ratio"]]
+        axes[1].plot([row["size_bytes"] for row in compared], [row["ratio"] for row in compared], marker="o",
+                     label=f"{data['ranks']} ranks")
     for axis, label in ((axes[0], "ddlfast busbw (GB/s)"), (axes[1], "best built-in time / ddlfast time")):
         axis.set_xscale("log", base=2)
         axis.set_xlabel("bytes")
@@ -103,10 +106,11 @@ def resnet50(ranks_list: list[int]) -> None:
         data = simulate.simulate(platform, ranks, distinct, builtins=["rab1", "rab_rdb", "ompi", "mvapich2"], iters=1)
         by_size = {row["size_bytes"]: row for row in data["rows"]}
         ours = sum(by_size[b]["ddlfast_s"] for b in buckets)
-        theirs = sum(by_size[b]["best_builtin_s"] for b in buckets)
+        compared = all(by_size[b]["best_builtin_s"] for b in buckets)
+        theirs = f"{sum(by_size[b]['best_builtin_s'] for b in buckets) * 1e3:.2f}" if compared else "not run (memory)"
         dims = ", ".join(sorted({by_size[b]["dims"] for b in buckets}))
         efficiency = step_efficiency(DDL_COMPUTE_S, ours)
-        lines.append(f"| {ranks} | {dims} | {ours * 1e3:.2f} | {theirs * 1e3:.2f} | {efficiency:.1%} | "
+        lines.append(f"| {ranks} | {dims} | {ours * 1e3:.2f} | {theirs} | {efficiency:.1%} | "
                      f"{DDL_EFFICIENCY:.0%} |")
         print(lines[-1], flush=True)
     _write("resnet50-ddl-64x4.md", "\n".join(lines) + "\n")
