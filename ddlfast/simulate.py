@@ -287,11 +287,12 @@ def format_report(data: dict) -> str:
     return "\n".join(lines)
 
 
-def census(platform: Platform, ranks: int, missing_rank: int, timeout_s: float, size: int = 4096) -> str:
-    """Rank `missing_rank` never joins an allreduce: the driver checks every other rank names it."""
-    if not 0 <= missing_rank < ranks:
-        raise SimulationError(f"--missing-rank {missing_rank} is not a rank of {ranks}")
-    output = Simulation(platform, ranks).run(["--case", f"{size}:{ranks}", "--missing-rank", str(missing_rank),
+def census(platform: Platform, ranks: int, missing: str, timeout_s: float, size: int = 4096) -> str:
+    """Rank R (or ranks R-S, `missing`) never join an allreduce: the driver checks every other rank names them."""
+    match = re.fullmatch(r"(\d+)(?:-(\d+))?", missing)
+    if not match or not int(match.group(1)) <= int(match.group(2) or match.group(1)) < ranks:
+        raise SimulationError(f"--missing-rank {missing}: give a rank or a range R-S of the {ranks} ranks")
+    output = Simulation(platform, ranks).run(["--case", f"{size}:{ranks}", "--missing-rank", missing,
                                               "--timeout", str(timeout_s)])
     return "\n".join(line for line in output.splitlines() if line.startswith("census"))
 
@@ -313,8 +314,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--builtin-memory-gib", type=float, default=BUILTIN_MEMORY_BYTES / 2**30,
                         help="run the built-ins only at sizes where ~3 x ranks x size fits this much memory")
     parser.add_argument("--iters", type=int, default=2, help="timed calls per size (after one warm-up)")
-    parser.add_argument("--missing-rank", type=int,
-                        help="census check instead: this rank never joins; every other must name it")
+    parser.add_argument("--missing-rank",
+                        help="census check instead: this rank (or range R-S) never joins; every other must name it")
     parser.add_argument("--stall-limit", type=float, default=5.0,
                         help="with --missing-rank: the stall limit in (wall-clock) seconds")
     parser.add_argument("--json", action="store_true", help="print one JSON document")

@@ -18,9 +18,10 @@
 // SMPI_SHARED_MALLOC (one copy shared by all ranks, contents meaningless) so
 // 1024 ranks x 256 MiB fit in memory.
 //
-// --missing-rank R: rank R never enters the collective; the others must fail
-// with a stall census that names R (exit 0 when every other rank's message
-// names it, 4 otherwise).
+// --missing-rank R (or R-S): rank R (ranks R to S) never enters the
+// collective; the others must fail with a stall census that names them, as
+// "rank R" or "ranks R-S" (exit 0 when every other rank's message does, 4
+// otherwise).
 #include <mpi.h>
 #include <smpi/smpi.h>
 
@@ -56,6 +57,7 @@ struct Options {
   int iters = 2;
   std::size_t check_bytes = 1 << 20;
   int missing_rank = -1;
+  int missing_last = -1;  // the last missing rank (a range R-S)
   double timeout_s = 0.0;  // the stall limit; 0 (off) unless the census is under test
   ddlfast::EngineOptions engine;  // small_bytes, chunk_bytes: ddlfast.config's defaults come from the CLI
 };
@@ -105,7 +107,12 @@ Options parse(int argc, char** argv, int rank, int size) {
     } else if (flag == "--chunk-bytes") {
       options.engine.chunk_bytes = std::strtoull(value.c_str(), nullptr, 10);
     } else if (flag == "--missing-rank") {
-      options.missing_rank = std::atoi(value.c_str());
+      const auto dash = value.find('-');
+      options.missing_rank = std::atoi(value.substr(0, dash).c_str());
+      options.missing_last = dash == std::string::npos ? options.missing_rank : std::atoi(value.c_str() + dash + 1);
+      if (options.missing_rank < 0 || options.missing_last < options.missing_rank || options.missing_last >= size) {
+        usage(rank, "bad --missing-rank " + value);
+      }
     } else if (flag == "--timeout") {
       options.timeout_s = std::atof(value.c_str());
     } else {
@@ -264,26 +271,30 @@ struct Runner {
     return 0;
   }
 
-  // Rank `missing` sits in a barrier; every other rank must fail in the allreduce naming it.
-  int missing_rank(const Case& entry) {
+  // The missing ranks sit in a barrier; every other rank must fail in the allreduce naming them.
+  int missing_ranks(const Case& entry) {
+    const int first = options.missing_rank;
+    const int last = options.missing_last;
+    const bool missing = rank >= first && rank <= last;
+    const std::string who = first == last ? "rank " + std::to_string(first)
+                                          : "ranks " + std::to_string(first) + (last > first + 1 ? "-" : ",") +
+                                                std::to_string(last);
     Buffer data(entry.bytes, false);
     fill(data);
     int named = 1;
-    if (rank != options.missing_rank) {
-      Buffer unused(sizeof(float), false);
+    if (!missing) {
       const std::vector<int> identity;
       const ddlfast::Status status = context.allreduce(data.segmented(), ddlfast::DType::kFloat32,
                                                        ddlfast::ReduceOp::kSum, entry.dims, identity, options.engine);
-      const std::string expected = "rank " + std::to_string(options.missing_rank) + " did not join";
-      named = !status.is_ok() && status.message().find(expected) != std::string::npos;
-      if (!named || rank == (options.missing_rank == 0 ? 1 : 0)) {
+      named = !status.is_ok() && status.message().find(who + " did not join") != std::string::npos;
+      if (!named || rank == (first == 0 ? last + 1 : 0)) {
         std::fprintf(stderr, "rank %d: %s\n", rank, status.is_ok() ? "no error" : status.message().c_str());
       }
     }
     int every = named;
     MPI_Allreduce(MPI_IN_PLACE, &every, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (rank == 0) {
-      std::printf("census %d ranks, missing rank %d: %s\n", size, options.missing_rank,
+      std::printf("census %d ranks, missing %s: %s\n", size, who.c_str(),
                   every ? "named by every other rank" : "NOT named by every rank");
     }
     return every ? 0 : kExitCensus;
@@ -308,7 +319,7 @@ int main(int argc, char** argv) {
   Runner runner{*context, options, rank, size};
   int status = 0;
   if (options.missing_rank >= 0) {
-    status = runner.missing_rank(options.cases.front());
+    status = runner.missing_ranks(options.cases.front());
   } else {
     for (const Case& entry : options.cases) {
       status = runner.run(entry);

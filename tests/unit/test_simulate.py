@@ -90,7 +90,9 @@ def test_the_halves_run_checked_with_given_dims(collective: str) -> None:
 
 
 @needs_simgrid
-def test_census_names_the_missing_rank() -> None:
-    result = _cli("--platform", "ethernet-10g", "--ranks", "8", "--missing-rank", "5", "--stall-limit", "1")
+@pytest.mark.parametrize(("missing", "named"), [("5", "rank 5"), ("8-15", "ranks 8-15")])
+def test_census_names_the_missing_ranks(missing: str, named: str) -> None:
+    # A run of missing ranks is named as a range (the census message at 1024 ranks stays one line).
+    result = _cli("--platform", "ethernet-10g", "--ranks", "16", "--missing-rank", missing, "--stall-limit", "1")
     assert result.returncode == 0, result.stderr
-    assert "missing rank 5: named by every other rank" in result.stdout
+    assert f"missing {named}: named by every other rank" in result.stdout
