@@ -4,14 +4,15 @@
 // (bench/simulation/build.sh); one SMPI rank is one single-threaded actor, so
 // there is no Python here.
 //
-//   smpirun ... driver --collective allreduce|reduce_scatter|allgather|builtin
+//   smpirun ... driver --collective allreduce|reduce_scatter|allgather|builtin|agree
 //                      --case BYTES:DIMS [--case ...] [--iters N] [--check-bytes N]
 //                      [--small-bytes N] [--chunk-bytes N] [--missing-rank R --timeout S]
 //
 // Per case it prints one line `result <collective> <bytes> <dims> <seconds>`:
 // the slowest rank's simulated time (MPI_Wtime) per call, averaged over the
 // timed iterations after one warm-up. `builtin` times MPI_Allreduce itself,
-// whose algorithm smpirun's --cfg=smpi/allreduce:NAME chose.
+// whose algorithm smpirun's --cfg=smpi/allreduce:NAME chose; `agree` times the
+// per-call agreement alone (part of every ddlfast call).
 //
 // Results are checked against the exact sum of known inputs for every size up
 // to --check-bytes (wrong numbers: exit 3); larger buffers come from
@@ -120,7 +121,7 @@ Options parse(int argc, char** argv, int rank, int size) {
     }
   }
   if (options.collective != "allreduce" && options.collective != "reduce_scatter" &&
-      options.collective != "allgather" && options.collective != "builtin") {
+      options.collective != "allgather" && options.collective != "builtin" && options.collective != "agree") {
     usage(rank, "unknown --collective " + options.collective);
   }
   if (options.cases.empty()) usage(rank, "no --case given");
@@ -193,7 +194,7 @@ struct Runner {
       status = context.transport().agree(digest, &agreed);
       if (status.is_ok() && !agreed) status = ddlfast::Status(ddlfast::StatusCode::kInternal, "agreement failed");
       const std::vector<std::size_t> counts(static_cast<std::size_t>(size), entry.bytes / sizeof(float) / size);
-      if (!status.is_ok()) {
+      if (!status.is_ok() || options.collective == "agree") {
       } else if (options.collective == "allreduce") {
         status = context.allreduce(input.segmented(), ddlfast::DType::kFloat32, ddlfast::ReduceOp::kSum, entry.dims,
                                    identity, engine_options);
@@ -241,7 +242,7 @@ struct Runner {
   // Runs one case; returns the exit status (0: fine).
   int run(const Case& entry) {
     const auto [in_bytes, out_bytes] = sizes(entry);
-    const bool checked = entry.bytes <= options.check_bytes;
+    const bool checked = entry.bytes <= options.check_bytes && options.collective != "agree";
     Buffer input(in_bytes, !checked);
     Buffer output(out_bytes, !checked);
     double total = 0.0;
