@@ -82,9 +82,17 @@ std::string wait_text(std::int64_t kind, std::int64_t peer, std::int64_t tag, st
          std::to_string(tag);
 }
 
+// "0-776,778-1023": runs of consecutive ranks as ranges, so a census at 1024 ranks names the missing ones in a
+// line, not in 4 KB of numbers (issue 23).
 std::string rank_list(const std::vector<int>& ranks) {
   std::string text;
-  for (int r : ranks) text += (text.empty() ? "" : ",") + std::to_string(r);
+  for (std::size_t i = 0; i < ranks.size();) {
+    std::size_t end = i;
+    while (end + 1 < ranks.size() && ranks[end + 1] == ranks[end] + 1) ++end;
+    text += (text.empty() ? "" : ",") + std::to_string(ranks[i]);
+    if (end > i) text += (end > i + 1 ? "-" : ",") + std::to_string(ranks[end]);
+    i = end + 1;
+  }
   return text;
 }
 

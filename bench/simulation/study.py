@@ -1,0 +1,139 @@
+"""The scale study of docs/scale.md: runs ddlfast.simulate over platforms and rank counts and writes the tables
+(Markdown), the raw JSON and, where matplotlib is installed, the plots to out/scale/.
+
+    nice -n 10 .venv/bin/python bench/simulation/study.py sweep --platform fattree-8gpu --ranks 16,64,256
+    nice -n 10 .venv/bin/python bench/simulation/study.py resnet50 --ranks 8,16,32,64,128,256
+
+One simulation at a time (each is one process on one core).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from resnet50_shapes import resnet50_shapes  # noqa: E402
+
+from ddlfast import simulate  # noqa: E402
+from ddlfast.config import DEFAULT_BUCKET_BYTES, DEFAULT_FIRST_BUCKET_BYTES  # noqa: E402
+from ddlfast.fusion.bucketing import assign_buckets  # noqa: E402
+from ddlfast.topology.cost_model import step_efficiency  # noqa: E402
+
+OUT = Path("out/scale")
+# PowerAI DDL's ResNet-50: 90 epochs of ImageNet-1k (1.28M images) in 50 minutes on 256 P100 = 150 images/s per
+# GPU; at 32 images per GPU a step is 0.213 s, of which 95 % (their efficiency) is compute: 0.2 s.
+DDL_COMPUTE_S = 0.2
+DDL_EFFICIENCY = 0.95
+
+
+def _write(name: str, text: str) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / name).write_text(text)
+    print(text)
+
+
+def sweep(platform_name: str, ranks_list: list[int], sizes: list[int], builtins: list[str]) -> None:
+    platform = simulate.load_platform(platform_name)
+    results = []
+    for ranks in ranks_list:
+        data = simulate.simulate(platform, ranks, sizes, builtins=builtins, iters=1)
+        results.append(data)
+        (OUT / f"sweep-{platform_name}-{ranks}.json").parent.mkdir(parents=True, exist_ok=True)
+        (OUT / f"sweep-{platform_name}-{ranks}.json").write_text(json.dumps(data, indent=1))
+        print(simulate.format_report(data), flush=True)
+    lines = ["| ranks | size | dims | ddlfast ms | busbw GB/s | planner ms | planner/sim | best built-in | its ms "
+             "| ratio |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for data in results:
+        for row in data["rows"]:
+            best = (f"{row['best_builtin']} | {row['best_builtin_s'] * 1e3:.3f} | {row['ratio']:.2f}"
+                    if row["best_builtin"] else "not run (memory) | - | -")
+            lines.append(f"| {data['ranks']} | {simulate._size_text(row['size_bytes'])} | {row['dims']} | "
+                         f"{row['ddlfast_s'] * 1e3:.3f} | {row['ddlfast_busbw_GBps']:.2f} | "
+                         f"{row['planner_s'] * 1e3:.3f} | {row['planner_s'] / row['ddlfast_s']:.2f} | {best} |")
+    _write(f"sweep-{platform_name}.md", "\n".join(lines) + "\n")
+    _plot(platform_name, results)
+
+
+def _plot(platform_name: str, results: list[dict]) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot")
+        return
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for data in results:
+        sizes = [row["size_bytes"] for row in data["rows"]]
+        axes[0].plot(sizes, [row["ddlfast_busbw_GBps"] for row in data["rows"]], marker="o",
+                     label=f"{data['ranks']} ranks")
+        compared = [row for row in data["rows"] if row["ratio"]]
+        axes[1].plot([row["size_bytes"] for row in compared], [row["ratio"] for row in compared], marker="o",
+                     label=f"{data['ranks']} ranks")
+    for axis, label in ((axes[0], "ddlfast busbw (GB/s)"), (axes[1], "best built-in time / ddlfast time")):
+        axis.set_xscale("log", base=2)
+        axis.set_xlabel("bytes")
+        axis.set_ylabel(label)
+        axis.legend()
+    axes[1].axhline(1.0, color="grey", linewidth=0.8)
+    figure.suptitle(f"{platform_name}, simulated (SimGrid SMPI)")
+    figure.tight_layout()
+    figure.savefig(OUT / f"sweep-{platform_name}.png", dpi=100)
+
+
+def resnet50_buckets() -> list[int]:
+    """ResNet-50's gradient buckets in bytes as ddlfast fuses them (assign_buckets walks the parameters last to
+    first, as backward produces their gradients)."""
+    nbytes = [4 * int(__import__("math").prod(shape)) for shape in resnet50_shapes()]
+    buckets = assign_buckets(["float32"] * len(nbytes), nbytes, DEFAULT_BUCKET_BYTES, DEFAULT_FIRST_BUCKET_BYTES)
+    return [sum(nbytes[i] for i in bucket.indices) for bucket in buckets]
+
+
+def resnet50(ranks_list: list[int]) -> None:
+    platform = simulate.load_platform("ddl-64x4")
+    buckets = resnet50_buckets()
+    distinct = sorted(set(buckets))
+    lines = [f"ResNet-50 gradients: {sum(buckets) / 2**20:.1f} MiB in {len(buckets)} buckets "
+             f"({', '.join(simulate._size_text(b) if b % 1024 == 0 else f'{b / 2**20:.2f}MiB' for b in buckets)}); "
+             f"compute per step {DDL_COMPUTE_S * 1e3:.0f} ms (from the paper), no overlap", "",
+             "| ranks | dims per bucket | allreduce per step ms | best built-in per step ms | efficiency | paper |",
+             "|---|---|---|---|---|---|"]
+    for ranks in ranks_list:
+        data = simulate.simulate(platform, ranks, distinct, builtins=["rab1", "rab_rdb", "ompi", "mvapich2"], iters=1,
+                                 builtin_memory=4 << 30)
+        by_size = {row["size_bytes"]: row for row in data["rows"]}
+        ours = sum(by_size[b]["ddlfast_s"] for b in buckets)
+        compared = all(by_size[b]["best_builtin_s"] for b in buckets)
+        theirs = f"{sum(by_size[b]['best_builtin_s'] for b in buckets) * 1e3:.2f}" if compared else "not run (memory)"
+        dims = ", ".join(sorted({by_size[b]["dims"] for b in buckets}))
+        efficiency = step_efficiency(DDL_COMPUTE_S, ours)
+        lines.append(f"| {ranks} | {dims} | {ours * 1e3:.2f} | {theirs} | {efficiency:.1%} | "
+                     f"{DDL_EFFICIENCY:.0%} |")
+        print(lines[-1], flush=True)
+    _write("resnet50-ddl-64x4.md", "\n".join(lines) + "\n")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("what", choices=("sweep", "resnet50"))
+    parser.add_argument("--platform", default="fattree-8gpu")
+    parser.add_argument("--ranks", default="16,64")
+    parser.add_argument("--sizes", default="4KiB,256KiB,16MiB,256MiB")
+    parser.add_argument("--builtins", default=",".join(simulate.BUILTINS))
+    args = parser.parse_args()
+    ranks = [int(r) for r in args.ranks.split(",")]
+    simulate.require_simgrid()
+    simulate.build_driver()
+    if args.what == "sweep":
+        sweep(args.platform, ranks, simulate.parse_sizes(args.sizes), args.builtins.split(","))
+    else:
+        resnet50(ranks)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

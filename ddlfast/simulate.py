@@ -1,0 +1,354 @@
+"""`python -m ddlfast.simulate`: ddlfast's C++ engine at 16 to 1024 ranks on a simulated cluster (SimGrid SMPI),
+beside SMPI's own allreduce algorithms on the same platform (issue 23, docs/scale.md).
+
+    python -m ddlfast.simulate --platform fattree-8gpu --ranks 1024 --sizes 4KiB,1MiB,256MiB
+    python -m ddlfast.simulate --platform my_cluster.xml --ranks 64 --sizes 64MiB --dims 8x8 --json
+
+It builds the driver (bench/simulation) with smpicxx when needed, runs one simulation for ddlfast (the ring dims
+ddlfast.plan's model picks for each size on the platform's described links, or --dims) and one per built-in
+MPI_Allreduce algorithm (--cfg=smpi/allreduce:NAME), and prints per size the simulated time and busbw of each, the
+best built-in and the ratio best_builtin_s / ddlfast_s (> 1: ddlfast faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ElementTree
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ddlfast.config import DEFAULT_CHUNK_BYTES, DEFAULT_SMALL_BYTES
+from ddlfast.topology.cost_model import Cluster, PlanError, parse_bytes, parse_link, plan, predict
+
+PLATFORMS = Path(__file__).resolve().parent / "platforms"
+REPOSITORY = Path(__file__).resolve().parents[1]
+BUILD_SCRIPT = REPOSITORY / "bench" / "simulation" / "build.sh"
+DRIVER = REPOSITORY / "build" / "simulation" / "ddlfast_sim_driver"
+# SMPI 3.32 names Rabenseifner rab1, rab2 and rab_rdb (the issue's rab_rsag is not among them).
+BUILTINS = ("lr", "rab1", "rab2", "rab_rdb", "rdb", "smp_rsag", "mvapich2", "mpich", "ompi")
+COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")
+# The planner's reduction rate where the simulation charges no reduction time (--compute off: SMPI's built-ins
+# never charge theirs, so neither side does).
+FREE_REDUCTION = 1e18
+# Sizes up to this are checked against the exact reference inside the driver; larger ones use shared buffers.
+CHECK_BYTES = 1 << 20
+EXIT_BAD_INPUT = 2
+# SMPI's built-in algorithms allocate real temporary buffers of the whole message per rank (SMPI_SHARED_MALLOC
+# does not reach inside them): about 3 x ranks x size bytes. Sizes above this budget run ddlfast only.
+BUILTIN_MEMORY_BYTES = 6 << 30
+
+
+class SimulationError(Exception):
+    """Bad input or a missing tool: one line, exit status 2."""
+
+
+@dataclass
+class Platform:
+    name: str
+    path: Path
+    hosts: list[str]
+    ranks_per_host: int
+    props: dict[str, str] = field(default_factory=dict)
+
+    def placement(self, ranks: int) -> tuple[int, int]:
+        """(hosts, ranks per host) for `ranks`: hosts filled with ranks_per_host ranks each."""
+        per_host = min(self.ranks_per_host, ranks)
+        if ranks < 1 or ranks % per_host:
+            raise SimulationError(f"platform {self.name} places {self.ranks_per_host} ranks per host: {ranks} ranks "
+                                  f"do not fill whole hosts (use a multiple of {self.ranks_per_host})")
+        hosts = ranks // per_host
+        if hosts > len(self.hosts):
+            raise SimulationError(f"platform {self.name} has {len(self.hosts)} hosts x {self.ranks_per_host} ranks "
+                                  f"= {len(self.hosts) * self.ranks_per_host} ranks at most; {ranks} asked")
+        return hosts, per_host
+
+    def cluster(self, ranks: int) -> Cluster:
+        """The planner's description of the hosts `ranks` use (ddlfast:* properties; defaults where absent)."""
+        hosts, per_host = self.placement(ranks)
+        kwargs = {"hosts": hosts, "ranks_per_host": per_host, "gamma": 1 / FREE_REDUCTION}
+        try:
+            if "ddlfast:intra" in self.props:
+                kwargs["intra"] = parse_link(self.props["ddlfast:intra"])
+            if "ddlfast:inter" in self.props:
+                kwargs["inter"] = parse_link(self.props["ddlfast:inter"])
+            group = int(self.props.get("ddlfast:hosts_per_group", "1"))
+            if group > 1 and hosts > group and hosts % group == 0 and "ddlfast:group" in self.props:
+                kwargs["hosts_per_group"] = group
+                kwargs["group"] = parse_link(self.props["ddlfast:group"])
+            return Cluster(**kwargs)
+        except (PlanError, ValueError) as error:
+            raise SimulationError(f"platform {self.name}: bad ddlfast:* property ({error})") from None
+
+
+def _expand_radical(radical: str) -> list[int]:
+    numbers = []
+    for part in radical.split(","):
+        low, _, high = part.partition("-")
+        numbers.extend(range(int(low), int(high or low) + 1))
+    return numbers
+
+
+def load_platform(name_or_path: str) -> Platform:
+    """A shipped platform by name (ddlfast/platforms/NAME.xml) or any SimGrid platform XML file."""
+    shipped = PLATFORMS / f"{name_or_path}.xml"
+    path = shipped if shipped.is_file() else Path(name_or_path)
+    if not path.is_file():
+        names = ", ".join(sorted(p.stem for p in PLATFORMS.glob("*.xml")))
+        raise SimulationError(f"unknown platform {name_or_path!r}: give one of {names} or a SimGrid XML file")
+    try:
+        root = ElementTree.parse(path).getroot()
+    except ElementTree.ParseError as error:
+        raise SimulationError(f"platform {path}: not readable XML ({error})") from None
+    hosts: list[str] = []
+    props: dict[str, str] = {}
+    cores = 1
+    for element in root.iter():
+        if element.tag == "host":
+            hosts.append(element.get("id", ""))
+            cores = max(cores, int(element.get("core", "1")))
+        elif element.tag == "cluster":
+            prefix, suffix = element.get("prefix", ""), element.get("suffix", "")
+            hosts.extend(f"{prefix}{n}{suffix}" for n in _expand_radical(element.get("radical", "0")))
+            cores = max(cores, int(element.get("core", "1")))
+        elif element.tag == "prop" and element.get("id", "").startswith("ddlfast:"):
+            props[element.get("id", "")] = element.get("value", "")
+    if not hosts:
+        raise SimulationError(f"platform {path}: no <host> or <cluster> found")
+    ranks_per_host = int(props.get("ddlfast:ranks_per_host", cores))
+    return Platform(path.stem if path == shipped else str(path), path, hosts, ranks_per_host, props)
+
+
+def parse_sizes(text: str) -> list[int]:
+    sizes = []
+    for part in text.split(","):
+        try:
+            size = parse_bytes(part)
+        except PlanError:
+            raise SimulationError(f"--sizes: cannot read {part!r}; use e.g. 4KiB,1MiB,256MiB") from None
+        if size < 4:
+            raise SimulationError(f"--sizes: {part!r} is below one float32 element")
+        sizes.append(size)
+    return sizes
+
+
+def parse_dims(text: str, ranks: int) -> tuple[int, ...]:
+    if not re.fullmatch(r"\d+(x\d+)*", text):
+        raise SimulationError(f"--dims: cannot read {text!r}; use e.g. 4x16")
+    dims = tuple(int(d) for d in text.split("x"))
+    if min(dims) < 1 or math.prod(dims) != ranks:
+        raise SimulationError(f"--dims {text} do not multiply to {ranks} ranks")
+    return dims
+
+
+def require_simgrid() -> None:
+    missing = [tool for tool in ("smpicxx", "smpirun") if shutil.which(tool) is None]
+    if missing:
+        raise SimulationError(f"SimGrid is missing ({' and '.join(missing)} not found): install it with "
+                              "`apt-get install libsimgrid-dev` (Debian/Ubuntu)")
+
+
+def build_driver() -> Path:
+    if not BUILD_SCRIPT.is_file():
+        raise SimulationError(f"the simulation driver's sources are not here ({BUILD_SCRIPT}): run from a ddlfast "
+                              "checkout")
+    result = subprocess.run(["bash", str(BUILD_SCRIPT), str(DRIVER)], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"building the simulation driver failed:\n{result.stdout}{result.stderr}")
+    return DRIVER
+
+
+@dataclass
+class Simulation:
+    """One smpirun of the driver on a platform."""
+
+    platform: Platform
+    ranks: int
+    compute: str = "off"
+    timeout_s: float = 3600.0
+
+    def run(self, driver_args: Sequence[str], config: Sequence[str] = ()) -> str:
+        hosts, per_host = self.platform.placement(self.ranks)
+        with tempfile.TemporaryDirectory(prefix="ddlfast-sim-") as scratch:
+            hostfile = Path(scratch) / "hostfile"
+            hostfile.write_text("".join(f"{host}\n" * per_host for host in self.platform.hosts[:hosts]))
+            compute = (["--cfg=smpi/simulate-computation:no"] if self.compute == "off"
+                       else ["--cfg=smpi/host-speed:1Gf"])
+            command = ["smpirun", "-np", str(self.ranks), "-platform", str(self.platform.path),
+                       "-hostfile", str(hostfile), *compute,
+                       "--cfg=smpi/test:1e-7", "--log=root.thres:warning", "--log=smpi_config.thres:error",
+                       *config, str(DRIVER), *driver_args]
+            try:
+                result = subprocess.run(command, capture_output=True, text=True, timeout=self.timeout_s)
+            except subprocess.TimeoutExpired:
+                raise RuntimeError(f"simulation ran past {self.timeout_s:.0f} s: {' '.join(command)}") from None
+        if result.returncode != 0:
+            tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-15:])
+            raise RuntimeError(f"simulation failed (exit {result.returncode}): {' '.join(command)}\n{tail}")
+        return result.stdout
+
+
+def _results(output: str) -> dict[int, float]:
+    """size -> seconds from the driver's `result` lines."""
+    found = {}
+    for line in output.splitlines():
+        parts = line.split()
+        if len(parts) >= 5 and parts[0] == "result":
+            found[int(parts[2])] = float(parts[4])
+    return found
+
+
+def busbw(collective: str, ranks: int, nbytes: int, seconds: float) -> float:
+    """Bus bandwidth in bytes/s (nccl-tests' convention): 2(p-1)/p S/t for allreduce, (p-1)/p S/t otherwise."""
+    factor = 2 * (ranks - 1) / ranks if collective == "allreduce" else (ranks - 1) / ranks
+    return nbytes / seconds * factor if seconds > 0 else 0.0
+
+
+def simulate(platform: Platform, ranks: int, sizes: Sequence[int], dims: tuple[int, ...] | None = None,
+             collective: str = "allreduce", builtins: Sequence[str] = BUILTINS, compute: str = "off",
+             iters: int = 2, builtin_memory: int = BUILTIN_MEMORY_BYTES) -> dict:
+    """Runs ddlfast and every built-in on the platform; the report as data (what --json prints)."""
+    cluster = platform.cluster(ranks)
+    chosen = {}
+    for size in sizes:
+        shape = dims if dims is not None else plan(cluster, size)[0].dims
+        chosen[size] = (shape, predict(cluster, shape, size).seconds)
+    simulation = Simulation(platform, ranks, compute)
+    common = ["--iters", str(iters), "--check-bytes", str(CHECK_BYTES)]
+    cases = [arg for size in sizes for arg in ("--case", f"{size}:{'x'.join(map(str, chosen[size][0]))}")]
+    # ddlfast's defaults (ddlfast.config); its small-message handoff is MPI_Allreduce, here MPICH's selection
+    # (the MPI ddlfast's wheel runs on).
+    engine = ["--small-bytes", str(DEFAULT_SMALL_BYTES), "--chunk-bytes", str(DEFAULT_CHUNK_BYTES)]
+    ours = _results(simulation.run(["--collective", collective, *common, *engine, *cases],
+                                   ["--cfg=smpi/allreduce:mpich", "--cfg=smpi/reduce_scatter:mpich",
+                                    "--cfg=smpi/allgather:mpich"]))
+    # The per-call agreement alone, which every ddlfast call above includes (SMPI runs MPI_Iallreduce, its
+    # transport, with a simple algorithm of its own: see docs/scale.md).
+    agreement = _results(simulation.run(["--collective", "agree", *common, "--case", f"4:{ranks}"]))[4]
+    theirs: dict[str, dict[int, float]] = {}
+    fitting = [size for size in sizes if 3 * ranks * size <= builtin_memory]
+    if collective == "allreduce" and fitting:
+        flat = [arg for size in fitting for arg in ("--case", f"{size}:{ranks}")]
+        for name in builtins:
+            theirs[name] = _results(simulation.run(["--collective", "builtin", *common, *flat],
+                                                   [f"--cfg=smpi/allreduce:{name}"]))
+    rows = []
+    for size in sizes:
+        row = {"size_bytes": size, "dims": "x".join(map(str, chosen[size][0])), "ddlfast_s": ours[size],
+               "ddlfast_busbw_GBps": busbw(collective, ranks, size, ours[size]) / 1e9,
+               "planner_s": chosen[size][1] if collective == "allreduce" else None,
+               "builtins_s": {name: times[size] for name, times in theirs.items() if size in times}}
+        if row["builtins_s"]:
+            best = min(row["builtins_s"], key=row["builtins_s"].get)
+            row |= {"best_builtin": best, "best_builtin_s": theirs[best][size],
+                    "ratio": theirs[best][size] / ours[size]}
+        else:
+            row |= {"best_builtin": None, "best_builtin_s": None, "ratio": None}
+        rows.append(row)
+    hosts, per_host = platform.placement(ranks)
+    return {"platform": platform.name, "ranks": ranks, "hosts": hosts, "ranks_per_host": per_host,
+            "collective": collective, "compute": compute, "iters": iters, "agreement_s": agreement, "rows": rows,
+            "builtins_skipped_above_bytes": max(fitting, default=0) if len(fitting) < len(sizes) else None}
+
+
+def _size_text(size: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if size >= scale and size % scale == 0:
+            return f"{size // scale}{unit}"
+    return f"{size}B"
+
+
+def format_report(data: dict) -> str:
+    lines = [f"platform {data['platform']}: {data['ranks']} ranks = {data['hosts']} hosts x "
+             f"{data['ranks_per_host']}, {data['collective']}, simulated (SMPI), reduction cost {data['compute']}",
+             f"{'size':>8} {'dims':>12} {'ddlfast ms':>11} {'busbw GB/s':>10} {'planner ms':>10} "
+             f"{'best built-in':>14} {'its ms':>10} {'ratio':>6}"]
+    for row in data["rows"]:
+        planner = f"{row['planner_s'] * 1e3:10.3f}" if row["planner_s"] is not None else f"{'-':>10}"
+        best = (f"{row['best_builtin']:>14} {row['best_builtin_s'] * 1e3:10.3f} {row['ratio']:6.2f}"
+                if row["best_builtin"] else f"{'-':>14} {'-':>10} {'-':>6}")
+        lines.append(f"{_size_text(row['size_bytes']):>8} {row['dims']:>12} {row['ddlfast_s'] * 1e3:11.3f} "
+                     f"{row['ddlfast_busbw_GBps']:10.2f} {planner} {best}")
+    compared = [row for row in data["rows"] if row["builtins_s"]]
+    if compared:
+        names = list(compared[0]["builtins_s"])
+        lines += ["", "built-in MPI_Allreduce algorithms, ms:", f"{'size':>8} " + " ".join(f"{n:>9}" for n in names)]
+        for row in compared:
+            lines.append(f"{_size_text(row['size_bytes']):>8} "
+                         + " ".join(f"{row['builtins_s'][n] * 1e3:9.3f}" for n in names))
+    if data.get("builtins_skipped_above_bytes") is not None:
+        lines.append("built-ins not run above the memory budget (SMPI's algorithms hold ~3 x ranks x size bytes of "
+                     "real memory; --builtin-memory-gib)")
+    lines.append(f"ratio = best built-in time / ddlfast time (> 1: ddlfast faster); ddlfast's times include its "
+                 f"per-call agreement, {data['agreement_s'] * 1e3:.3f} ms alone")
+    return "\n".join(lines)
+
+
+def census(platform: Platform, ranks: int, missing: str, timeout_s: float, size: int = 4096) -> str:
+    """Rank R (or ranks R-S, `missing`) never join an allreduce: the driver checks every other rank names them."""
+    match = re.fullmatch(r"(\d+)(?:-(\d+))?", missing)
+    if not match or not int(match.group(1)) <= int(match.group(2) or match.group(1)) < ranks:
+        raise SimulationError(f"--missing-rank {missing}: give a rank or a range R-S of the {ranks} ranks")
+    output = Simulation(platform, ranks).run(["--case", f"{size}:{ranks}", "--missing-rank", missing,
+                                              "--timeout", str(timeout_s)])
+    return "\n".join(line for line in output.splitlines() if line.startswith("census"))
+
+
+def _parser() -> argparse.ArgumentParser:
+    names = ", ".join(sorted(p.stem for p in PLATFORMS.glob("*.xml")))
+    parser = argparse.ArgumentParser(prog="python -m ddlfast.simulate", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--platform", required=True, help=f"a shipped platform ({names}) or a SimGrid XML file")
+    parser.add_argument("--ranks", type=int, required=True, help="simulated MPI ranks")
+    parser.add_argument("--sizes", default="4KiB,1MiB,64MiB", help="bytes per call, e.g. 4KiB,1MiB,256MiB")
+    parser.add_argument("--dims", help="ring shape for every size, e.g. 4x16 (default: ddlfast.plan's pick)")
+    parser.add_argument("--collective", choices=COLLECTIVES, default="allreduce",
+                        help="ddlfast's collective (built-ins are compared for allreduce only)")
+    parser.add_argument("--builtins", default=",".join(BUILTINS), help="SMPI allreduce algorithms to compare")
+    parser.add_argument("--compute", choices=("off", "measured"), default="off",
+                        help="reduction cost: off (network only, like SMPI's built-ins) or this host's measured "
+                             "CPU time (docs/scale.md)")
+    parser.add_argument("--builtin-memory-gib", type=float, default=BUILTIN_MEMORY_BYTES / 2**30,
+                        help="run the built-ins only at sizes where ~3 x ranks x size fits this much memory")
+    parser.add_argument("--iters", type=int, default=2, help="timed calls per size (after one warm-up)")
+    parser.add_argument("--missing-rank",
+                        help="census check instead: this rank (or range R-S) never joins; every other must name it")
+    parser.add_argument("--stall-limit", type=float, default=5.0,
+                        help="with --missing-rank: the stall limit in (wall-clock) seconds")
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        platform = load_platform(args.platform)
+        platform.placement(args.ranks)
+        sizes = parse_sizes(args.sizes)
+        dims = parse_dims(args.dims, args.ranks) if args.dims else None
+        builtins = [name for name in args.builtins.split(",") if name]
+        if args.iters < 1:
+            raise SimulationError("--iters must be >= 1")
+        require_simgrid()
+        build_driver()
+        if args.missing_rank is not None:
+            print(census(platform, args.ranks, args.missing_rank, args.stall_limit))
+            return 0
+    except SimulationError as error:
+        print(f"ddlfast.simulate: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    data = simulate(platform, args.ranks, sizes, dims, args.collective, builtins, args.compute, args.iters,
+                    int(args.builtin_memory_gib * 2**30))
+    print(json.dumps(data, indent=1) if args.json else format_report(data))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

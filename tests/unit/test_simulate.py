@@ -1,0 +1,98 @@
+"""python -m ddlfast.simulate (issue 23, docs/scale.md): bad input is one line and exit status 2; a small
+simulation of the real engine under SimGrid SMPI gives checked results beside the built-in algorithms (skipped
+where SimGrid is not installed; CI installs it, scripts/test_simulation.sh)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddlfast import simulate
+
+ROOT = Path(__file__).resolve().parents[2]
+needs_simgrid = pytest.mark.skipif(shutil.which("smpirun") is None or shutil.which("smpicxx") is None,
+                                   reason="SimGrid (libsimgrid-dev) is not installed")
+
+
+def _cli(*args: str, path: str | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    if path is not None:
+        env["PATH"] = path
+    return subprocess.run([sys.executable, "-m", "ddlfast.simulate", *args], capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=600)
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--platform", "no-such-cluster", "--ranks", "16"], "unknown platform 'no-such-cluster'"),
+    (["--platform", "ddl-64x4", "--ranks", "1024"], "256 ranks at most; 1024 asked"),
+    (["--platform", "ddl-64x4", "--ranks", "18"], "do not fill whole hosts"),
+    (["--platform", "ddl-64x4", "--ranks", "16", "--sizes", "4KiB,lots"], "--sizes: cannot read 'lots'"),
+    (["--platform", "ddl-64x4", "--ranks", "16", "--dims", "3x5"], "--dims 3x5 do not multiply to 16 ranks"),
+])
+def test_bad_input_is_one_line_and_exit_2(args: list[str], says: str) -> None:
+    result = _cli(*args)
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    assert result.stderr.count("\n") == 1 and says in result.stderr, result.stderr
+
+
+def test_missing_simgrid_says_how_to_install(tmp_path: Path) -> None:
+    result = _cli("--platform", "ddl-64x4", "--ranks", "16", path=str(tmp_path))
+    assert result.returncode == 2
+    assert "SimGrid is missing" in result.stderr and "apt-get install libsimgrid-dev" in result.stderr
+    assert result.stderr.count("\n") == 1
+
+
+def test_shipped_platforms_describe_their_hosts_to_the_planner() -> None:
+    expected = {"ddl-64x4": (64, 4), "fattree-8gpu": (128, 8), "ethernet-1g": (256, 4), "ethernet-10g": (256, 4),
+                "two-rail": (64, 8)}
+    for name, (hosts, per_host) in expected.items():
+        platform = simulate.load_platform(name)
+        assert (len(platform.hosts), platform.ranks_per_host) == (hosts, per_host), name
+        cluster = platform.cluster(hosts * per_host)
+        assert (cluster.hosts, cluster.ranks_per_host) == (hosts, per_host)
+    # Two leaves of the fat tree: the planner sees the oversubscribed leaf uplinks as a group tier.
+    fat = simulate.load_platform("fattree-8gpu").cluster(256)
+    assert fat.hosts_per_group == 16 and fat.group is not None and fat.group.rate == pytest.approx(200e9)
+    assert simulate.load_platform("ddl-64x4").placement(2) == (1, 2)
+
+
+@needs_simgrid
+def test_small_simulation_checks_results_and_compares_builtins() -> None:
+    platform = simulate.load_platform("ddl-64x4")
+    data = simulate.simulate(platform, 8, [4096, 65536], builtins=("lr", "rdb"), iters=1)
+    assert [row["size_bytes"] for row in data["rows"]] == [4096, 65536]
+    for row in data["rows"]:
+        assert sorted(row["builtins_s"]) == ["lr", "rdb"]
+        assert row["ddlfast_s"] > 0 and all(t > 0 for t in row["builtins_s"].values())
+        assert row["best_builtin_s"] == min(row["builtins_s"].values())
+        assert row["ratio"] == pytest.approx(row["best_builtin_s"] / row["ddlfast_s"])
+        dims = [int(d) for d in row["dims"].split("x")]
+        assert int(__import__("math").prod(dims)) == 8
+
+
+@needs_simgrid
+@pytest.mark.parametrize("collective", ["reduce_scatter", "allgather"])
+def test_the_halves_run_checked_with_given_dims(collective: str) -> None:
+    result = _cli("--platform", "ethernet-10g", "--ranks", "8", "--sizes", "4KiB,64KiB", "--dims", "4x2",
+                  "--collective", collective, "--iters", "1", "--json")
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout)["rows"]
+    assert [(r["size_bytes"], r["dims"], r["best_builtin"]) for r in rows] == [(4096, "4x2", None),
+                                                                               (65536, "4x2", None)]
+    assert all(r["ddlfast_s"] > 0 for r in rows)
+
+
+@needs_simgrid
+@pytest.mark.parametrize(("missing", "named"), [("5", "rank 5"), ("8-15", "ranks 8-15")])
+def test_census_names_the_missing_ranks(missing: str, named: str) -> None:
+    # A run of missing ranks is named as a range (the census message at 1024 ranks stays one line).
+    result = _cli("--platform", "ethernet-10g", "--ranks", "16", "--missing-rank", missing, "--stall-limit", "1")
+    assert result.returncode == 0, result.stderr
+    assert f"missing {named}: named by every other rank" in result.stdout
