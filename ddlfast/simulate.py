@@ -215,6 +215,7 @@ def simulate(platform: Platform, ranks: int, sizes: Sequence[int], dims: tuple[i
              collective: str = "allreduce", builtins: Sequence[str] = BUILTINS, compute: str = "off",
              iters: int = 2, builtin_memory: int = BUILTIN_MEMORY_BYTES) -> dict:
     """Runs ddlfast and every built-in on the platform; the report as data (what --json prints)."""
+    build_driver()  # incremental: nothing to do when the driver is newer than every source
     cluster = platform.cluster(ranks)
     chosen = {}
     for size in sizes:
@@ -223,14 +224,14 @@ def simulate(platform: Platform, ranks: int, sizes: Sequence[int], dims: tuple[i
     simulation = Simulation(platform, ranks, compute)
     common = ["--iters", str(iters), "--check-bytes", str(CHECK_BYTES)]
     cases = [arg for size in sizes for arg in ("--case", f"{size}:{'x'.join(map(str, chosen[size][0]))}")]
-    # ddlfast's defaults (ddlfast.config); its small-message handoff is MPI_Allreduce, here MPICH's selection
-    # (the MPI ddlfast's wheel runs on).
+    # ddlfast's defaults (ddlfast.config): at or below the small-message limit an allreduce takes the latency
+    # path (inside the agreement's butterfly); reduce-scatter and allgather hand off to MPI's own collective,
+    # here MPICH's selection (the MPI ddlfast's wheel runs on).
     engine = ["--small-bytes", str(DEFAULT_SMALL_BYTES), "--chunk-bytes", str(DEFAULT_CHUNK_BYTES)]
     ours = _results(simulation.run(["--collective", collective, *common, *engine, *cases],
                                    ["--cfg=smpi/allreduce:mpich", "--cfg=smpi/reduce_scatter:mpich",
                                     "--cfg=smpi/allgather:mpich"]))
-    # The per-call agreement alone, which every ddlfast call above includes (SMPI runs MPI_Iallreduce, its
-    # transport, with a simple algorithm of its own: see docs/scale.md).
+    # The per-call agreement alone (a butterfly of 32-byte headers), which every ddlfast call above includes.
     agreement = _results(simulation.run(["--collective", "agree", *common, "--case", f"4:{ranks}"]))[4]
     theirs: dict[str, dict[int, float]] = {}
     fitting = [size for size in sizes if 3 * ranks * size <= builtin_memory]
@@ -296,6 +297,7 @@ def census(platform: Platform, ranks: int, missing: str, timeout_s: float, size:
     match = re.fullmatch(r"(\d+)(?:-(\d+))?", missing)
     if not match or not int(match.group(1)) <= int(match.group(2) or match.group(1)) < ranks:
         raise SimulationError(f"--missing-rank {missing}: give a rank or a range R-S of the {ranks} ranks")
+    build_driver()
     output = Simulation(platform, ranks).run(["--case", f"{size}:{ranks}", "--missing-rank", missing,
                                               "--timeout", str(timeout_s)])
     return "\n".join(line for line in output.splitlines() if line.startswith("census"))
