@@ -7,6 +7,7 @@
 //   smpirun ... driver --collective allreduce|reduce_scatter|allgather|builtin|agree
 //                      --case BYTES:DIMS [--case ...] [--iters N] [--check-bytes N]
 //                      [--small-bytes N] [--chunk-bytes N] [--missing-rank R --timeout S]
+//                      [--corrupt-rank R]  (R adds 1 to its first input: the check must fail)
 //
 // Per case it prints one line `result <collective> <bytes> <dims> <seconds>`:
 // the slowest rank's simulated time (MPI_Wtime) per call, averaged over the
@@ -59,6 +60,7 @@ struct Options {
   std::size_t check_bytes = 1 << 20;
   int missing_rank = -1;
   int missing_last = -1;  // the last missing rank (a range R-S)
+  int corrupt_rank = -1;  // this rank's inputs differ from the reference's (the check's own test)
   double timeout_s = 0.0;  // the stall limit; 0 (off) unless the census is under test
   ddlfast::EngineOptions engine;  // small_bytes, chunk_bytes: ddlfast.config's defaults come from the CLI
 };
@@ -114,6 +116,8 @@ Options parse(int argc, char** argv, int rank, int size) {
       if (options.missing_rank < 0 || options.missing_last < options.missing_rank || options.missing_last >= size) {
         usage(rank, "bad --missing-rank " + value);
       }
+    } else if (flag == "--corrupt-rank") {
+      options.corrupt_rank = std::atoi(value.c_str());
     } else if (flag == "--timeout") {
       options.timeout_s = std::atof(value.c_str());
     } else {
@@ -223,6 +227,7 @@ struct Runner {
   void fill(const Buffer& input) const {
     const std::size_t offset = options.collective == "allgather" ? input.count() * rank : 0;
     for (std::size_t i = 0; i < input.count(); ++i) input.data()[i] = input_value(rank, offset + i);
+    if (rank == options.corrupt_rank && input.count() > 0) input.data()[0] += 1.0f;
   }
 
   // -1 when this rank's result is right, else the first wrong element.

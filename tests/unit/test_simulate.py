@@ -78,6 +78,17 @@ def test_small_simulation_checks_results_and_compares_builtins() -> None:
 
 
 @needs_simgrid
+@pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather"])
+def test_the_driver_refuses_wrong_numbers(collective: str) -> None:
+    # Rank 3's first input is off by one, so the exact reference no longer matches: the run must fail (exit 3).
+    simulate.build_driver()
+    run = simulate.Simulation(simulate.load_platform("ethernet-10g"), 8).run
+    with pytest.raises(RuntimeError, match="exit 3") as failure:
+        run(["--collective", collective, "--iters", "1", "--case", "65536:4x2", "--corrupt-rank", "3"])
+    assert "WRONG" in str(failure.value)
+
+
+@needs_simgrid
 @pytest.mark.parametrize("collective", ["reduce_scatter", "allgather"])
 def test_the_halves_run_checked_with_given_dims(collective: str) -> None:
     result = _cli("--platform", "ethernet-10g", "--ranks", "8", "--sizes", "4KiB,64KiB", "--dims", "4x2",
