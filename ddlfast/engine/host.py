@@ -47,12 +47,17 @@ class HostRequest(NamedTuple):
                                 self.error_feedback, self.settings)
 
 
+def _buckets(request: HostRequest) -> list[list[int]]:
+    """The request's buckets (fusion/pack_policy.bucket_indices: a pure function of dtypes and sizes)."""
+    settings, buffers = request.settings, request.buffers
+    return bucket_indices([b.array.dtype for b in buffers], [b.nbytes for b in buffers], settings.bucket_bytes,
+                          settings.first_bucket_bytes)
+
+
 def run(state: EngineState, request: HostRequest, layout: tuple) -> None:
     """The agreement, then the request: for one uncompressed bucket, the agreement runs inside that bucket's one
     call into the core (on the latency path, inside the same messages)."""
-    settings, buffers = request.settings, request.buffers
-    buckets = bucket_indices([b.array.dtype for b in buffers], [b.nbytes for b in buffers], settings.bucket_bytes,
-                             settings.first_bucket_bytes)
+    buckets = _buckets(request)
     if (len(buckets) == 1 and isinstance(request.compression, tuple)
             and not wire_by_dim(request.compression, request.dims, state.hosts_tier(request.dims))):
         state.agreed_in_core(layout, lambda fingerprint: reduce(state, request, layout, fingerprint, buckets))
@@ -64,12 +69,9 @@ def reduce(state: EngineState, request: HostRequest, layout: tuple, fingerprint:
            buckets: list[list[int]] | None = None) -> bool:
     """Run an agreed request (`layout` keys the per-bucket codec and error-feedback state). With `fingerprint`
     (one uncompressed bucket, see run), run its agreement in the core call too: False when the ranks disagree."""
-    settings, buffers = request.settings, request.buffers
-    if buckets is None:
-        buckets = bucket_indices([b.array.dtype for b in buffers], [b.nbytes for b in buffers],
-                                 settings.bucket_bytes, settings.first_bucket_bytes)
+    buffers = request.buffers
     agreed = True
-    for index, indices in enumerate(buckets):
+    for index, indices in enumerate(_buckets(request) if buckets is None else buckets):
         members = [buffers[j] for j in indices]
         if isinstance(request.compression, tuple):
             agreed = _reduce_bucket(state, members, request, (layout, index), fingerprint)
