@@ -26,6 +26,7 @@ from ddlfast.api import (
     broadcast_object,
     build_info,
     default_context,
+    dump_flight_record,
     fused_allgather,
     fused_allgather_async,
     fused_allreduce,
@@ -39,9 +40,12 @@ from ddlfast.api import (
     reduce_scatter,
     reduce_scatter_async,
     size,
+    stragglers,
     topology,
 )
 from ddlfast.context import Context
+from ddlfast.engine.agreement import StragglerWarning
+from ddlfast.engine.flight import FlightWarning
 from ddlfast.engine.worker import Handle
 from ddlfast.errors import DdlfastBrokenError, DdlfastConsistentError, DdlfastError, DdlfastTimeoutError
 from ddlfast.fused_buffer import FusedBuffer
@@ -55,8 +59,10 @@ __all__ = [
     "DdlfastBrokenError",
     "DdlfastConsistentError",
     "DdlfastTimeoutError",
+    "FlightWarning",
     "FusedBuffer",
     "Handle",
+    "StragglerWarning",
     "TopologyWarning",
     "allgather",
     "allgather_async",
@@ -69,6 +75,7 @@ __all__ = [
     "broadcast_object",
     "build_info",
     "default_context",
+    "dump_flight_record",
     "fused_allreduce",
     "fused_allreduce_async",
     "fused_allgather",
@@ -82,5 +89,6 @@ __all__ = [
     "reduce_scatter",
     "reduce_scatter_async",
     "size",
+    "stragglers",
     "topology",
 ]

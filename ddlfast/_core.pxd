@@ -138,6 +138,35 @@ cdef extern from "transport/transport.h" namespace "ddlfast" nogil:
         ReduceOp op
 
 
+cdef extern from "transport/arrivals.h" namespace "ddlfast" nogil:
+    cdef cppclass ArrivalRecord:
+        uint64_t sequence
+        int last_rank
+        uint64_t least_us
+        uint64_t most_us
+    cdef cppclass ArrivalLog:
+        vector[ArrivalRecord] last(size_t count) except +
+        void set_warning(uint64_t warn_us, uint64_t noise_us) except +
+        int take_warning(uint64_t* held_us)
+        bool warning_pending()
+
+cdef extern from "transport/flight_log.h" namespace "ddlfast" nogil:
+    cdef cppclass FlightEntry:
+        uint64_t sequence
+        uint64_t fingerprint
+        int64_t site
+        double arrived_s
+        double agreed_s
+        double ended_s
+        double wait_s
+        int state
+    cdef cppclass FlightLog:
+        void resize(size_t capacity) except +
+        size_t capacity()
+        void set_site(int64_t site)
+        void end(bool ok)
+        vector[FlightEntry] entries(size_t last) except +
+
 cdef extern from "transport/mpi_transport.h" namespace "ddlfast" nogil:
     string mpi_library_version()
     ctypedef bool (*InterruptCheck)() noexcept nogil
@@ -152,6 +181,9 @@ cdef extern from "transport/mpi_transport.h" namespace "ddlfast" nogil:
         Status agree(uint64_t digest, bool* agreed, const AgreedReduction* reduction) except +
         size_t agreement_capacity()
         uint64_t sequence()
+        ArrivalLog& arrivals()
+        FlightLog& flight()
+        uint64_t last_wait_us()
         void abandon_and_tell(const string& reason, bool interrupted) except +
         bool broken()
         string broken_reason()

@@ -195,6 +195,52 @@ cdef class Engine:
         """The number of the collective in progress (of the latest agreement) on this context."""
         return self.get().transport().sequence()
 
+    @property
+    def last_wait_s(self) -> float:
+        """This rank's wait in the latest agreement (its own clock): arrival to completion."""
+        return self.get().transport().last_wait_us() * 1e-6
+
+    def arrivals(self, size_t count):
+        """The last `count` collectives' (sequence, rank that arrived last, least wait s, most wait s), oldest
+        first: the same on every rank (transport/arrivals.h), up to the collective before the latest agreement."""
+        cdef vector[ArrivalRecord] records = self.get().transport().arrivals().last(count)
+        return [(r.sequence, r.last_rank, r.least_us * 1e-6, r.most_us * 1e-6) for r in records]
+
+    def set_straggler_warning(self, double warn_s, double noise_s) -> None:
+        """Have straggler_warning() name a rank once it held the others more than warn_s over the last
+        collectives (ArrivalLog::kWarnWindow), counting collectives where it held them more than noise_s."""
+        self.get().transport().arrivals().set_warning(<uint64_t>(warn_s * 1e6), <uint64_t>(noise_s * 1e6))
+
+    @property
+    def straggler_warning_pending(self) -> bool:
+        return self.get().transport().arrivals().warning_pending()
+
+    def take_straggler_warning(self):
+        """(rank, held seconds in the window) to warn about once, or None."""
+        cdef uint64_t held_us = 0
+        cdef int rank = self.get().transport().arrivals().take_warning(&held_us)
+        return None if rank < 0 else (rank, held_us * 1e-6)
+
+    def set_flight_capacity(self, size_t capacity) -> None:
+        """Keep the last `capacity` collectives' flight entries (transport/flight_log.h; 0: off)."""
+        self.get().transport().flight().resize(capacity)
+
+    def set_flight_site(self, int64_t site) -> None:
+        """The call-site id the next agreement's flight entry gets."""
+        self.get().transport().flight().set_site(site)
+
+    def flight_end(self, bint ok) -> None:
+        """The latest collective ended here (done, or failed)."""
+        self.get().transport().flight().end(ok)
+
+    def flight_entries(self, size_t last=0):
+        """The latest `last` (0: all kept) [(sequence, fingerprint, site, arrived_s, agreed_s, ended_s, wait_s,
+        state)], oldest first; times on the steady clock (time.perf_counter's), 0 where not reached; state as
+        FlightState."""
+        cdef vector[FlightEntry] entries = self.get().transport().flight().entries(last)
+        return [(e.sequence, e.fingerprint, e.site, e.arrived_s, e.agreed_s, e.ended_s, e.wait_s, e.state)
+                for e in entries]
+
     def wait_requests(self, requests, what: str, waiting=None) -> None:
         """Complete mpi4py requests (any communicator) through the core's one stall-limited poll loop.
         waiting=(kind, peer, tag): a point-to-point wait (kind 1 receive, 2 send; peer -1: any rank), which a
@@ -336,14 +382,15 @@ cdef class Engine:
         return 0
 
     def allreduce_array(self, array, size_t count, int dtype, int op, CallOptions options not None,
-                        uint64_t digest):
+                        uint64_t digest, int64_t site=-1):
         """allreduce() for one array, with the per-call agreement on `digest` in the same call (one crossing
         into the core, Context::agreed_allreduce): a buffer of at most the options' small_bytes rides in the
         agreement's own messages (the latency path).
 
         Returns 1 when done; 0, having written nothing, when the ranks disagree; -1, having done nothing (not
         even the agreement), when the array does not export a writable C-contiguous buffer of whole aligned
-        elements: the caller then takes the general path, which says what is wrong on every rank.
+        elements: the caller then takes the general path, which says what is wrong on every rank. `site`: the
+        flight recorder's id of the caller's call site.
         """
         cdef Py_buffer view
         cdef vector[char*] bases
@@ -359,6 +406,7 @@ cdef class Engine:
                 return -1
             bases.push_back(<char*>view.buf)
             sizes.push_back(count)
+            self.get().transport().flight().set_site(site)
             agreed = self._run(bases, sizes, dtype, op, options, True, digest)
         finally:
             PyBuffer_Release(&view)

@@ -241,6 +241,21 @@ def barrier(comm: MPI.Comm | None = None, name: Name = None) -> None:
     _context_for(comm).barrier(name=name)
 
 
+def stragglers(comm: MPI.Comm | None = None, last: int = 100) -> list[dict]:
+    """Collective: who the others waited for in the last `last` collectives (at most 4096), the same list on every
+    rank, one dict per rank sorted by held_s (most first): {"rank", "host", "last_arrivals": how many of them it
+    arrived at last, "held_s": how long in total it held the others}. Costs no message beyond its own agreement:
+    each rank's wait rides in the next collective's agreement (docs/observe.md)."""
+    return _context_for(comm).stragglers(last=last)
+
+
+def dump_flight_record(comm: MPI.Comm | None = None, directory: str | None = None) -> str | None:
+    """Rank-local: write this rank's flight record (its last DDLFAST_FLIGHT_RECORDS collectives) to `directory` or
+    DDLFAST_FLIGHT_DIR now; returns the path (None, with a FlightWarning, if it could not be written).
+    `python -m ddlfast.flight DIR` merges the ranks' files."""
+    return _context_for(comm).dump_flight_record(directory)
+
+
 def broadcast_object(obj: object, root: int = 0, comm: MPI.Comm | None = None, name: Name = None) -> object:
     """Root's picklable object on every rank (e.g. a config, optimizer state); other ranks' `obj` is ignored."""
     return _context_for(comm).broadcast_object(obj, root=root, name=name)

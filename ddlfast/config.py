@@ -30,6 +30,10 @@ DEFAULT_RECEIVES_IN_FLIGHT = 4
 DEFAULT_TIMEOUT_S = 120.0
 DEFAULT_PROBE_TIMEOUT_S = 30.0
 DEFAULT_TIMELINE_MAX_EVENTS = 100_000
+DEFAULT_FLIGHT_RECORDS = 2000
+# A collective names a rank as the one the others waited for only when it held them longer than this (the
+# spread of waits below it is scheduling noise: docs/observe.md has the measurement).
+STRAGGLER_NOISE_S = 0.002
 
 # Accepted ranges, inclusive (docs/configuration.md is the table users read; tests/unit/test_config.py checks
 # that both agree). Every upper bound keeps a value inside what the C++ core takes (int, size_t, double) and
@@ -55,6 +59,8 @@ MAX_RING_DIM = (1 << 31) - 1  # ranks in one dimension: an MPI rank count (int)
 # A wait neither answers a stall census nor checks the stall limit while it spins, so a spin stays below the
 # smallest accepted DDLFAST_TIMEOUT_S (0.1 s).
 MAX_SPIN_US = 100_000
+MAX_FLIGHT_RECORDS = 1_000_000  # ~200 bytes each
+MIN_STRAGGLER_WARN_S, MAX_STRAGGLER_WARN_S = 0.001, 7 * 24 * 3600.0
 
 
 def format_size(value: int) -> str:
@@ -214,7 +220,8 @@ _VARIABLES = (
 RUNTIME_VARIABLES = frozenset(_VARIABLES + (
     "DDLFAST_ABORT_ON_STALL", "DDLFAST_TIMELINE", "DDLFAST_TIMELINE_MAX_EVENTS", "DDLFAST_PROBE",
     "DDLFAST_PROBE_TIMEOUT_S", "DDLFAST_CACHE_DIR", "DDLFAST_HOSTS_PER_GROUP", "DDLFAST_CUDA_AWARE_MPI",
-    "DDLFAST_SPIN_US", "DDLFAST_ALLOW_SINGLE",
+    "DDLFAST_SPIN_US", "DDLFAST_ALLOW_SINGLE", "DDLFAST_STRAGGLER_WARN_S", "DDLFAST_FLIGHT_RECORDS",
+    "DDLFAST_FLIGHT_DIR",
 ))
 # Build and test tooling.
 TOOLING_VARIABLES = frozenset((
@@ -275,6 +282,9 @@ def check_environment() -> None:
     cuda_aware_mpi()
     spin_us()
     allow_single()
+    straggler_warn_s()
+    flight_records()
+    flight_dir()
 
 
 def _parse_settings() -> Settings:
@@ -365,3 +375,25 @@ def spin_us(environ: Mapping[str, str] | None = None) -> int | None:
     if _raw("DDLFAST_SPIN_US", environ) is None:
         return None
     return _env_int("DDLFAST_SPIN_US", 0, 0, MAX_SPIN_US, environ)
+
+
+def straggler_warn_s(environ: Mapping[str, str] | None = None) -> float | None:
+    """DDLFAST_STRAGGLER_WARN_S: rank 0 logs one warning per rank once that rank has held the others longer than
+    this within the last 100 collectives (None, unset or 'off': no warning; docs/observe.md)."""
+    raw = _raw("DDLFAST_STRAGGLER_WARN_S", environ)
+    if raw is None or raw.strip().lower() in ("off", "0"):
+        return None
+    return _env_seconds("DDLFAST_STRAGGLER_WARN_S", 0.0, MIN_STRAGGLER_WARN_S, MAX_STRAGGLER_WARN_S,
+                        zero_means_forever=False, environ=environ)
+
+
+def flight_records(environ: Mapping[str, str] | None = None) -> int:
+    """DDLFAST_FLIGHT_RECORDS: how many of its latest collectives each rank's flight recorder keeps (0: off)."""
+    return _env_int("DDLFAST_FLIGHT_RECORDS", DEFAULT_FLIGHT_RECORDS, 0, MAX_FLIGHT_RECORDS, environ)
+
+
+def flight_dir(environ: Mapping[str, str] | None = None) -> str | None:
+    """DDLFAST_FLIGHT_DIR: where each rank writes its flight record (on a stall, a broken context, SIGUSR1 and
+    ddlfast.dump_flight_record()); None: not written on its own (dump_flight_record(directory) still can)."""
+    raw = _raw("DDLFAST_FLIGHT_DIR", environ)
+    return None if raw is None else raw.strip()

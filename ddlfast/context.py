@@ -548,6 +548,16 @@ class Context:
         """Return once every rank of the communicator has called barrier()."""
         self._now(lambda: small.barrier(self._state), "barrier", name)
 
+    @traced("stragglers")
+    def stragglers(self, last: int = 100) -> list[dict]:
+        """Collective: per rank (the same list on every rank), how many of the last `last` collectives it arrived
+        at last and how long in total it held the others; most held first (docs/observe.md)."""
+        return self._now(lambda: small.stragglers(self._state, last), "stragglers")
+
+    def dump_flight_record(self, directory: str | None = None) -> str | None:
+        """Rank-local: write this rank's flight record now (docs/observe.md); returns the file's path."""
+        return self._state.dump_flight_record("dump_flight_record()", directory)
+
     @traced("broadcast_object")
     def broadcast_object(self, obj: object, root: int = 0, name: Name = None) -> object:
         """Root's picklable object on every rank (root gets `obj` itself back)."""

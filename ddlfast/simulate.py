@@ -231,7 +231,7 @@ def simulate(platform: Platform, ranks: int, sizes: Sequence[int], dims: tuple[i
     ours = _results(simulation.run(["--collective", collective, *common, *engine, *cases],
                                    ["--cfg=smpi/allreduce:mpich", "--cfg=smpi/reduce_scatter:mpich",
                                     "--cfg=smpi/allgather:mpich"]))
-    # The per-call agreement alone (a butterfly of 32-byte headers), which every ddlfast call above includes.
+    # The per-call agreement alone (a butterfly of 48-byte headers), which every ddlfast call above includes.
     agreement = _results(simulation.run(["--collective", "agree", *common, "--case", f"4:{ranks}"]))[4]
     theirs: dict[str, dict[int, float]] = {}
     fitting = [size for size in sizes if 3 * ranks * size <= builtin_memory]

@@ -25,12 +25,13 @@ its one core call (`state.agreed_in_core`). Why not the ring's first message:
 a mismatch found there leaves ring messages of the wrong size in flight (a
 broken context on every rank). The layout digest is cached per layout; the
 per-call cost is a dict lookup and, for ring-sized buffers, one butterfly of
-32-byte messages.
+48-byte messages.
 """
 
 from __future__ import annotations
 
 import hashlib
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -72,10 +73,14 @@ def creation_layout(settings: Any) -> tuple:
 class Agreement:
     """The per-call check of one context: `check(layout)` before every collective (see the module doc)."""
 
-    def __init__(self, core: Any, control: Any) -> None:
+    def __init__(self, core: Any, control: Any, flight: Any = None, warn_stragglers: bool = False) -> None:
         self._core = core  # ddlfast._core.Engine: agree() is the butterfly of headers, and counts them
         self._control = control  # ddlfast.engine.control.Control: descriptions on a mismatch
+        self.flight = flight  # ddlfast.engine.flight.FlightRecorder, or None (DDLFAST_FLIGHT_RECORDS=0)
+        self.warn_stragglers = warn_stragglers  # DDLFAST_STRAGGLER_WARN_S, on rank 0
         self._digests: dict[tuple, int] = {}  # the core counts collectives: its sequence is in every fingerprint
+        self._layouts: dict[int, tuple] = {}  # digest -> layout, and fingerprint -> (layout, name) of named calls
+        self._named: dict[int, tuple] = {}
         # The caller's name for the collective being agreed (name=, e.g. a training step), set by the Context
         # around one call; None for unnamed calls. It enters the fingerprint, so a rank that skipped a step of a
         # loop of same-layout calls is caught at its next named call.
@@ -89,19 +94,48 @@ class Agreement:
         digest = int.from_bytes(hashlib.blake2b(repr(layout).encode(), digest_size=8).digest(), "little")
         if len(self._digests) >= MAX_CACHED_DIGESTS:  # layouts that never repeat must not grow memory
             self._digests.clear()
+            self._layouts.clear()
         self._digests[layout] = digest
+        self._layouts[digest] = layout
         return digest
+
+    def layout_of(self, fingerprint: int) -> tuple:
+        """(layout, name) behind a fingerprint this rank agreed on ((None, None) once forgotten): the flight
+        recorder's lookup, made only when it writes its file."""
+        named = self._named.get(fingerprint)
+        if named is not None:
+            return named
+        return self._layouts.get(fingerprint), None
 
     def fingerprint(self, layout: tuple, digest: int | None = None, name: Name = None) -> int:
         """The 64 bits the ranks compare for a call: the layout's digest, mixed with the call's name."""
         if digest is None:
             digest = self.digest(layout)
-        return digest if name is None else digest ^ name_digest(name)
+        if name is None:
+            return digest
+        fingerprint = digest ^ name_digest(name)
+        if self.flight is not None:
+            if len(self._named) >= MAX_CACHED_DIGESTS:
+                self._named.clear()
+            self._named[fingerprint] = (layout, name)
+        return fingerprint
 
     def check(self, layout: tuple, digest: int | None = None) -> None:
         """Collective: returns when every rank passed the same layout in the same collective; otherwise every
         rank raises the same DdlfastError naming who passed what."""
-        if not self._core.agree(self.fingerprint(layout, digest, self.name)):
+        flight = self.flight
+        if flight is None:
+            agreed = self._core.agree(self.fingerprint(layout, digest, self.name))
+        else:
+            self._core.set_flight_site(flight.site(2))
+            try:
+                agreed = self._core.agree(self.fingerprint(layout, digest, self.name))
+            except BaseException as error:
+                flight.failed(error)
+                raise
+        if self.warn_stragglers and self._core.straggler_warning_pending:
+            warn_straggler(self._core)
+        if not agreed:
             self.disagreed(layout, self.name)
 
     def disagreed(self, layout: tuple, name: Name = None) -> None:
@@ -110,7 +144,10 @@ class Agreement:
         travel as JSON and are validated (`readable`): a peer's bytes are never unpickled here."""
         mine = describe(layout, self._core.sequence, name)
         received = self._control.allgather_values(mine, "the description of every rank's collective")
-        raise DdlfastConsistentError(disagreement_message([readable(d, r) for r, d in enumerate(received)]))
+        error = DdlfastConsistentError(disagreement_message([readable(d, r) for r, d in enumerate(received)]))
+        if self.flight is not None:
+            self.flight.failed(error, received)
+        raise error
 
     def refuse(self, error: DdlfastError) -> DdlfastError:
         """This rank cannot take part (its input is bad): take part in the agreement with the error, so every
@@ -120,6 +157,20 @@ class Agreement:
         except DdlfastError as disagreement:
             return disagreement
         return error  # every rank failed the same way: each raises its own error
+
+
+class StragglerWarning(UserWarning):
+    """DDLFAST_STRAGGLER_WARN_S: a rank held the others longer than that within the last 100 collectives."""
+
+
+def warn_straggler(core: Any) -> None:
+    """Rank 0's one warning per straggling rank (the core decides, ArrivalLog::take_warning)."""
+    taken = core.take_straggler_warning()
+    if taken is not None:
+        rank, held = taken
+        warnings.warn(f"ddlfast: rank {rank} held the other ranks {held:.3f} s within the last 100 collectives "
+                      f"(DDLFAST_STRAGGLER_WARN_S); ddlfast.stragglers() has the details", StragglerWarning,
+                      stacklevel=2)
 
 
 def _dtype_name(dtype: object) -> str:

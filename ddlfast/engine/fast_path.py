@@ -12,7 +12,7 @@ import numpy as np
 
 from ddlfast.buffers.dtypes import DTYPE_CODES
 from ddlfast.config import Settings
-from ddlfast.engine.agreement import allreduce_layout
+from ddlfast.engine.agreement import allreduce_layout, warn_straggler
 from ddlfast.engine.state import EngineState
 from ddlfast.errors import DdlfastConsistentError, DdlfastError
 from ddlfast.ops import OPS
@@ -71,8 +71,11 @@ class FastPath:
             digest = state.agreement.fingerprint(layout, digest, name)
         if state.core_timeout_s != settings.timeout_s:  # set_core_timeout's own test, spelled out: the latency path
             state.set_core_timeout(settings.timeout_s)
-        try:  # the agreement and the collective in one call into the core
-            outcome = state.core.allreduce_array(array, array.size, code, op_code, options, digest)
+        core = state.core
+        flight = state.flight
+        try:  # the agreement and the collective in one call into the core (which keeps its flight entry)
+            outcome = core.allreduce_array(array, array.size, code, op_code, options, digest,
+                                           -1 if flight is None else flight.site(3))
         except DdlfastConsistentError:
             raise
         except BaseException as error:
@@ -84,4 +87,6 @@ class FastPath:
             state.raise_after_failure(error)
         if outcome == 0:
             state.agreement.disagreed(layout, name)
+        if state.agreement.warn_stragglers and core.straggler_warning_pending:
+            warn_straggler(core)
         return outcome > 0

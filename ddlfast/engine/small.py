@@ -1,5 +1,5 @@
 """The small collectives: broadcast (host arrays as bytes, GPU arrays through a pinned host copy), barrier,
-and the pickled-object collectives. Each function validates on the caller's thread and returns the collective
+the pickled-object collectives and stragglers(). Each function validates on the caller's thread and returns the collective
 (agreement, then the data) as a callable the Context runs in order."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from ddlfast.buffers.device import any_device_array
 from ddlfast.buffers.host import broadcast_target
 from ddlfast.engine import device, requests
 from ddlfast.engine.device import DeviceRequest, layout_arrays
+from ddlfast.engine.flight import MAX_STRAGGLER_WINDOW, straggler_table
 from ddlfast.engine.state import EngineState
 from ddlfast.errors import DdlfastConsistentError, DdlfastError
 
@@ -68,6 +69,16 @@ def _broadcast_device(state: EngineState, request: DeviceRequest, root: int) -> 
 def barrier(state: EngineState) -> Work:
     """The agreement is itself the barrier: its allreduce completes on a rank only after every rank joined it."""
     return lambda: state.agreed(("barrier",), lambda: None)
+
+
+def stragglers(state: EngineState, last: object) -> Work:
+    """ddlfast.stragglers(): its own agreement carries the previous collective's waits, so the rows cover every
+    collective before this call; the log they come from is the same on every rank (transport/arrivals.h)."""
+    if isinstance(last, bool) or not isinstance(last, int | np.integer) or not 1 <= last <= MAX_STRAGGLER_WINDOW:
+        raise DdlfastError(f"stragglers(last={last!r}) on rank {state.rank}: last must be an int from 1 to "
+                           f"{MAX_STRAGGLER_WINDOW} (the collectives each rank's arrival log keeps)")
+    count = int(last)
+    return lambda: state.agreed(("stragglers", count), lambda: straggler_table(state.core, state.hosts(), count))
 
 
 def broadcast_object(state: EngineState, obj: object, root: object) -> Work:

@@ -11,11 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from ddlfast import _core
+from ddlfast import _core, config
 from ddlfast.compression.wire import ErrorFeedback
 from ddlfast.config import ALGORITHMS, MAX_SMALL_BYTES, Settings, parse_dims
-from ddlfast.engine.agreement import Agreement
+from ddlfast.engine.agreement import Agreement, describe, warn_straggler
 from ddlfast.engine.control import Control
+from ddlfast.engine.flight import FlightRecorder, install_signal_handler, layout_text
 from ddlfast.engine.timeline import Timeline
 from ddlfast.errors import DdlfastBrokenError, DdlfastConsistentError, DdlfastError
 from ddlfast.fusion.buffer_pool import FusedBufferPool
@@ -29,10 +30,20 @@ class EngineState:
     def __init__(self, core: Any, control: Control, timeout_s: float) -> None:
         self.core = core
         self.control = control
-        self.agreement = Agreement(core, control)
         self.rank, self.size = core.rank, core.size
         self.timeline = Timeline.from_env(core.rank)
         core.record_events = self.timeline is not None
+        warn_s = config.straggler_warn_s()
+        if warn_s is not None:
+            core.set_straggler_warning(warn_s, config.STRAGGLER_NOISE_S)
+        self.agreement = Agreement(core, control, None, warn_s is not None and self.rank == 0)
+        records = config.flight_records()
+        # The timeline's collective slices come from the flight entries, so it keeps at least the latest.
+        self.flight = (FlightRecorder(core, max(records, 1), config.flight_dir(), self.agreement.layout_of)
+                       if records or self.timeline is not None else None)
+        self.agreement.flight = self.flight
+        if self.flight is not None and self.flight.directory:
+            install_signal_handler()
         self.fused = FusedBufferPool()
         self.error_feedback = ErrorFeedback()
         self.codec_state: dict[tuple, dict] = {}
@@ -54,7 +65,24 @@ class EngineState:
             self.topology = build(self.control.comm, plan_bytes, every_tier)
             self._every_tier = every_tier
             self.rank_order = self.topology.order
+            if self.flight is not None:
+                self.flight.hosts = self.hosts()
         return self.topology
+
+    def hosts(self) -> tuple[str, ...]:
+        """Each rank's host name (MPI's processor name), in rank order; () before the topology is known."""
+        if self.topology is None:
+            return ()
+        placement = self.topology.placement
+        return tuple(placement.host_names[h] for h in placement.host_of_rank)
+
+    def dump_flight_record(self, reason: str, directory: str | None = None) -> str | None:
+        """This rank's flight record to DDLFAST_FLIGHT_DIR or `directory` (rank-local); its path, or None."""
+        if self.flight is None:
+            raise DdlfastError("the flight recorder is off here (DDLFAST_FLIGHT_RECORDS=0)")
+        if not (directory or self.flight.directory):
+            raise DdlfastError("dump_flight_record(): name a directory, or set DDLFAST_FLIGHT_DIR")
+        return self.flight.dump(reason, directory)
 
     def topology_known(self, every_tier: bool) -> bool:
         return self.topology is not None and (self._every_tier or not every_tier)
@@ -164,29 +192,51 @@ class EngineState:
         (the other ranks are told, and fail at once rather than at their stall limit)."""
         self.agreement.check(layout, digest)
         try:
-            return action()
+            result = action()
         except DdlfastConsistentError:
             raise
         except BaseException as error:
             self.raise_after_failure(error)
+        if self.flight is not None:
+            self.finished()
+        return result
 
     def agreed_in_core(self, layout: tuple, action: Callable[[int], bool]) -> None:
         """The agreement inside the collective's one call into the core: `action(fingerprint)` runs both and
         returns False, having written nothing, when the ranks disagree; every rank then raises the same error.
         A failure is handled as agreed()'s."""
+        if self.flight is not None:
+            self.core.set_flight_site(self.flight.site(2))
         try:
             agreed = action(self.agreement.fingerprint(layout, None, self.agreement.name))
         except DdlfastConsistentError:
             raise
         except BaseException as error:
             self.raise_after_failure(error)
+        if self.agreement.warn_stragglers and self.core.straggler_warning_pending:
+            warn_straggler(self.core)
         if not agreed:
             self.agreement.disagreed(layout, self.agreement.name)
+        if self.flight is not None:
+            self.finished()
+
+    def finished(self, entries: int = 1) -> None:
+        """The latest collective completed here (its flight entry marked done); on the timeline, as one labelled
+        slice with its wait for the other ranks."""
+        core = self.core
+        core.flight_end(True)
+        if self.timeline is not None:
+            for sequence, fingerprint, _, arrived, _, ended, wait, _ in core.flight_entries(entries):
+                layout, name = self.agreement.layout_of(fingerprint)
+                label = layout_text(describe(layout, sequence, name)) if layout is not None else "collective"
+                self.timeline.collective(sequence, label, arrived, ended, wait)
 
     def raise_after_failure(self, error: BaseException) -> NoReturn:
         """Called in an `except` block: a collective failed here after its agreement, so the context is broken
         (the other ranks are told). Raises a DdlfastBrokenError (so the abort hook ends the job if it goes
         uncaught), or re-raises KeyboardInterrupt and the like as they are."""
+        if self.flight is not None:
+            self.flight.failed(error)
         if not self.core.broken:
             if isinstance(error, KeyboardInterrupt):  # Ctrl-C between two steps of the collective, in Python
                 self.core.abandon(f"rank {self.rank} was interrupted (KeyboardInterrupt) between two steps of "

@@ -1,9 +1,13 @@
 """DDLFAST_TIMELINE=path: a Chrome/Perfetto trace per rank (path.rank<N>.json;
 further contexts in the same process write path.rank<N>.ctx<K>.json).
 
-Events: pack, each dimension's reduce-scatter and allgather (from the compiled
-engine), unpack, and the caller's waits. The file stays a valid JSON array at
-every flush and stops growing at DDLFAST_TIMELINE_MAX_EVENTS events.
+Events: each collective as one slice labelled with its number, kind and arrays
+(thread "collectives"), with this rank's wait for the others drawn inside it;
+pack, each dimension's reduce-scatter and allgather (from the compiled engine),
+unpack, and the caller's waits. The process is named by rank and host. The file
+stays a valid JSON array at every flush and stops growing at
+DDLFAST_TIMELINE_MAX_EVENTS events. `python -m ddlfast.timeline` merges the
+ranks' files into one trace (ddlfast/timeline.py).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import platform
 import threading
 
 from ddlfast import config
@@ -28,13 +33,16 @@ class Timeline:
         self.rank = rank
         self.max_events = max_events
         self._events: list[dict] = []
-        self._written = 0
+        self._written = 2  # the metadata events
         self._lock = threading.Lock()
         directory = os.path.dirname(os.path.abspath(self.path))
         if not os.path.isdir(directory):
             raise DdlfastError(f"DDLFAST_TIMELINE={path!r}: directory {directory} does not exist")
+        # The process's name and order in a merged trace: the file's first events.
+        named = [{"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank} ({platform.node()})"}},
+                 {"name": "process_sort_index", "ph": "M", "pid": rank, "args": {"sort_index": rank}}]
         try:  # a fresh file of our own: a link planted at the name is replaced, never followed (ddlfast/files.py)
-            self._file = create_file(self.path, "[]")
+            self._file = create_file(self.path, json.dumps(named))
         except OSError as error:
             raise DdlfastError(f"DDLFAST_TIMELINE={path!r}: cannot create {self.path}: {error}") from None
 
@@ -54,6 +62,14 @@ class Timeline:
                 "ts": start_s * 1e6, "dur": max(0.0, end_s - start_s) * 1e6, "args": args,
             })
 
+    def collective(self, sequence: int, label: str, arrived: float, ended: float, wait: float) -> None:
+        """One collective's slice (from its flight entry, ddlfast/engine/flight.py), its wait for the other ranks
+        inside it: the numbers the merged trace attributes stragglers with."""
+        self.add(f"#{sequence} {label}", arrived, ended, thread="collectives", sequence=sequence, wait_s=wait)
+        if wait > 0:
+            self.add("waiting for the other ranks", arrived, arrived + wait, thread="collectives", sequence=sequence,
+                     wait=True)
+
     def flush(self) -> None:
         """Rewrite the file as one JSON array (cheap enough per step: events are bounded)."""
         with self._lock:
@@ -61,7 +77,7 @@ class Timeline:
                 return
             file = self._file  # the descriptor opened at creation: the name is never opened again
             file.seek(-1, os.SEEK_END)  # drop the closing bracket
-            prefix = "," if self._written else ""
+            prefix = ","  # behind the metadata events at least
             file.write((prefix + ",".join(json.dumps(e) for e in self._events) + "]").encode())
             file.flush()
             self._written += len(self._events)

@@ -55,9 +55,15 @@ Status Context::allreduce(const SegmentedBuffer& data, DType dtype, ReduceOp op,
 Status Context::agreed_allreduce(std::uint64_t digest, bool* agreed, const SegmentedBuffer& data, DType dtype,
                                  ReduceOp op, const std::vector<int>& dims, const std::vector<int>& order,
                                  const EngineOptions& options) {
-  if (latency_->takes(data, dtype, op, options)) return finish(latency_->run(digest, agreed, data, dtype, op, options));
-  DDLFAST_RETURN_IF_ERROR(finish(transport_->agree(digest, agreed)));
-  return *agreed ? allreduce(data, dtype, op, dims, order, options) : Status::ok();
+  Status status;
+  if (latency_->takes(data, dtype, op, options)) {
+    status = finish(latency_->run(digest, agreed, data, dtype, op, options));
+  } else {
+    status = finish(transport_->agree(digest, agreed));
+    if (status.is_ok() && *agreed) status = allreduce(data, dtype, op, dims, order, options);
+  }
+  transport_->flight().end(status.is_ok());  // the whole collective was this one call
+  return status;
 }
 
 Status Context::reduce_scatter(const SegmentedBuffer& input, const SegmentedBuffer& output,

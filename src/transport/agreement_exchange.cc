@@ -1,7 +1,7 @@
 // The per-call agreement and the latency path, one exchange (MpiTransport::agree).
 //
 // Every rank runs the butterfly of algo/butterfly.h on its own communicator.
-// Each message is a 32-byte header — the sender's fingerprint (the collective's
+// Each message is a 48-byte header — the sender's fingerprint (the collective's
 // sequence number mixed with its layout digest), the mismatch flag, the
 // payload's byte count — then the payload: nothing for a plain agreement, the
 // partial result of a small allreduce on the latency path. A receiver compares
@@ -9,12 +9,18 @@
 // on; the butterfly connects every pair of ranks, so after the last step every
 // rank holds the same verdict, without a message more.
 //
+// The header also carries this rank's wait in the previous collective's
+// agreement, reduced on the way to the least (with its rank) and the most: who
+// the others waited for (transport/arrivals.h), at no message more.
+//
 // Receives are posted at the header plus the agreement capacity (the same on
 // every rank), and no sender sends more, so ranks that disagree — even one on
 // the latency path and one agreeing before a ring — exchange exactly the same
 // messages: nothing is truncated, nothing is left in flight, and the context
 // stays usable. Data is combined only while no mismatch has been seen, and
 // lands in the caller's memory only when every rank agreed.
+#include <chrono>
+#include <cstddef>
 #include <cstring>
 #include <utility>
 
@@ -30,9 +36,10 @@ struct Header {
   std::uint64_t flags;
   std::uint64_t payload_bytes;
   std::uint64_t reserved;
+  ArrivalWaits previous;  // the previous collective's waits, reduced so far
 };
 constexpr std::size_t kHeaderBytes = sizeof(Header);
-static_assert(kHeaderBytes == 32, "the payload stays 16-byte aligned behind the header");
+static_assert(kHeaderBytes == 48, "the payload stays 16-byte aligned behind the header");
 constexpr std::uint64_t kMismatch = 1;
 constexpr int kExchangeTag = 0;
 
@@ -44,9 +51,16 @@ std::uint64_t mix(std::uint64_t sequence, std::uint64_t digest) {
   return z ^ (z >> 31);
 }
 
-void write_header(char* message, std::uint64_t fingerprint, bool mismatch, std::size_t payload_bytes) {
-  const Header header{fingerprint, mismatch ? kMismatch : 0, payload_bytes, 0};
+void write_header(char* message, std::uint64_t fingerprint, bool mismatch, std::size_t payload_bytes,
+                  const ArrivalWaits& previous) {
+  const Header header{fingerprint, mismatch ? kMismatch : 0, payload_bytes, 0, previous};
   std::memcpy(message, &header, kHeaderBytes);
+}
+
+ArrivalWaits waits_in(const char* message) {
+  ArrivalWaits waits;
+  std::memcpy(&waits, message + offsetof(Header, previous), sizeof(waits));
+  return waits;
 }
 
 // Whether a received message shows a disagreement: another fingerprint or payload size, or a mismatch its
@@ -63,7 +77,9 @@ bool disagrees(const char* message, std::uint64_t fingerprint, std::size_t paylo
 void MpiTransport::allocate_exchange() {
   if (size_ == 1) return;
   for (std::vector<char>& message : scratch_->exchange) message.assign(kHeaderBytes + agreement_capacity_, 0);
+  arrivals_ = ArrivalLog(size_);
 }
+
 
 Status MpiTransport::exchange_step(int peer, const char* send, std::size_t send_bytes, char* receive,
                                    const char* what) {
@@ -96,7 +112,14 @@ Status MpiTransport::agree(std::uint64_t digest, bool* agreed, const AgreedReduc
   }
   const std::uint64_t fingerprint = mix(++sequence_, digest);
   *agreed = true;
-  if (size_ == 1) return Status::ok();
+  flight_.begin(sequence_, digest);
+  if (size_ == 1) {
+    flight_.agreed(0, true);
+    return Status::ok();
+  }
+  const auto arrived = std::chrono::steady_clock::now();
+  // This rank's wait in the previous collective (none before the first), reduced with every partner's.
+  ArrivalWaits previous = sequence_ > 1 ? ArrivalWaits::of_rank(last_wait_us_, rank_) : ArrivalWaits{};
   const char* what = bytes ? "the small allreduce (its agreement in the same messages)"
                            : "the agreement on the collective's arguments";
   // A rank that abandoned this collective (Ctrl-C, a failure) may have sent all its messages first, so the
@@ -109,6 +132,7 @@ Status MpiTransport::agree(std::uint64_t digest, bool* agreed, const AgreedReduc
   bool mismatch = false;
   // Combines the partner's payload with this rank's, the lower rank's value first (algo/butterfly.h).
   auto take = [&](int peer) {
+    previous.combine(waits_in(theirs));
     mismatch = mismatch || disagrees(theirs, fingerprint, bytes);
     if (mismatch || bytes == 0) return;
     if (peer < rank_) {
@@ -120,9 +144,10 @@ Status MpiTransport::agree(std::uint64_t digest, bool* agreed, const AgreedReduc
   };
   const Butterfly plan = butterfly(rank_, size_);
   if (plan.role == ButterflyRole::kFoldOut) {  // give the value away, get the result back
-    write_header(mine, fingerprint, false, bytes);
+    write_header(mine, fingerprint, false, bytes, previous);
     DDLFAST_RETURN_IF_ERROR(exchange_step(plan.fold_partner, mine, bytes, theirs, what));
     mismatch = disagrees(theirs, fingerprint, bytes);
+    previous = waits_in(theirs);  // the whole reduction
     std::swap(mine, theirs);
   } else {
     if (plan.role == ButterflyRole::kFoldIn) {
@@ -130,17 +155,21 @@ Status MpiTransport::agree(std::uint64_t digest, bool* agreed, const AgreedReduc
       take(plan.fold_partner);
     }
     for (int peer : plan.step_partners) {
-      write_header(mine, fingerprint, mismatch, bytes);
+      write_header(mine, fingerprint, mismatch, bytes, previous);
       DDLFAST_RETURN_IF_ERROR(exchange_step(peer, mine, bytes, theirs, what));
       take(peer);
     }
     if (plan.role == ButterflyRole::kFoldIn) {
-      write_header(mine, fingerprint, mismatch, bytes);
+      write_header(mine, fingerprint, mismatch, bytes, previous);
       DDLFAST_RETURN_IF_ERROR(exchange_step(plan.fold_partner, mine, bytes, nullptr, what));
     }
   }
   *agreed = !mismatch;
   if (*agreed && bytes) std::memcpy(reduction->data, mine + kHeaderBytes, bytes);
+  arrivals_.add(sequence_ - 1, previous);
+  const std::chrono::duration<double> waited = std::chrono::steady_clock::now() - arrived;
+  last_wait_us_ = static_cast<std::uint64_t>(waited.count() * 1e6);
+  flight_.agreed(waited.count(), *agreed);
   return Status::ok();
 }
 

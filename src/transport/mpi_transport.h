@@ -29,6 +29,8 @@
 
 #include "common/dtype.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "transport/arrivals.h"
+#include "transport/flight_log.h"
 #include "transport/transport.h"
 
 namespace ddlfast {
@@ -99,6 +101,14 @@ class MpiTransport final : public Transport {
   std::size_t agreement_capacity() const override { return agreement_capacity_; }
   // The sequence number of the latest agreement (the collective in progress).
   std::uint64_t sequence() const { return sequence_; }
+  // Who the others waited for in each collective (transport/arrivals.h): the same log on every rank, up to the
+  // collective before the latest agreement. Thread: the one running collectives.
+  ArrivalLog& arrivals() { return arrivals_; }
+  // The flight recorder's per-call entries (transport/flight_log.h), one per agreement. Thread: the one
+  // running collectives.
+  FlightLog& flight() { return flight_; }
+  // This rank's wait in the latest agreement (microseconds, its own clock).
+  std::uint64_t last_wait_us() const { return last_wait_us_; }
 
   // MPI's own allreduce on the private communicator (the small-message path),
   // stall-limited, through an internal copy so that a collective abandoned
@@ -182,6 +192,9 @@ class MpiTransport final : public Transport {
   double timeout_s_ = 0.0;  // 0: wait forever
   double spin_us_ = 0.0;  // how long a wait spins before it yields (0 when this host's ranks outnumber its cores)
   std::uint64_t sequence_ = 0;  // the collective this rank is in (agreements so far; in census answers too)
+  std::uint64_t last_wait_us_ = 0;  // this rank's wait in the latest agreement
+  ArrivalLog arrivals_{1};  // sized in allocate_exchange()
+  FlightLog flight_;  // off until the bindings size it (DDLFAST_FLIGHT_RECORDS)
   // A rank that abandoned a later collective than the one this rank is still finishing (it had completed this
   // one): this one completes, and the notice fails this rank's next agreement instead (answer_census, agree).
   std::string later_failure_;

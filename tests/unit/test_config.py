@@ -427,7 +427,7 @@ def test_the_documented_table_lists_every_runtime_variable() -> None:
         assert f"`{name}`" in table, f"{name} is missing from docs/configuration.md"
     for expected in ("4 KiB to 1 GiB", "integer 2 to 1024", "0.1 to 604800 seconds", "0 to 1 GiB",
                      "1 byte to 16 GiB", "integer 1 to 10000000", "0.1 to 3600 seconds", "integer 1 to 1048576",
-                     "integer 0 to 100000"):
+                     "integer 0 to 100000", "integer 0 to 1000000", "0.001 to 604800 seconds"):
         assert expected in table, f"docs/configuration.md should say {expected!r}"
 
 
@@ -451,3 +451,42 @@ def test_algorithm_rejects_naming_the_variable_and_the_choices(monkeypatch: pyte
         config.load_settings()
     for choice in config.ALGORITHMS:
         assert choice in str(raised.value)
+
+
+# ---------------------------------------------------------------- observability (docs/observe.md)
+
+
+@pytest.mark.parametrize("raw, expected", [(None, None), ("off", None), ("0", None), ("0.5", 0.5), ("2", 2.0)])
+def test_straggler_warn_s(raw, expected) -> None:
+    assert config.straggler_warn_s({} if raw is None else {"DDLFAST_STRAGGLER_WARN_S": raw}) == expected
+
+
+@pytest.mark.parametrize("raw", ["abc", "-1", "0.0001", "1e30", "nan"])
+def test_straggler_warn_s_refuses(raw) -> None:
+    with pytest.raises(DdlfastError, match="DDLFAST_STRAGGLER_WARN_S"):
+        config.straggler_warn_s({"DDLFAST_STRAGGLER_WARN_S": raw})
+
+
+@pytest.mark.parametrize("raw, expected", [(None, 2000), ("0", 0), ("1", 1), ("1000000", 1_000_000)])
+def test_flight_records(raw, expected) -> None:
+    assert config.flight_records({} if raw is None else {"DDLFAST_FLIGHT_RECORDS": raw}) == expected
+
+
+@pytest.mark.parametrize("raw", ["-1", "1000001", "many", "2.5"])
+def test_flight_records_refuses(raw) -> None:
+    with pytest.raises(DdlfastError, match="DDLFAST_FLIGHT_RECORDS"):
+        config.flight_records({"DDLFAST_FLIGHT_RECORDS": raw})
+
+
+def test_flight_dir(tmp_path) -> None:
+    assert config.flight_dir({}) is None
+    assert config.flight_dir({"DDLFAST_FLIGHT_DIR": f" {tmp_path} "}) == str(tmp_path)
+    assert config.flight_dir({"DDLFAST_FLIGHT_DIR": "  "}) is None  # blank is unset, as for every variable
+
+
+def test_new_variables_are_checked_at_context_creation(monkeypatch) -> None:
+    for name, bad in (("DDLFAST_STRAGGLER_WARN_S", "soon"), ("DDLFAST_FLIGHT_RECORDS", "-3")):
+        monkeypatch.setenv(name, bad)
+        with pytest.raises(DdlfastError, match=name):
+            config.check_environment()
+        monkeypatch.delenv(name)

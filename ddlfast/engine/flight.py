@@ -1,0 +1,224 @@
+"""The flight recorder: each rank's last DDLFAST_FLIGHT_RECORDS collectives, written out when something goes wrong.
+
+Every collective of a context passes one agreement, and the core keeps an entry for each in a fixed ring
+(src/transport/flight_log.h): the sequence number every error message and census uses, the fingerprint agreed on,
+the times of arrival, of the agreement's completion and of the end, this rank's wait for the others, and the
+state (agreeing, running, done, failed, mismatch). That costs the latency path nothing in Python. This side adds
+what only Python knows, looked up when the file is written: the layout behind each fingerprint (the agreement's
+digest cache), the call's name=, the Python call site (the first frame outside ddlfast, torch.distributed and
+threading, as an id the core stores) and the error a failed collective raised.
+
+The file — `DDLFAST_FLIGHT_DIR/flight.rank<R>.json`, one per rank and context — is written on a stall, on a broken
+context, on a mismatch, on SIGUSR1 and on request (`ddlfast.dump_flight_record()`), through ddlfast/files.py (a
+planted link is replaced, never followed). A file that cannot be written costs a FlightWarning, never the
+collective's own error. `python -m ddlfast.flight DIR` (ddlfast/flight.py) merges the ranks' files.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import platform
+import signal
+import sys
+import threading
+import time
+import warnings
+import weakref
+from typing import Any
+
+from ddlfast.config import STRAGGLER_NOISE_S
+from ddlfast.engine.agreement import describe
+from ddlfast.files import replace_file
+
+FORMAT = "ddlfast-flight-1"
+MAX_STRAGGLER_WINDOW = 4096  # the collectives each rank's arrival log keeps (ArrivalLog::kCapacity)
+STATES = ("agreeing", "running", "done", "failed", "mismatch")  # FlightState in src/transport/flight_log.h
+MAX_SITES = 1 << 16  # distinct call sites remembered (then new ones are recorded without one)
+MAX_ERRORS = 256  # failed collectives whose error text is kept
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_INTERNAL_PARTS = (os.sep + os.path.join("torch", "distributed") + os.sep,
+                   os.sep + os.path.join("torch", "nn", "parallel") + os.sep,
+                   os.sep + "threading.py", os.sep + "concurrent" + os.sep)
+_context_numbers = itertools.count()
+_recorders: weakref.WeakSet[FlightRecorder] = weakref.WeakSet()  # every live recorder, for SIGUSR1
+
+
+class FlightWarning(UserWarning):
+    """A flight record could not be written (the collective's own error, if any, is raised unchanged)."""
+
+
+class FlightRecorder:
+    def __init__(self, core: Any, capacity: int, directory: str | None, layouts: Any) -> None:
+        self.core = core
+        self.rank, self.size = core.rank, core.size
+        self.directory = directory
+        self.layouts = layouts  # fingerprint -> (layout, name): Agreement.layout_of
+        self.host = platform.node()
+        self.hosts: tuple[str, ...] = ()  # each rank's host name, once the topology is known
+        number = next(_context_numbers)
+        self.file_name = f"flight.rank{self.rank}.json" if number == 0 else f"flight.rank{self.rank}.ctx{number}.json"
+        self._site_ids: dict[tuple, int] = {}
+        self._sites: list[tuple] = []
+        self._internal: dict[int, bool] = {}  # id(code) -> whether its frames are ddlfast's (or torch's)
+        self._codes: list[Any] = []  # the code objects behind _internal's ids, kept alive
+        self._errors: dict[int, tuple[str, list | None]] = {}  # sequence -> (error text, every rank's description)
+        core.set_flight_capacity(capacity)
+        _recorders.add(self)
+
+    def site(self, depth: int) -> int:
+        """The id of the caller's call site: the first frame from `depth` up that is not ddlfast's, torch's
+        distributed code or threading; -1 when there is none or too many sites were seen."""
+        # Keyed by id(code): a code object's own hash digests its bytecode on every call. The ids stay valid
+        # because the code objects are kept (in _codes and _sites) for as long as the keys are.
+        internal = self._internal
+        frame: Any = sys._getframe(depth)
+        while frame is not None:
+            code = frame.f_code
+            inside = internal.get(id(code))
+            if inside is None:
+                filename = code.co_filename
+                inside = filename.startswith(_PACKAGE_DIR) or any(part in filename for part in _INTERNAL_PARTS)
+                if len(internal) >= MAX_SITES:
+                    return -1
+                internal[id(code)] = inside
+                self._codes.append(code)
+            if not inside:
+                key = (id(code), frame.f_lasti)  # the line is looked up when the file is written (f_lineno is slow)
+                found = self._site_ids.get(key)
+                if found is None:
+                    if len(self._sites) >= MAX_SITES:
+                        return -1
+                    found = self._site_ids[key] = len(self._sites)
+                    self._sites.append((code, key[1]))
+                return found
+            frame = frame.f_back
+        return -1
+
+    def failed(self, error: BaseException, descriptions: list | None = None) -> None:
+        """The latest collective failed here with `error`: its text kept, and the file written (where
+        DDLFAST_FLIGHT_DIR is set) for a stall, a broken context or a mismatch."""
+        core = self.core
+        core.flight_end(False)
+        if len(self._errors) >= MAX_ERRORS:
+            self._errors.pop(next(iter(self._errors)))
+        self._errors[core.sequence] = (f"{type(error).__name__}: {error}", descriptions)
+        if self.directory and isinstance(error, Exception):
+            self.dump(type(error).__name__)
+
+    def records(self) -> list[dict]:
+        """The kept collectives, oldest first, as the file holds them."""
+        offset = time.time() - time.perf_counter()  # the core's steady clock is perf_counter's
+        out = []
+        for sequence, fingerprint, site, arrived, agreed, ended, wait, state in self.core.flight_entries():
+            layout, name = self.layouts(fingerprint)
+            try:
+                description = describe(layout, sequence, name) if layout is not None else {"kind": "?"}
+            except Exception:  # noqa: BLE001 (a layout of an unexpected shape must never cost the dump)
+                description = {"kind": str(layout[0]) if layout else "?"}
+            error, descriptions = self._errors.get(sequence, (None, None))
+            where = None
+            if 0 <= site < len(self._sites):
+                code, offset = self._sites[site]
+                where = f"{code.co_filename}:{_line_at(code, offset)} ({code.co_name})"
+            out.append({
+                "sequence": sequence, "kind": description.get("kind"), "layout": layout_text(description),
+                "description": description, "site": where, "arrived": arrived + offset,
+                "agreed": agreed + offset if agreed else None, "ended": ended + offset if ended else None,
+                "state": STATES[state] if 0 <= state < len(STATES) else str(state), "wait_s": wait,
+                "error": error, "descriptions": descriptions,
+            })
+        return out
+
+    def snapshot(self, reason: str) -> dict:
+        """The file's content; times are seconds since the epoch on this rank's clock."""
+        return {
+            "format": FORMAT, "rank": self.rank, "size": self.size, "host": self.host, "pid": os.getpid(),
+            "reason": reason, "written_at": time.time(), "sequence": self.core.sequence,
+            "records": self.records(), "stragglers": straggler_table(self.core, self.hosts),
+        }
+
+    def dump(self, reason: str, directory: str | None = None) -> str | None:
+        """Writes this rank's file; returns its path, or None (no directory, or it could not be written: a
+        FlightWarning says why)."""
+        directory = directory or self.directory
+        if not directory:
+            return None
+        path = os.path.join(directory, self.file_name)
+        try:
+            os.makedirs(directory, exist_ok=True)
+            replace_file(path, json.dumps(self.snapshot(reason), default=str))
+        except Exception as error:  # noqa: BLE001 (a dump must never replace the collective's own error)
+            warnings.warn(f"ddlfast: rank {self.rank} could not write its flight record {path}: "
+                          f"{type(error).__name__}: {error}", FlightWarning, stacklevel=2)
+            return None
+        return path
+
+
+def _line_at(code: Any, offset: int) -> int | None:
+    """The source line of the instruction at byte `offset` of `code` (what frame.f_lineno would have said)."""
+    for start, end, line in code.co_lines():
+        if start <= offset < end:
+            return line
+    return code.co_firstlineno
+
+
+def layout_text(description: dict) -> str:
+    """'allreduce float32[25557032] op=sum', 'broadcast float32[10] root=0', 'barrier' ..."""
+    parts = [str(description.get("kind"))]
+    arrays = description.get("arrays") or ()
+    if arrays:
+        shown = ["{}[{}]".format(dtype, ",".join(map(str, shape))) for dtype, shape in list(arrays)[:4]]
+        more = f" +{len(arrays) - 4} more" if len(arrays) > 4 else ""
+        parts.append(" ".join(shown) + more)
+    for field in ("op", "root", "dims", "compression", "name", "error"):
+        value = description.get(field)
+        if value not in (None, (), "none", ("none",)):
+            shown = value if isinstance(value, str | int) else repr(value)
+            parts.append(f"{field}={shown}" if field != "error" else f"({value})")
+    return " ".join(parts)
+
+
+def straggler_table(core: Any, hosts: tuple[str, ...], last: int = 100) -> list[dict]:
+    """ddlfast.stragglers()'s rows from this rank's arrival log (the same on every rank, transport/arrivals.h): per
+    rank, how many of the last `last` collectives it arrived at last (by more than STRAGGLER_NOISE_S) and how long
+    in total it held the earliest rank (the most wait minus the least, in each of those), most held first."""
+    size = core.size
+    arrivals = [0] * size
+    held = [0.0] * size
+    for _sequence, rank, least, most in core.arrivals(last):
+        if 0 <= rank < size and most - least > STRAGGLER_NOISE_S:
+            arrivals[rank] += 1
+            held[rank] += most - least
+    rows = [{"rank": r, "host": hosts[r] if r < len(hosts) else "", "last_arrivals": arrivals[r],
+             "held_s": held[r]} for r in range(size)]
+    rows.sort(key=lambda row: (-row["held_s"], row["rank"]))
+    return rows
+
+
+def dump_all(reason: str) -> list[str]:
+    """Every live recorder's file (SIGUSR1)."""
+    return [path for recorder in list(_recorders) if (path := recorder.dump(reason))]
+
+
+_signal_lock = threading.Lock()
+_signal_installed = False
+
+
+def install_signal_handler() -> None:
+    """SIGUSR1 writes every live recorder's file (where DDLFAST_FLIGHT_DIR is set). Installed once, from the main
+    thread, and only where SIGUSR1 still has its default action (an application's own handler is kept). A rank
+    inside a ddlfast wait runs it within a few milliseconds (the wait's interrupt check)."""
+    global _signal_installed
+    if not hasattr(signal, "SIGUSR1") or threading.current_thread() is not threading.main_thread():
+        return
+    with _signal_lock:
+        if _signal_installed or signal.getsignal(signal.SIGUSR1) is not signal.SIG_DFL:
+            return
+        signal.signal(signal.SIGUSR1, _on_signal)
+        _signal_installed = True
+
+
+def _on_signal(signum: int, frame: object) -> None:
+    dump_all("SIGUSR1")
