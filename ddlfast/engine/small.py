@@ -1,6 +1,6 @@
 """The small collectives: broadcast (host arrays as bytes, GPU arrays through a pinned host copy), barrier,
-the pickled-object collectives and stragglers(). Each function validates on the caller's thread and returns the collective
-(agreement, then the data) as a callable the Context runs in order."""
+the pickled-object collectives and stragglers(). Each function validates on the caller's thread and returns the
+collective (agreement, then the data) as a callable the Context runs in order."""
 
 from __future__ import annotations
 
