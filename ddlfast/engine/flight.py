@@ -26,6 +26,7 @@ import threading
 import time
 import warnings
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from ddlfast.config import STRAGGLER_NOISE_S
@@ -63,13 +64,27 @@ class FlightRecorder:
         self._sites: list[tuple] = []
         self._internal: dict[int, bool] = {}  # id(code) -> whether its frames are ddlfast's (or torch's)
         self._codes: list[Any] = []  # the code objects behind _internal's ids, kept alive
+        self._submitted = -1  # the call site of the asynchronous work running now (sited)
         self._errors: dict[int, tuple[str, list | None]] = {}  # sequence -> (error text, every rank's description)
         core.set_flight_capacity(capacity)
         _recorders.add(self)
 
+    def sited(self, work: Callable[[], Any], site: int) -> Callable[[], Any]:
+        """`work` (run on the communication thread) with the call site its caller submitted it from."""
+        def with_site() -> Any:
+            self._submitted = site
+            try:
+                return work()
+            finally:
+                self._submitted = -1
+        return with_site
+
     def site(self, depth: int) -> int:
         """The id of the caller's call site: the first frame from `depth` up that is not ddlfast's, torch's
-        distributed code or threading; -1 when there is none or too many sites were seen."""
+        distributed code or threading (for asynchronous work, where it was submitted); -1 when there is none or
+        too many sites were seen."""
+        if self._submitted >= 0:
+            return self._submitted
         # Keyed by id(code): a code object's own hash digests its bytecode on every call. The ids stay valid
         # because the code objects are kept (in _codes and _sites) for as long as the keys are.
         internal = self._internal

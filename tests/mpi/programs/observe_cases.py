@@ -134,6 +134,7 @@ def stall_cases(comm: MPI.Intracomm, directory: Path) -> list[tuple[str, str | N
     for _ in range(3):
         ctx.allreduce(np.ones(SMALL, np.float32))
         ctx.fused_allreduce([large, np.ones(7, np.float64)])
+    ctx.allreduce_async(large).wait()  # run on the communication thread, recorded with the line that submitted it
     last_together = ctx._state.core.sequence
     if rank == gone:
         os.kill(os.getpid(), signal.SIGUSR1)  # what a user (or a job scheduler) sends a rank that seems stuck
@@ -156,6 +157,9 @@ def stall_cases(comm: MPI.Intracomm, directory: Path) -> list[tuple[str, str | N
               and "observe_cases.py" in (latest.get("site") or "") and latest.get("layout", "").startswith(
                   f"allreduce float32[{LARGE}]"))
         results.append(("each live rank's record names it", None if ok else f"record {latest}"))
+        submitted = [r for r in record["records"] if r["sequence"] == last_together] if record else []
+        ok = bool(submitted) and submitted[0]["state"] == "done" and "observe_cases.py" in (submitted[0]["site"] or "")
+        results.append(("an async call's site is where it was submitted", None if ok else f"{submitted}"))
         comm.Barrier()
     comm.Barrier()
     if rank == 0:
