@@ -270,10 +270,11 @@ class Context:
         except BaseException as error:  # KeyboardInterrupt and the like: the refusal is queued, then it propagates
             self.refuse_async(self._interruption(error, "an asynchronous collective"))
             raise
+        text = description()
         flight = self._state.flight
         if flight is not None:  # the flight record names the line that submitted it, not the thread's
-            work = flight.sited(work, flight.site(2))
-        return worker.submit(work, description())
+            work = flight.sited(work, flight.site(2), text)
+        return worker.submit(work, text)
 
     def _prepared(self, prepare: Callable[[], Work], description: str, name: object) -> Work:
         """`prepare()`, with any exception it raises made a refusal: whatever goes wrong on one rank before the

@@ -116,6 +116,13 @@ def report(files: dict[int, dict], context: int = 0) -> list[str]:
         text = _STATE_TEXT.get(state, state + " in {where}{site}")
         lines.append(f"{_ranks_text(ranks)} " + text.format(be="is" if len(ranks) == 1 else "are",
                                                              where=_where(record), site=_site(record)))
+    for rank, data in sorted(files.items()):
+        queued = [q for q in data.get("queued") or [] if isinstance(q, dict)]
+        if queued:
+            first = queued[0]
+            lines.append(f"rank {rank} has {len(queued)} asynchronous collective{'s' if len(queued) > 1 else ''} "
+                         f"queued behind it, not started (first: {first.get('what')}"
+                         f"{' at ' + first['site'] if first.get('site') else ''})")
     missing = [r for r in range(size) if r not in files]
     if missing:
         lines.append(f"{_ranks_text(missing)} wrote no flight record (the process is gone, stuck outside ddlfast, "

@@ -65,13 +65,20 @@ class FlightRecorder:
         self._internal: dict[int, bool] = {}  # id(code) -> whether its frames are ddlfast's (or torch's)
         self._codes: list[Any] = []  # the code objects behind _internal's ids, kept alive
         self._submitted = -1  # the call site of the asynchronous work running now (sited)
+        self._queued: dict[int, tuple[float, str, int]] = {}  # submitted, not started: (when, what, site)
+        self._tickets = itertools.count()
         self._errors: dict[int, tuple[str, list | None]] = {}  # sequence -> (error text, every rank's description)
         core.set_flight_capacity(capacity)
         _recorders.add(self)
 
-    def sited(self, work: Callable[[], Any], site: int) -> Callable[[], Any]:
-        """`work` (run on the communication thread) with the call site its caller submitted it from."""
+    def sited(self, work: Callable[[], Any], site: int, description: str) -> Callable[[], Any]:
+        """`work` (run on the communication thread) with the call site its caller submitted it from; until it
+        starts, the file lists it as queued."""
+        ticket = next(self._tickets)
+        self._queued[ticket] = (time.perf_counter(), description, site)
+
         def with_site() -> Any:
+            self._queued.pop(ticket, None)
             self._submitted = site
             try:
                 return work()
@@ -118,7 +125,8 @@ class FlightRecorder:
         core.flight_end(False)
         if len(self._errors) >= MAX_ERRORS:
             self._errors.pop(next(iter(self._errors)))
-        self._errors[core.sequence] = (f"{type(error).__name__}: {error}", descriptions)
+        # The first error of a collective is its cause; later ones (the broken context refusing) are not kept.
+        self._errors.setdefault(core.sequence, (f"{type(error).__name__}: {error}", descriptions))
         if self.directory and isinstance(error, Exception):
             self.dump(type(error).__name__)
 
@@ -133,10 +141,7 @@ class FlightRecorder:
             except Exception:  # noqa: BLE001 (a layout of an unexpected shape must never cost the dump)
                 description = {"kind": str(layout[0]) if layout else "?"}
             error, descriptions = self._errors.get(sequence, (None, None))
-            where = None
-            if 0 <= site < len(self._sites):
-                code, offset = self._sites[site]
-                where = f"{code.co_filename}:{_line_at(code, offset)} ({code.co_name})"
+            where = self._site_text(site)
             out.append({
                 "sequence": sequence, "kind": description.get("kind"), "layout": layout_text(description),
                 "description": description, "site": where, "arrived": arrived + offset,
@@ -146,12 +151,24 @@ class FlightRecorder:
             })
         return out
 
+    def _site_text(self, site: int) -> str | None:
+        if not 0 <= site < len(self._sites):
+            return None
+        code, offset = self._sites[site]
+        return f"{code.co_filename}:{_line_at(code, offset)} ({code.co_name})"
+
+    def queued(self) -> list[dict]:
+        """Asynchronous work submitted and not started, oldest first."""
+        offset = time.time() - time.perf_counter()
+        return [{"state": "queued", "what": what, "submitted": when + offset, "site": self._site_text(site)}
+                for when, what, site in list(self._queued.values())]
+
     def snapshot(self, reason: str) -> dict:
         """The file's content; times are seconds since the epoch on this rank's clock."""
         return {
             "format": FORMAT, "rank": self.rank, "size": self.size, "host": self.host, "pid": os.getpid(),
             "reason": reason, "written_at": time.time(), "sequence": self.core.sequence,
-            "records": self.records(), "stragglers": straggler_table(self.core, self.hosts),
+            "records": self.records(), "queued": self.queued(), "stragglers": straggler_table(self.core, self.hosts),
         }
 
     def dump(self, reason: str, directory: str | None = None) -> str | None:

@@ -1,0 +1,96 @@
+"""The flight recorder on one rank (ddlfast/engine/flight.py over the core's entries, src/transport/flight_log.h):
+states, call sites, the ring's bound, queued asynchronous work, errors kept per collective, the file and its
+safety. The multi-rank cases (stalls, mismatches, the merged report) are tests/mpi/test_observe.py."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import ddlfast
+from ddlfast.flight import parse_ranges, rank_ranges
+
+
+@pytest.fixture
+def context(monkeypatch, tmp_path):
+    monkeypatch.setenv("DDLFAST_FLIGHT_RECORDS", "5")
+    monkeypatch.setenv("DDLFAST_FLIGHT_DIR", str(tmp_path / "flight"))
+    ctx = ddlfast.Context(MPI.COMM_SELF)
+    yield ctx
+    ctx.close()
+
+
+def test_records_states_sites_and_bound(context) -> None:
+    x = np.ones(10, np.float32)
+    for _ in range(7):
+        context.allreduce(x)  # the latency path: the core records it alone
+    context.barrier()
+    records = context._state.flight.records()
+    assert len(records) == 5  # DDLFAST_FLIGHT_RECORDS
+    assert [r["sequence"] for r in records] == list(range(records[0]["sequence"], records[0]["sequence"] + 5))
+    assert all(r["state"] == "done" for r in records)
+    assert records[-1]["kind"] == "barrier" and records[-2]["layout"].startswith("allreduce float32[10] op=sum")
+    assert all(r["site"] and r["site"].startswith(__file__) for r in records), records
+    assert all(r["arrived"] <= r["ended"] for r in records)
+
+
+def test_queued_work_is_listed_until_it_starts(context) -> None:
+    flight = context._state.flight
+    ran = []
+    work = flight.sited(lambda: ran.append(flight.queued()), flight.site(1), "allreduce_async of float32[3]")
+    queued = flight.queued()
+    assert [q["what"] for q in queued] == ["allreduce_async of float32[3]"] and queued[0]["site"].startswith(__file__)
+    work()
+    assert ran == [[]] and flight.queued() == []
+
+
+def test_the_first_error_of_a_collective_is_kept(context) -> None:
+    flight = context._state.flight
+    context.barrier()
+    flight.failed(ddlfast.DdlfastTimeoutError("rank 3 did not join"))
+    flight.failed(ddlfast.DdlfastBrokenError("refused afterwards"))
+    latest = flight.records()[-1]
+    assert latest["error"] == "DdlfastTimeoutError: rank 3 did not join"
+
+
+def test_dump_replaces_a_planted_link(context, tmp_path) -> None:
+    directory = tmp_path / "flight"
+    directory.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("mine")
+    (directory / context._state.flight.file_name).symlink_to(victim)
+    context.barrier()
+    path = context.dump_flight_record()
+    assert victim.read_text() == "mine" and not os.path.islink(path)
+    data = json.loads(open(path).read())
+    assert data["format"] == "ddlfast-flight-1" and data["reason"] == "dump_flight_record()"
+    assert data["records"][-1]["kind"] == "barrier" and data["stragglers"][0]["rank"] == 0
+
+
+def test_an_unwritable_directory_is_a_warning(context, tmp_path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.warns(ddlfast.FlightWarning, match="could not write its flight record"):
+        assert context.dump_flight_record(str(blocker / "sub")) is None
+
+
+def test_off(monkeypatch) -> None:
+    monkeypatch.setenv("DDLFAST_FLIGHT_RECORDS", "0")
+    ctx = ddlfast.Context(MPI.COMM_SELF)
+    try:
+        assert ctx._state.flight is None
+        ctx.allreduce(np.ones(3))
+        with pytest.raises(ddlfast.DdlfastError, match="DDLFAST_FLIGHT_RECORDS=0"):
+            ctx.dump_flight_record("/tmp")
+    finally:
+        ctx.close()
+
+
+def test_rank_ranges_round_trip() -> None:
+    for ranks in ([0], [0, 1, 2, 5], [3, 7, 8, 9, 11], list(range(1024))):
+        assert parse_ranges(rank_ranges(ranks)) == ranks
+    assert rank_ranges([0, 1, 2, 5]) == "0-2,5"
