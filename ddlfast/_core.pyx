@@ -406,7 +406,8 @@ cdef class Engine:
                 return -1
             bases.push_back(<char*>view.buf)
             sizes.push_back(count)
-            self.get().transport().flight().set_site(site)
+            if site >= 0:  # else the site set before (set_flight_site) stands
+                self.get().transport().flight().set_site(site)
             agreed = self._run(bases, sizes, dtype, op, options, True, digest)
         finally:
             PyBuffer_Release(&view)

@@ -12,6 +12,7 @@ import numpy as np
 
 from ddlfast.buffers.device import any_device_array
 from ddlfast.buffers.host import broadcast_target
+from ddlfast.config import load_settings
 from ddlfast.engine import device, requests
 from ddlfast.engine.device import DeviceRequest, layout_arrays
 from ddlfast.engine.flight import MAX_STRAGGLER_WINDOW, straggler_table
@@ -47,8 +48,21 @@ def broadcast_bytes(state: EngineState, array: object, root: object) -> Work:
 
 
 def _broadcast_host(state: EngineState, target: np.ndarray, root: int, arrays: tuple, result: Any) -> Any:
-    """Host and GPU broadcasts share one layout form, so a rank passing the other kind is named."""
-    state.agreed(("broadcast", root, arrays), lambda: state.control.bcast_into(target, root, "a broadcast"))
+    """Host and GPU broadcasts share one layout form, so a rank passing the other kind is named. Up to the
+    small-message limit the data rides in the agreement's own messages (root's bytes, zeros elsewhere, summed
+    as int64 words: exact); above it, MPI's broadcast once the ranks agreed."""
+    layout = ("broadcast", root, arrays)
+    settings = load_settings()
+    nbytes = target.nbytes
+    if not state.folds(nbytes, settings):
+        state.agreed(layout, lambda: state.control.bcast_into(target, root, "a broadcast"))
+        return result
+    words = np.zeros(-(-nbytes // 8), np.int64)
+    flat = target.reshape(-1).view(np.uint8)
+    if state.rank == root:
+        words.view(np.uint8)[:nbytes] = flat
+    state.carried_in_agreement(layout, words, settings)
+    flat[...] = words.view(np.uint8)[:nbytes]
     return result
 
 

@@ -11,19 +11,25 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+import numpy as np
+
 from ddlfast import _core, config
+from ddlfast.buffers.dtypes import DTYPE_CODES
 from ddlfast.compression.wire import ErrorFeedback
-from ddlfast.config import ALGORITHMS, MAX_SMALL_BYTES, Settings, parse_dims
+from ddlfast.config import ALGORITHMS, MAX_LATENCY_BYTES, MAX_SMALL_BYTES, Settings, parse_dims
 from ddlfast.engine.agreement import Agreement, describe, warn_straggler
 from ddlfast.engine.control import Control
 from ddlfast.engine.flight import FlightRecorder, install_signal_handler, layout_text
 from ddlfast.engine.timeline import Timeline
 from ddlfast.errors import DdlfastBrokenError, DdlfastConsistentError, DdlfastError
 from ddlfast.fusion.buffer_pool import FusedBufferPool
+from ddlfast.ops import OPS
 from ddlfast.topology.cost_model import Algorithm, PlanError, power_of_two_dims
 from ddlfast.topology.placement import Topology, build
 
 MAX_CACHED_ALGORITHMS = 4096
+_INT64_CODE = DTYPE_CODES["int64"]
+_SUM_CODE = OPS["sum"]
 
 
 class EngineState:
@@ -230,6 +236,23 @@ class EngineState:
                 layout, name = self.agreement.layout_of(fingerprint)
                 label = layout_text(describe(layout, sequence, name)) if layout is not None else "collective"
                 self.timeline.collective(sequence, label, arrived, ended, wait)
+
+    def folds(self, nbytes: int, settings: Settings) -> bool:
+        """Whether a broadcast or allgather of `nbytes` (the whole result) rides in the agreement's own messages
+        (carried_in_agreement): sizes the latency path takes."""
+        return 0 < nbytes <= min(settings.small_bytes, MAX_LATENCY_BYTES) and settings.algorithm != "mpi"
+
+    def carried_in_agreement(self, layout: tuple, words: np.ndarray, settings: Settings) -> None:
+        """A collective whose result is the sum of what the ranks put in `words` (int64; every rank fills its own
+        bytes and leaves the rest zero, so the sum is exact: a broadcast, an allgather), run as one latency-path
+        allreduce inside its own agreement on `layout` (Context::agreed_allreduce): one butterfly instead of the
+        agreement's and then MPI's. `words` holds the result only when every rank agreed; otherwise every rank
+        raises the usual mismatch error."""
+        dims = self.resolve_dims(None, settings)
+        options = self.call_options(words.nbytes, dims, settings)
+        core = self.core
+        self.agreed_in_core(layout, lambda fingerprint: core.allreduce_array(
+            words, words.size, _INT64_CODE, _SUM_CODE, options, fingerprint) > 0)
 
     def raise_after_failure(self, error: BaseException) -> NoReturn:
         """Called in an `except` block: a collective failed here after its agreement, so the context is broken

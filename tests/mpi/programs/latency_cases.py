@@ -9,6 +9,8 @@ own butterfly messages, src/transport/agreement_exchange.cc) and its agreement.
    ring path against one on the latency path, a broadcast or barrier against an allreduce, a refusal (bad input)
    against a latency call. Every rank must raise DdlfastError, every rank's array must be untouched, and the
    context must work afterwards.
+3. Broadcast and allgather up to the limit, which ride in the agreement's messages too: results at the edges,
+   and disagreements on one rank (folded_cases).
 
 Prints "N cases on P ranks, F failures"; exits non-zero on any failure.
 """
@@ -107,9 +109,55 @@ def disagreement_cases(comm: MPI.Intracomm) -> list[tuple[str, str | None]]:
     return results
 
 
+def folded_cases(comm: MPI.Intracomm) -> list[tuple[str, str | None]]:
+    """Broadcast and allgather up to the limit ride in the agreement's messages (int64 words, each rank's own
+    bytes, zeros elsewhere): every dtype and odd byte counts at the limit's edges against NumPy, bit-identical
+    on every rank; then disagreements on one rank (another root, another size across the limit, another dtype),
+    each an error on every rank with nothing written."""
+    rank, world = comm.Get_rank(), comm.Get_size()
+    results: list[tuple[str, str | None]] = []
+    os.environ["DDLFAST_SMALL_BYTES"] = str(LIMIT)
+    for dtype in (np.int8, np.float16, np.float32, np.int64, np.float64):
+        itemsize = np.dtype(dtype).itemsize
+        for count in (1, 3, LIMIT // itemsize - 1, LIMIT // itemsize, LIMIT // itemsize + 1):
+            root = count % world
+            x = (np.arange(count) % 97 + rank).astype(dtype)
+            ddlfast.broadcast(x, root=root)
+            want = (np.arange(count) % 97 + root).astype(dtype)
+            failure = None if np.array_equal(x.view(np.uint8), want.view(np.uint8)) else f"rank {rank} got {x[:4]}"
+            results.append((f"broadcast {np.dtype(dtype).name}[{count}] root {root}", failure))
+            per_rank = max(1, count // world)
+            mine = (np.arange(per_rank) % 89 + 3 * rank).astype(dtype)
+            gathered = ddlfast.allgather(mine)
+            want = np.concatenate([(np.arange(per_rank) % 89 + 3 * q).astype(dtype) for q in range(world)])
+            failure = None if np.array_equal(gathered.view(np.uint8), want.view(np.uint8)) else "wrong bytes"
+            results.append((f"allgather {np.dtype(dtype).name}[{per_rank}] per rank", failure))
+    if world < 2:
+        return results
+    odd = world - 1
+    x = np.arange(100, dtype=np.float32) + rank
+    results.append(untouched_after_error(
+        comm, "another broadcast root on one rank", {"x": x},
+        lambda: ddlfast.broadcast(x, root=1 if rank == odd else 0), "root"))
+    big = np.ones(LIMIT, np.float32)  # above the limit: MPI's broadcast after its own agreement
+    results.append(untouched_after_error(
+        comm, "a broadcast across the limit on one rank", {"x": x, "big": big},
+        lambda: ddlfast.broadcast(big if rank == odd else x, root=0), "disagree"))
+    results.append(untouched_after_error(
+        comm, "an allgather of another dtype on one rank", {"x": x},
+        lambda: ddlfast.allgather(x.astype(np.float64) if rank == odd else x), "disagree"))
+    results.append(untouched_after_error(
+        comm, "an allgather against a broadcast", {"x": x},
+        lambda: ddlfast.allgather(x) if rank == odd else ddlfast.broadcast(x, root=0), "different collectives"))
+    y = np.full(8, rank, np.int32)
+    ddlfast.broadcast(y, root=odd)
+    results.append(("usable after the disagreements", None if np.all(y == odd) else f"got {y}"))
+    return results
+
+
 def main() -> int:
     comm = MPI.COMM_WORLD
-    return report(comm, op_cases(comm) + disagreement_cases(comm))
+    return report(comm, op_cases(comm) + disagreement_cases(comm) + folded_cases(comm))
 
 
 if __name__ == "__main__":
