@@ -99,7 +99,9 @@ if timeline_base:
     for needed in ("pack", "unpack", "wait"):
         expect(needed in names, f"timeline lacks {needed}: {sorted(names)[:10]}")
     expect(any(n.startswith("reduce_scatter") for n in names) or world == 1, f"no reduce_scatter in {names}")
-    expect(all(e["ph"] == "X" and e["dur"] >= 0 for e in events), "malformed timeline event")
+    expect(all(e["ph"] == "M" or (e["ph"] == "X" and e["dur"] >= 0) for e in events), "malformed timeline event")
+    expect(any(e["ph"] == "M" and e["args"].get("name", "").startswith(f"rank {rank} (") for e in events),
+           "the trace does not name its process by rank and host")
 
 all_failures = [f for per_rank in comm.allgather(failures) for f in per_rank]
 if rank == 0:
