@@ -5,11 +5,16 @@ here; every loop that touches data runs in C++ with the GIL released."""
 
 from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.exc cimport PyErr_CheckSignals
+from cpython.ref cimport PyObject, Py_XDECREF, Py_XINCREF
+from cython.operator cimport dereference as deref
 from libc.stdint cimport int64_t, uint64_t, uintptr_t
 from libc.stddef cimport size_t
 from libcpp cimport bool
+from libcpp.map cimport map as cpp_map
 from libcpp.memory cimport unique_ptr
 from libcpp.string cimport string
+from libcpp.unordered_map cimport unordered_map
+from libcpp.utility cimport pair
 from libcpp.vector cimport vector
 from mpi4py cimport MPI
 from mpi4py.libmpi cimport MPI_Comm
@@ -31,6 +36,81 @@ include "_kernel_paths.pxi"
 
 cdef extern from "pythread.h":
     unsigned long PyThread_get_thread_ident() nogil
+
+cdef extern from "Python.h":
+    ctypedef struct PyFrameObject:
+        pass
+    ctypedef struct PyCodeObject:
+        pass
+    PyFrameObject* PyEval_GetFrame()
+    PyFrameObject* PyFrame_GetBack(PyFrameObject* frame)
+    PyCodeObject* PyFrame_GetCode(PyFrameObject* frame)
+    int PyFrame_GetLasti(PyFrameObject* frame)
+
+
+cdef class CallSites:
+    """The flight recorder's call sites (ddlfast/engine/flight.py), found in C so that the latency path can
+    afford one per call: the first frame of the caller's stack that `classify(code)` does not call internal,
+    as a small id for its (code, instruction). Codes are classified once (by address, each kept alive so its
+    address stays its own); at most `limit` codes and sites are remembered, -1 past that."""
+    cdef unordered_map[uintptr_t, bool] internal
+    cdef cpp_map[pair[uintptr_t, int], int64_t] ids
+    cdef list sites  # id -> (code, instruction offset)
+    cdef list classified  # the code objects behind `internal`'s addresses
+    cdef object classify
+    cdef size_t limit
+
+    def __cinit__(self, classify, size_t limit):
+        self.classify = classify
+        self.limit = limit
+        self.sites = []
+        self.classified = []
+
+    def site(self) -> int:
+        cdef PyFrameObject* frame = PyEval_GetFrame()
+        cdef PyFrameObject* back
+        cdef PyObject* code
+        cdef uintptr_t key
+        cdef bool inside
+        cdef int64_t found = -1
+        cdef pair[uintptr_t, int] where
+        cdef unordered_map[uintptr_t, bool].iterator entry
+        cdef cpp_map[pair[uintptr_t, int], int64_t].iterator known
+        Py_XINCREF(<PyObject*>frame)
+        while frame != NULL:
+            code = <PyObject*>PyFrame_GetCode(frame)
+            key = <uintptr_t>code
+            entry = self.internal.find(key)
+            if entry != self.internal.end():
+                inside = deref(entry).second
+            elif self.internal.size() >= self.limit:
+                Py_XDECREF(code)
+                break
+            else:
+                inside = True if self.classify(<object>code) else False
+                self.classified.append(<object>code)
+                self.internal[key] = inside
+            if not inside:
+                where = pair[uintptr_t, int](key, PyFrame_GetLasti(frame))
+                known = self.ids.find(where)
+                if known != self.ids.end():
+                    found = deref(known).second
+                elif <size_t>len(self.sites) < self.limit:
+                    found = len(self.sites)
+                    self.ids[where] = found
+                    self.sites.append((<object>code, where.second))
+                Py_XDECREF(code)
+                break
+            back = PyFrame_GetBack(frame)
+            Py_XDECREF(code)
+            Py_XDECREF(<PyObject*>frame)
+            frame = back
+        Py_XDECREF(<PyObject*>frame)
+        return found
+
+    def of(self, int64_t site):
+        """(code, instruction offset) of a site id, or None."""
+        return self.sites[site] if 0 <= site < len(self.sites) else None
 
 # Python runs signal handlers on the main thread only; a wait on any other thread never asks.
 cdef unsigned long _main_thread = threading.main_thread().ident

@@ -273,7 +273,7 @@ class Context:
         text = description()
         flight = self._state.flight
         if flight is not None:  # the flight record names the line that submitted it, not the thread's
-            work = flight.sited(work, flight.site(2), text)
+            work = flight.sited(work, flight.site(), text)
         return worker.submit(work, text)
 
     def _prepared(self, prepare: Callable[[], Work], description: str, name: object) -> Work:

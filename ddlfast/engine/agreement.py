@@ -127,7 +127,7 @@ class Agreement:
         if flight is None:
             agreed = self._core.agree(self.fingerprint(layout, digest, self.name))
         else:
-            self._core.set_flight_site(flight.site(2))
+            self._core.set_flight_site(flight.site())
             try:
                 agreed = self._core.agree(self.fingerprint(layout, digest, self.name))
             except BaseException as error:

@@ -75,7 +75,7 @@ class FastPath:
         flight = state.flight
         try:  # the agreement and the collective in one call into the core (which keeps its flight entry)
             outcome = core.allreduce_array(array, array.size, code, op_code, options, digest,
-                                           -1 if flight is None else flight.site(3))
+                                           -1 if flight is None else flight.call_sites.site())
         except DdlfastConsistentError:
             raise
         except BaseException as error:

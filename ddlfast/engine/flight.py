@@ -21,7 +21,6 @@ import json
 import os
 import platform
 import signal
-import sys
 import threading
 import time
 import warnings
@@ -29,6 +28,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from ddlfast import _core
 from ddlfast.config import STRAGGLER_NOISE_S
 from ddlfast.engine.agreement import describe
 from ddlfast.files import replace_file
@@ -60,10 +60,7 @@ class FlightRecorder:
         self.hosts: tuple[str, ...] = ()  # each rank's host name, once the topology is known
         number = next(_context_numbers)
         self.file_name = f"flight.rank{self.rank}.json" if number == 0 else f"flight.rank{self.rank}.ctx{number}.json"
-        self._site_ids: dict[tuple, int] = {}
-        self._sites: list[tuple] = []
-        self._internal: dict[int, bool] = {}  # id(code) -> whether its frames are ddlfast's (or torch's)
-        self._codes: list[Any] = []  # the code objects behind _internal's ids, kept alive
+        self.call_sites = _core.CallSites(_is_internal, MAX_SITES)
         self._submitted = -1  # the call site of the asynchronous work running now (sited)
         self._queued: dict[int, tuple[float, str, int]] = {}  # submitted, not started: (when, what, site)
         self._tickets = itertools.count()
@@ -86,37 +83,13 @@ class FlightRecorder:
                 self._submitted = -1
         return with_site
 
-    def site(self, depth: int) -> int:
-        """The id of the caller's call site: the first frame from `depth` up that is not ddlfast's, torch's
+    def site(self) -> int:
+        """The id of the caller's call site: the first frame of the stack that is not ddlfast's, torch's
         distributed code or threading (for asynchronous work, where it was submitted); -1 when there is none or
-        too many sites were seen."""
+        too many sites were seen. Found in C (_core.CallSites)."""
         if self._submitted >= 0:
             return self._submitted
-        # Keyed by id(code): a code object's own hash digests its bytecode on every call. The ids stay valid
-        # because the code objects are kept (in _codes and _sites) for as long as the keys are.
-        internal = self._internal
-        frame: Any = sys._getframe(depth)
-        while frame is not None:
-            code = frame.f_code
-            inside = internal.get(id(code))
-            if inside is None:
-                filename = code.co_filename
-                inside = filename.startswith(_PACKAGE_DIR) or any(part in filename for part in _INTERNAL_PARTS)
-                if len(internal) >= MAX_SITES:
-                    return -1
-                internal[id(code)] = inside
-                self._codes.append(code)
-            if not inside:
-                key = (id(code), frame.f_lasti)  # the line is looked up when the file is written (f_lineno is slow)
-                found = self._site_ids.get(key)
-                if found is None:
-                    if len(self._sites) >= MAX_SITES:
-                        return -1
-                    found = self._site_ids[key] = len(self._sites)
-                    self._sites.append((code, key[1]))
-                return found
-            frame = frame.f_back
-        return -1
+        return self.call_sites.site()
 
     def failed(self, error: BaseException, descriptions: list | None = None) -> None:
         """The latest collective failed here with `error`: its text kept, and the file written (where
@@ -152,9 +125,10 @@ class FlightRecorder:
         return out
 
     def _site_text(self, site: int) -> str | None:
-        if not 0 <= site < len(self._sites):
+        found = self.call_sites.of(site)
+        if found is None:
             return None
-        code, offset = self._sites[site]
+        code, offset = found
         return f"{code.co_filename}:{_line_at(code, offset)} ({code.co_name})"
 
     def queued(self) -> list[dict]:
@@ -186,6 +160,13 @@ class FlightRecorder:
                           f"{type(error).__name__}: {error}", FlightWarning, stacklevel=2)
             return None
         return path
+
+
+def _is_internal(code: Any) -> bool:
+    """Whether a code object's frames are ddlfast's own, torch's distributed code or threading (skipped when
+    looking for the user's call site)."""
+    filename = code.co_filename
+    return filename.startswith(_PACKAGE_DIR) or any(part in filename for part in _INTERNAL_PARTS)
 
 
 def _line_at(code: Any, offset: int) -> int | None:

@@ -212,7 +212,7 @@ class EngineState:
         returns False, having written nothing, when the ranks disagree; every rank then raises the same error.
         A failure is handled as agreed()'s."""
         if self.flight is not None:
-            self.core.set_flight_site(self.flight.site(2))
+            self.core.set_flight_site(self.flight.site())
         try:
             agreed = action(self.agreement.fingerprint(layout, None, self.agreement.name))
         except DdlfastConsistentError:

@@ -41,7 +41,7 @@ def test_records_states_sites_and_bound(context) -> None:
 def test_queued_work_is_listed_until_it_starts(context) -> None:
     flight = context._state.flight
     ran = []
-    work = flight.sited(lambda: ran.append(flight.queued()), flight.site(1), "allreduce_async of float32[3]")
+    work = flight.sited(lambda: ran.append(flight.queued()), flight.site(), "allreduce_async of float32[3]")
     queued = flight.queued()
     assert [q["what"] for q in queued] == ["allreduce_async of float32[3]"] and queued[0]["site"].startswith(__file__)
     work()
