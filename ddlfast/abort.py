@@ -17,6 +17,7 @@ import sys
 from types import TracebackType
 
 from ddlfast import config
+from ddlfast.error_report import present
 from ddlfast.errors import DdlfastBrokenError
 
 _installed = False
@@ -36,7 +37,8 @@ def install() -> None:
     installed_in = os.getpid()
 
     def hook(kind: type[BaseException], error: BaseException, trace: TracebackType | None) -> None:
-        previous(kind, error, trace)
+        if not present(kind, error, trace):  # a DdlfastError reads as one short report (ddlfast/error_report.py)
+            previous(kind, error, trace)
         if os.getpid() != installed_in:
             return  # a fork() child: COMM_WORLD is the parent's job, which it must not abort
         if isinstance(error, DdlfastBrokenError):  # a stall (DdlfastTimeoutError) or a collective abandoned

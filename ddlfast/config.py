@@ -221,7 +221,7 @@ RUNTIME_VARIABLES = frozenset(_VARIABLES + (
     "DDLFAST_ABORT_ON_STALL", "DDLFAST_TIMELINE", "DDLFAST_TIMELINE_MAX_EVENTS", "DDLFAST_PROBE",
     "DDLFAST_PROBE_TIMEOUT_S", "DDLFAST_CACHE_DIR", "DDLFAST_HOSTS_PER_GROUP", "DDLFAST_CUDA_AWARE_MPI",
     "DDLFAST_SPIN_US", "DDLFAST_ALLOW_SINGLE", "DDLFAST_STRAGGLER_WARN_S", "DDLFAST_FLIGHT_RECORDS",
-    "DDLFAST_FLIGHT_DIR",
+    "DDLFAST_FLIGHT_DIR", "DDLFAST_DEBUG",
 ))
 # Build and test tooling.
 TOOLING_VARIABLES = frozenset((
@@ -285,6 +285,7 @@ def check_environment() -> None:
     straggler_warn_s()
     flight_records()
     flight_dir()
+    debug()
 
 
 def _parse_settings() -> Settings:
@@ -397,3 +398,10 @@ def flight_dir(environ: Mapping[str, str] | None = None) -> str | None:
     ddlfast.dump_flight_record()); None: not written on its own (dump_flight_record(directory) still can)."""
     raw = _raw("DDLFAST_FLIGHT_DIR", environ)
     return None if raw is None else raw.strip()
+
+
+def debug(environ: Mapping[str, str] | None = None) -> bool:
+    """DDLFAST_DEBUG: Python's whole traceback for an uncaught DdlfastError (default: a short report per rank,
+    ddlfast/error_report.py), and rank 0 prints the plan at context creation (ring dims, algorithm per size,
+    probe results, buckets)."""
+    return _env_choice("DDLFAST_DEBUG", "0", _ON_OFF, environ) == "1"

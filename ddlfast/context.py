@@ -25,8 +25,8 @@ from typing import Any, NoReturn
 import numpy as np
 from mpi4py import MPI
 
-from ddlfast import _core, launch, process
-from ddlfast.config import MAX_LATENCY_BYTES, check_environment, load_settings
+from ddlfast import _core, config, launch, process
+from ddlfast.config import MAX_LATENCY_BYTES, check_environment, format_size, load_settings
 from ddlfast.engine import halves, requests, small
 from ddlfast.engine.agreement import Name, check_name, creation_layout
 from ddlfast.engine.control import Control
@@ -91,7 +91,13 @@ class Context:
         # Settings that size messages or drive the topology must match on every rank; then placement detection
         # (collective) runs where every rank has just proven it is present.
         self._state.agreement.check(creation_layout(settings))
-        self._state.topology_for(settings.bucket_bytes)
+        topology = self._state.topology_for(settings.bucket_bytes)
+        if self._state.rank == 0 and config.debug():  # DDLFAST_DEBUG: the plan, once
+            sys.stderr.write(f"ddlfast (DDLFAST_DEBUG=1): {self._state.size} ranks: {topology.describe()}; buckets: "
+                             f"DDLFAST_BUCKET_BYTES={format_size(settings.bucket_bytes)}, first "
+                             f"{format_size(settings.first_bucket_bytes)}, chunks {format_size(settings.chunk_bytes)}, "
+                             f"small-message limit {format_size(settings.small_bytes)}, algorithm "
+                             f"{settings.algorithm}, timeout {settings.timeout_s:g} s\n")
         if _core.deferred_interrupts:
             raise _core.deferred_interrupts.pop()
 

@@ -145,6 +145,7 @@ class Agreement:
         mine = describe(layout, self._core.sequence, name)
         received = self._control.allgather_values(mine, "the description of every rank's collective")
         error = DdlfastConsistentError(disagreement_message([readable(d, r) for r, d in enumerate(received)]))
+        error.rank, error.size = self._core.rank, self._core.size  # the same on every rank: printed once
         if self.flight is not None:
             self.flight.failed(error, received)
         raise error
