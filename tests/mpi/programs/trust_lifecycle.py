@@ -304,9 +304,27 @@ def interrupt_after_completion() -> None:
         comm.Barrier()
         if rank == 0:
             time.sleep(0.04)
-        if rank == VICTIM:
-            threading.Timer(0.01, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
-        error = caught(run)
+        # On a loaded machine the signal may land anywhere around the call, and every place has its right outcome:
+        # before the call reached ddlfast (the victim then makes the call it owes), while ddlfast prepared it (a
+        # refusal on every rank), in the wait (a broken context naming the victim), after completion in the core
+        # (the result stands), after the call returned (it stood too).
+        timer = threading.Timer(0.01, lambda: os.kill(os.getpid(), signal.SIGINT))
+        sequence = context._state.core.sequence
+        error = caught((lambda: (timer.start(), run())) if rank == VICTIM else run)
+        if rank == VICTIM and isinstance(error, KeyboardInterrupt) and context._state.core.sequence == sequence:
+            print(f"TIME rank {rank} after-completion round {i}: the signal came before the call", flush=True)
+            expect(caught(run) is None, f"round {i}: the call made after the signal failed")
+        if rank == VICTIM and error is None:
+            late = caught(lambda: (timer.join(), time.sleep(0.2)))  # the interrupt lands here: the call stood
+            error = late if isinstance(late, KeyboardInterrupt) else error
+        refused = comm.allgather(isinstance(error, ddlfast.DdlfastError) and "before any data moved" in str(error)
+                                 or (rank == VICTIM and isinstance(error, KeyboardInterrupt)
+                                     and context.broken_reason is None and a[0] == rank + i))
+        if all(refused):  # the timer fired while the victim still prepared its call: refused on every rank
+            expect(a[0] == rank + i, f"round {i}: a refused call wrote its array: {a[:2]}")
+            print(f"TIME rank {rank} after-completion round {i}: the signal came before any data moved", flush=True)
+            checked_sum(context, seed=20 + i)
+            continue
         broken = comm.allreduce(context.broken_reason is not None, op=MPI.LOR)
         if broken:
             if rank == VICTIM:  # broken only by the core seeing the signal in a wait, never for a completed call
