@@ -310,12 +310,12 @@ def interrupt_after_completion() -> None:
         # (the result stands), after the call returned (it stood too).
         timer = threading.Timer(0.01, lambda: os.kill(os.getpid(), signal.SIGINT))
         sequence = context._state.core.sequence
-        error = caught((lambda: (timer.start(), run())) if rank == VICTIM else run)
+        error = caught((lambda t=timer, r=run: (t.start(), r())) if rank == VICTIM else run)
         if rank == VICTIM and isinstance(error, KeyboardInterrupt) and context._state.core.sequence == sequence:
             print(f"TIME rank {rank} after-completion round {i}: the signal came before the call", flush=True)
             expect(caught(run) is None, f"round {i}: the call made after the signal failed")
         if rank == VICTIM and error is None:
-            late = caught(lambda: (timer.join(), time.sleep(0.2)))  # the interrupt lands here: the call stood
+            late = caught(lambda t=timer: (t.join(), time.sleep(0.2)))  # the interrupt lands here: the call stood
             error = late if isinstance(late, KeyboardInterrupt) else error
         refused = comm.allgather(isinstance(error, ddlfast.DdlfastError) and "before any data moved" in str(error)
                                  or (rank == VICTIM and isinstance(error, KeyboardInterrupt)
