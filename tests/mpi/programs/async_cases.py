@@ -5,23 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import threading
 
 import numpy as np
-from mpi4py import MPI
+from harness import comm, expect, failures, rank, report_and_exit, world
 
 import ddlfast
-
-comm = MPI.COMM_WORLD
-rank, world = comm.Get_rank(), comm.Get_size()
-failures: list[str] = []
-
-
-def expect(condition: bool, what: str) -> None:
-    if not condition:
-        failures.append(f"rank {rank}: {what}")
-
 
 # Several outstanding handles over many arrays, then a sync call queued behind them.
 rng = np.random.default_rng(rank)
@@ -101,8 +90,4 @@ if timeline_base:
     expect(any(n.startswith("reduce_scatter") for n in names) or world == 1, f"no reduce_scatter in {names}")
     expect(all(e["ph"] == "X" and e["dur"] >= 0 for e in events), "malformed timeline event")
 
-all_failures = [f for per_rank in comm.allgather(failures) for f in per_rank]
-if rank == 0:
-    print(f"{len(all_failures)} failures")
-    print("\n".join(all_failures[:40]))
-sys.exit(1 if all_failures else 0)
+report_and_exit()
