@@ -5,7 +5,7 @@ Checked against NumPy (floats to a tolerance, ints exactly) and for identical bi
 the host path (pinned copies reduced by the host engine with fp16 wire compression) the same way.
 
 With --emulated (no GPU needed): host memory stands in for device memory and the GPU ring runs on
-emulated lanes (tests/cuda/emulated_gpu.py), which checks CudaPath's own logic."""
+emulated lanes (tests/cuda/emulated_gpu.py), which checks DeviceExecutor's own logic."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def check(case: int, op: str, got: list[np.ndarray], label: str) -> None:
         if value.dtype.kind == "i":
             want = np.sum([a.astype(np.int64) for a in inputs], axis=0)
             if op == "average":
-                # CudaPath's own ring truncates; Context sends integer average to the host engine (floor).
+                # The GPU ring alone truncates; the engine sends integer average to the host engine (floor).
                 want = np.trunc(want / world)
             ok = np.array_equal(value.astype(np.int64), want.astype(np.int64))
         else:
