@@ -14,12 +14,12 @@ import os
 import sys
 
 import numpy as np
-from mpi4py import MPI
 
 from ddlfast import _core
 from ddlfast.buffers import device as device_arrays
 from ddlfast.config import load_settings
 from ddlfast.engine import device as gpu_executor
+from tests.mpi.programs.harness import comm, failures, rank, report_and_exit, world
 
 if "--emulated" in sys.argv:
     from tests.cuda import emulated_gpu
@@ -29,10 +29,7 @@ if "--emulated" in sys.argv:
 else:
     from tests.cuda.device_array import DeviceArray
 
-comm = MPI.COMM_WORLD
-rank, world = comm.Get_rank(), comm.Get_size()
 device = rank % device_arrays.device_count()
-failures: list[str] = []
 DTYPES = [np.float32, np.float64, np.int32, np.int64, np.float16]
 
 
@@ -105,9 +102,4 @@ for case in (1, 3, 5):
 
 path.close()
 host.close()
-total = comm.allreduce(len(failures))
-for failure in failures[:20]:
-    print(failure, flush=True)
-if rank == 0:
-    print(f"{total} failures", flush=True)
-sys.exit(1 if total else 0)
+report_and_exit()
