@@ -21,7 +21,7 @@ _STATUS_INTERRUPTED = 7
 # What a signal handler raised inside a core wait (ddlfast/_core.pyx, check_signals), raised by raise_on_error.
 _raised_in_wait = []
 _NUM_OPS = 5  # ReduceOp codes (ddlfast/ops.py)
-_EVENT_NAMES = ("reduce_scatter", "allgather", "mpi_allreduce", "latency_allreduce")
+_EVENT_NAMES = ("reduce_scatter", "allgather", "mpi_allreduce", "latency_allreduce")  # by EventKind
 
 
 cdef int raise_on_error(const Status& status) except -1:
@@ -111,7 +111,7 @@ cdef int fill_options(EngineOptions* options, size_t chunk_bytes, int receives_i
 
 cdef list take_events(vector[PhaseEvent]* events):
     """The recorded phases as [(kind, dim, start_s, end_s, bytes)], clearing them."""
-    taken = [(_EVENT_NAMES[e.kind], e.dim, e.start_s, e.end_s, e.bytes) for e in events[0]]
+    taken = [(_EVENT_NAMES[<int>e.kind], e.dim, e.start_s, e.end_s, e.bytes) for e in events[0]]
     events.clear()
     return taken
 

@@ -100,8 +100,13 @@ cdef extern from "algo/butterfly.h" namespace "ddlfast" nogil:
 
 
 cdef extern from "engine/ring_allreduce.h" namespace "ddlfast" nogil:
+    cdef enum class EventKind(int):
+        kReduceScatter
+        kAllgather
+        kMpiAllreduce
+        kLatencyAllreduce
     cdef struct PhaseEvent:
-        int kind
+        EventKind kind
         int dim
         double start_s
         double end_s

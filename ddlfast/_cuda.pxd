@@ -20,7 +20,7 @@ cdef extern from "kernels/cpu/cpu_kernels.h" namespace "ddlfast" nogil:
         pass
 
 
-cdef extern from "kernels/cuda/nan_rule.h" namespace "ddlfast::elementwise" nogil:
+cdef extern from "common/nan_rule.h" namespace "ddlfast::elementwise" nogil:
     cdef struct NanRule:
         uint32_t default_nan32
         uint64_t default_nan64

@@ -10,3 +10,26 @@ cdef extern from "testing/emulated_lanes.h" namespace "ddlfast" nogil:
     Status emulated_device_allreduce(Context& context, const vector[char*]& bases, const vector[size_t]& counts,
                                      DType dtype, ReduceOp op, const vector[int]& dims, const vector[int]& order,
                                      const EngineOptions& options, bool direct, uint64_t seed)
+
+
+cdef extern from "testing/in_process_ranks.h" namespace "ddlfast" nogil:
+    cdef enum class InProcessExecutor(int):
+        kHost
+        kDeviceStaged
+        kDeviceDirect
+        kLatency
+    cdef struct InProcessRun:
+        int size
+        double timeout_s
+        size_t agreement_capacity
+        vector[int] dims
+        vector[int] order
+        DType dtype
+        ReduceOp op
+        EngineOptions options
+        InProcessExecutor executor
+        uint64_t seed
+        int stopped_rank
+    void in_process_allreduce(const InProcessRun& run, const vector[vector[char*]]& bases,
+                              const vector[vector[size_t]]& counts, const vector[uint64_t]& digests,
+                              vector[Status]* results)

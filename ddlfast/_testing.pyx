@@ -13,7 +13,7 @@ from ddlfast._core cimport (
     Butterfly, CallOptions, Context, DType, Engine, ElementRange, EngineOptions, KernelTable, PhaseKind, ReduceOp, RingPhase, RingSchedule, RingStep,
     Status, Torus, build_ring_schedule, butterfly, dtype_valid, element_size, positions_in_block_order,
 )
-from ddlfast._testing cimport emulated_device_allreduce
+from ddlfast._testing cimport InProcessExecutor, InProcessRun, emulated_device_allreduce, in_process_allreduce as run_in_process
 
 from ddlfast.errors import DdlfastError
 
@@ -201,3 +201,65 @@ def emulated_allreduce(Engine engine not None, list pointers, list counts, int d
         status = emulated_device_allreduce(context[0], bases, sizes, <DType>dtype, <ReduceOp>op, options.dims,
                                            options.order, options.options, direct, seed)
     raise_on_error(status)
+
+
+# ---------------------------------------------------------------- P ranks as threads of this process
+
+_IN_PROCESS_EXECUTORS = {"host": InProcessExecutor.kHost, "device_staged": InProcessExecutor.kDeviceStaged,
+                         "device_direct": InProcessExecutor.kDeviceDirect, "latency": InProcessExecutor.kLatency}
+
+
+def in_process_allreduce(list arrays, int dtype, int op, CallOptions options not None, str executor="host", *,
+                         double timeout_s=30.0, size_t agreement_capacity=0, digests=None, int stopped_rank=-1,
+                         uint64_t seed=0) -> list:
+    """One allreduce at len(arrays) ranks, each a thread of this process over the in-process transport
+    (src/testing/in_process_transport.h): arrays[r] is rank r's list of contiguous arrays, reduced in place.
+    executor: "host" (RingAllreduce; the options' direct runs the direct reduce-scatter), "device_staged" or
+    "device_direct" (DeviceRingAllreduce on emulated lanes), "latency" (LatencyAllreduce, inside the agreement).
+    Every rank first agrees on digests[r] (default: all 0). stopped_rank takes no part. Returns, per rank, None
+    or the DdlfastError it raised."""
+    cdef InProcessRun run
+    cdef vector[vector[char*]] bases
+    cdef vector[vector[size_t]] counts
+    cdef vector[uint64_t] digest_vector
+    cdef vector[Status] results
+    cdef vector[char*] rank_bases
+    cdef vector[size_t] rank_counts
+    if executor not in _IN_PROCESS_EXECUTORS:
+        raise DdlfastError(f"executor {executor!r} is not one of {sorted(_IN_PROCESS_EXECUTORS)}")
+    run.size = len(arrays)
+    if run.size < 1 or (digests is not None and len(digests) != run.size):
+        raise DdlfastError(f"{run.size} ranks' arrays, digests {digests!r}")
+    run.dtype = <DType>dtype
+    check_op(op)
+    run.op = <ReduceOp>op
+    run.timeout_s = timeout_s
+    run.agreement_capacity = agreement_capacity
+    run.dims = options.dims
+    run.order = options.order
+    run.options = options.options
+    run.executor = _IN_PROCESS_EXECUTORS[executor]
+    run.seed = seed
+    run.stopped_rank = stopped_rank
+    cdef size_t element_size = dtype_size(dtype)
+    for rank_arrays in arrays:
+        rank_bases.clear()
+        rank_counts.clear()
+        for array in rank_arrays:
+            if not array.flags.c_contiguous or array.itemsize != element_size:
+                raise DdlfastError(f"in_process_allreduce takes contiguous arrays of {element_size}-byte elements")
+            rank_bases.push_back(<char*><uintptr_t>array.ctypes.data)
+            rank_counts.push_back(array.size)
+        bases.push_back(rank_bases)
+        counts.push_back(rank_counts)
+        digest_vector.push_back(0 if digests is None else digests[len(digest_vector)])
+    with nogil:
+        run_in_process(run, bases, counts, digest_vector, &results)
+    outcomes = []
+    for rank in range(run.size):
+        try:
+            raise_on_error(results[rank])
+            outcomes.append(None)
+        except DdlfastError as error:
+            outcomes.append(error)
+    return outcomes

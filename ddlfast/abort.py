@@ -8,12 +8,17 @@ ends every rank with a non-zero exit instead of leaving survivors blocked.
 Other DdlfastErrors (bad input) are raised on every rank alike and leave the
 communicator healthy, so they exit normally. DDLFAST_ABORT_ON_STALL=0 turns
 this off (for programs that install their own handling).
+
+This is ddlfast's one sys.excepthook. Code that learns of a broken communicator by other means registers a check
+with `when_broken` (the torch backend: a stall that reaches the user through torch's C++, in DDP's backward,
+arrives as torch's RuntimeError); any uncaught exception while a check reports a reason ends the job the same way.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from types import TracebackType
 
 from ddlfast import config
@@ -21,10 +26,27 @@ from ddlfast.error_report import present
 from ddlfast.errors import DdlfastBrokenError
 
 _installed = False
+_broken_checks: list[Callable[[], str | None]] = []
 
 
 def abort_on_stall_enabled() -> bool:
     return config.abort_on_stall()
+
+
+def when_broken(check: Callable[[], str | None]) -> None:
+    """Registers `check`: it returns why something ddlfast runs is broken ("the ddlfast process group is broken
+    (<reason>)"), or None. Called only once an exception went uncaught."""
+    _broken_checks.append(check)
+
+
+def _abort_reason(kind: type[BaseException], error: BaseException) -> str | None:
+    if isinstance(error, DdlfastBrokenError):  # a stall (DdlfastTimeoutError) or a collective abandoned
+        return f"uncaught {type(error).__name__}, the communicator is broken"
+    for check in _broken_checks:
+        broken = check()
+        if broken:
+            return f"uncaught {kind.__name__} while {broken}"
+    return None
 
 
 def install() -> None:
@@ -41,12 +63,13 @@ def install() -> None:
             previous(kind, error, trace)
         if os.getpid() != installed_in:
             return  # a fork() child: COMM_WORLD is the parent's job, which it must not abort
-        if isinstance(error, DdlfastBrokenError):  # a stall (DdlfastTimeoutError) or a collective abandoned
+        reason = _abort_reason(kind, error)
+        if reason is not None:
             from mpi4py import MPI
 
             if MPI.Is_initialized() and not MPI.Is_finalized():
-                sys.stderr.write(f"ddlfast: uncaught {type(error).__name__}, the communicator is broken: "
-                                 "calling MPI_Abort to end the job (DDLFAST_ABORT_ON_STALL=0 disables this)\n")
+                sys.stderr.write(f"ddlfast: {reason}: calling MPI_Abort to end the job (DDLFAST_ABORT_ON_STALL=0 "
+                                 "disables this)\n")
                 sys.stderr.flush()
                 sys.stdout.flush()
                 MPI.COMM_WORLD.Abort(1)

@@ -32,7 +32,7 @@ pin() { grep -E "^$1==" requirements.txt; }  # the version requirements.txt pins
 stamp=$VENV/.ddlfast-requirements
 if ! cmp -s requirements.txt "$stamp" 2>/dev/null; then
   echo "ddlfast: installing requirements.txt into $VENV: NumPy, ml_dtypes, the build tools (Cython, CMake, Ninja, build)," \
-    "pytest, ruff, Sphinx, and for the demo torch (CPU, ~200 MB), scikit-learn, matplotlib; usually 1 to 3 minutes the" \
+    "pytest, ruff, mypy, clang-format, Sphinx, and for the demo torch (CPU, ~200 MB), scikit-learn, matplotlib; usually 1 to 3 minutes the" \
     "first time, from pip's cache or index"
   pip_install --upgrade pip
   pip_install -r <(grep -v -E '^(mpich|mpi4py)==' requirements.txt)

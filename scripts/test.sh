@@ -32,6 +32,8 @@ if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
 fi
 with_mpi_choice bash scripts/setup.sh
 "$VENV/bin/ruff" check ddlfast tests bench examples
+"$VENV/bin/mypy"  # the files and the settings: pyproject.toml [tool.mypy]
+VENV=$VENV bash scripts/check_format.sh
 PATH="$(cd "$VENV" && pwd)/bin:$PATH" "$VENV/bin/python" -m pytest tests -q -ra "$@"
 # The core again under ASan + UBSan: the unit tests and a 3-rank fuzz (scripts/sanitize.sh says how).
 if [ "$MPI_KIND" = wheel ] || [ "${SANITIZE_SYSTEM_MPI:-0}" = 1 ]; then

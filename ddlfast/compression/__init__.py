@@ -22,7 +22,7 @@ User codecs plug in per bucket (`compression=MyCodec()`):
 TopKCodec is the shipped example: top-k sparsification with error feedback.
 """
 
-from ddlfast.compression.codecs import Codec, HookContext, TopKCodec, run_codec
+from ddlfast.compression.codecs import Codec, HookContext, TopKCodec
 from ddlfast.compression.wire import WIRE_CODES, ErrorFeedback, wire_by_dim
 
-__all__ = ["Codec", "ErrorFeedback", "HookContext", "TopKCodec", "WIRE_CODES", "run_codec", "wire_by_dim"]
+__all__ = ["Codec", "ErrorFeedback", "HookContext", "TopKCodec", "WIRE_CODES", "wire_by_dim"]

@@ -5,12 +5,10 @@ shipped example."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from ddlfast.engine.agreement import Agreement
-from ddlfast.engine.control import Control
 from ddlfast.errors import DdlfastError
 
 
@@ -25,11 +23,23 @@ class Codec(Protocol):
     def decompress(self, payloads: list[list[np.ndarray]], bucket: np.ndarray, state: dict) -> None: ...
 
 
+class Collectives(Protocol):
+    """What a HookContext runs its collectives on (the engine's stall-limited Control): compression sits below
+    the engine and names only this."""
+
+    rank: int
+    size: int
+
+    def allgather_array(self, array: np.ndarray, what: str) -> np.ndarray: ...
+
+    def allreduce_sum(self, values: np.ndarray, what: str) -> np.ndarray: ...
+
+
 class HookContext:
     """What a CollectiveHook may use: rank, size, the per-bucket state, allgather and allreduce (both
     stall-limited, like every ddlfast collective)."""
 
-    def __init__(self, control: Control, state: dict) -> None:
+    def __init__(self, control: Collectives, state: dict) -> None:
         self.rank, self.size, self.state = control.rank, control.size, state
         self._control = control
 
@@ -41,32 +51,6 @@ class HookContext:
         """Sum in place with MPI's own allreduce (for small side data)."""
         array[...] = self._control.allreduce_sum(array, "a codec's allreduce")
         return array
-
-
-def run_codec(codec: Any, bucket: np.ndarray, state: dict, control: Control, agreement: Agreement,
-              op: str) -> None:
-    """One bucket through a user Codec or CollectiveHook; validates what the codec returns."""
-    hook_context = HookContext(control, state)
-    if not isinstance(codec, Codec):
-        codec(bucket, hook_context)
-    else:
-        payloads = codec.compress(bucket, state)
-        if isinstance(payloads, np.ndarray) or not isinstance(payloads, Sequence):
-            raise DdlfastError(f"{type(codec).__name__}.compress must return a list of arrays")
-        for i, payload in enumerate(payloads):
-            if not isinstance(payload, np.ndarray):
-                raise DdlfastError(f"{type(codec).__name__}.compress returned a {type(payload).__name__} "
-                                   f"as payload {i}, not a NumPy array")
-        layout = ("codec", type(codec).__name__, tuple((p.dtype, p.shape) for p in payloads))
-        agreement.check(layout)  # mismatched payload sizes across ranks: an error, not garbage
-        gathered = [hook_context.allgather(p) for p in payloads]
-        by_rank = [[g[r] for g in gathered] for r in range(control.size)]
-        shape_before = bucket.shape
-        codec.decompress(by_rank, bucket, state)
-        if bucket.shape != shape_before:
-            raise DdlfastError(f"{type(codec).__name__}.decompress changed the bucket's shape")
-    if op == "average":
-        bucket /= control.size
 
 
 class TopKCodec:

@@ -8,6 +8,8 @@ take (GPU arrays, compression, bfloat16, bad arguments) goes to the general path
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import numpy as np
 
 from ddlfast.buffers.dtypes import DTYPE_CODES
@@ -23,18 +25,29 @@ _FAST_DTYPES = {np.dtype(name): code for name, code in DTYPE_CODES.items() if na
 MAX_PLANS = 256
 
 
+class Plan(NamedTuple):
+    """What one kind of call needs in the core, worked out once: valid while `settings` is the current one."""
+
+    settings: Settings
+    dtype_code: int
+    op_code: int
+    options: Any  # _core.CallOptions
+    layout: tuple  # what the agreement compares (engine/agreement.allreduce_layout)
+    digest: int  # the layout's digest
+
+
 class FastPath:
     def __init__(self, state: EngineState) -> None:
         self._state = state
-        self._plans: dict[tuple, tuple] = {}
+        self._plans: dict[tuple, Plan] = {}
 
-    def plan(self, array: np.ndarray, op: str, dims: object, compression: object, settings: Settings) -> tuple | None:
+    def plan(self, array: np.ndarray, op: str, dims: object, compression: object, settings: Settings) -> Plan | None:
         """The plan for this kind of call, or None where the general path must take it."""
         try:
             plan = self._plans.get((array.dtype, array.shape, op, dims, compression))
         except Exception:  # noqa: BLE001 (unhashable dims, an op whose __hash__ raises): the general path says
             return None  # what is wrong, on every rank
-        if plan is not None and plan[0] is settings:
+        if plan is not None and plan.settings is settings:
             return plan
         state = self._state
         code = _FAST_DTYPES.get(array.dtype)
@@ -56,16 +69,16 @@ class FastPath:
             return None
         layout = allreduce_layout(op, ring_dims, ((array.dtype, array.shape),), codec, False, settings)
         options = state.call_options(array.nbytes, ring_dims, settings)
-        plan = (settings, code, OPS[op], options, layout, state.agreement.digest(layout))
+        plan = Plan(settings, code, OPS[op], options, layout, state.agreement.digest(layout))
         if len(self._plans) >= MAX_PLANS:
             self._plans.clear()
         self._plans[(array.dtype, array.shape, op, dims, compression)] = plan
         return plan
 
-    def run(self, array: np.ndarray, plan: tuple, settings: Settings, name: str | int | None = None) -> bool:
+    def run(self, array: np.ndarray, plan: Plan, settings: Settings, name: str | int | None = None) -> bool:
         """False when the array's buffer cannot take the latency path (nothing ran, not even the agreement).
         `name` (a str or an int, checked by the caller) enters the fingerprint (Agreement.fingerprint)."""
-        _, code, op_code, options, layout, digest = plan
+        layout, digest = plan.layout, plan.digest
         state = self._state
         if name is not None:
             digest = state.agreement.fingerprint(layout, digest, name)
@@ -74,7 +87,7 @@ class FastPath:
         core = state.core
         flight = state.flight
         try:  # the agreement and the collective in one call into the core (which keeps its flight entry)
-            outcome = core.allreduce_array(array, array.size, code, op_code, options, digest,
+            outcome = core.allreduce_array(array, array.size, plan.dtype_code, plan.op_code, plan.options, digest,
                                            -1 if flight is None else flight.call_sites.site())
         except DdlfastConsistentError:
             raise

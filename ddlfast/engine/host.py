@@ -10,20 +10,48 @@ through pinned host copies.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from ddlfast.buffers.host import HostBuffer
-from ddlfast.compression.codecs import run_codec
+from ddlfast.compression.codecs import Codec, HookContext
 from ddlfast.compression.wire import wire_by_dim
 from ddlfast.config import Settings
-from ddlfast.engine.agreement import allreduce_layout, arrays_of
+from ddlfast.engine.agreement import Agreement, allreduce_layout, arrays_of
+from ddlfast.engine.control import Control
 from ddlfast.engine.state import EngineState
-from ddlfast.errors import DdlfastConsistentError
+from ddlfast.errors import DdlfastConsistentError, DdlfastError
 from ddlfast.fusion.buffer_pool import pack, unpack
 from ddlfast.fusion.pack_policy import bucket_indices, packed_positions
 from ddlfast.ops import OPS, SUMMING_OPS
+
+
+def run_codec(codec: Any, bucket: np.ndarray, state: dict, control: Control, agreement: Agreement,
+              op: str) -> None:
+    """One bucket through a user Codec or CollectiveHook; validates what the codec returns."""
+    hook_context = HookContext(control, state)
+    if not isinstance(codec, Codec):
+        codec(bucket, hook_context)
+    else:
+        payloads = codec.compress(bucket, state)
+        if isinstance(payloads, np.ndarray) or not isinstance(payloads, Sequence):
+            raise DdlfastError(f"{type(codec).__name__}.compress must return a list of arrays")
+        for i, payload in enumerate(payloads):
+            if not isinstance(payload, np.ndarray):
+                raise DdlfastError(f"{type(codec).__name__}.compress returned a {type(payload).__name__} "
+                                   f"as payload {i}, not a NumPy array")
+        layout = ("codec", type(codec).__name__, tuple((p.dtype, p.shape) for p in payloads))
+        agreement.check(layout)  # mismatched payload sizes across ranks: an error, not garbage
+        gathered = [hook_context.allgather(p) for p in payloads]
+        by_rank = [[g[r] for g in gathered] for r in range(control.size)]
+        shape_before = bucket.shape
+        codec.decompress(by_rank, bucket, state)
+        if bucket.shape != shape_before:
+            raise DdlfastError(f"{type(codec).__name__}.decompress changed the bucket's shape")
+    if op == "average":
+        bucket /= control.size
 
 
 def codec_key(compression: object) -> object:

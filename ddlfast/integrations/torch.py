@@ -44,7 +44,15 @@ from ddlfast.context import Context
 from ddlfast.engine.worker import Handle
 from ddlfast.errors import DdlfastConsistentError, DdlfastError
 from ddlfast.fusion.bucketing import assign_buckets
-from ddlfast.integrations.tensors import SUPPORTED_DTYPES, collective_view, for_backward, numpy_view, stream_of
+from ddlfast.integrations.tensors import (
+    SUPPORTED_DTYPES,
+    broadcast_bytes,
+    collective_view,
+    for_backward,
+    nbytes,
+    numpy_view,
+    stream_of,
+)
 from ddlfast.integrations.torch_backend import register as _register_backend
 from ddlfast.integrations.torch_ddp import HookState, allreduce_hook, bf16_hook, fp16_hook, install_mpi_rendezvous
 from ddlfast.integrations.torch_ddp import init_process_group as _init_from_mpi
@@ -632,24 +640,12 @@ def broadcast_parameters(params: torch.nn.Module | dict | Iterable[torch.Tensor]
     tensors = [t for t in tensors if t.numel() > 0]
     if not tensors:
         return
-    with torch.no_grad():
-        # One byte buffer on the host for all (any dtype, bool buffers too): a broadcast per forward when
-        # BatchNorm statistics follow rank 0, so one call, not one per tensor.
-        flat = torch.empty(sum(t.numel() * t.element_size() for t in tensors), dtype=torch.uint8)
-        offset = 0
-        for t in tensors:
-            n = t.numel() * t.element_size()
-            flat[offset:offset + n].copy_(t.detach().reshape(-1).cpu().view(torch.uint8))
-            offset += n
-        # Broadcast as one element of a structured dtype whose fields name each tensor's dtype and shape: the
-        # agreement then compares them (not only the byte count), so ranks whose models differ in dtypes or
-        # shapes with the same total bytes raise on every rank instead of reinterpreting root's bytes.
-        context.broadcast(flat.numpy().view(_layout_dtype(tensors)), root)
-        offset = 0
-        for t in tensors:
-            n = t.numel() * t.element_size()
-            t.copy_(flat[offset:offset + n].to(t.device).view(t.dtype).view_as(t))
-            offset += n
+    # One byte buffer on the host for all (any dtype, bool buffers too): a broadcast per forward when BatchNorm
+    # statistics follow rank 0, so one call, not one per tensor. Broadcast as one element of a structured dtype
+    # whose fields name each tensor's dtype and shape: the agreement then compares them (not only the byte count),
+    # so ranks whose models differ in dtypes or shapes with the same total bytes raise on every rank instead of
+    # reinterpreting root's bytes.
+    broadcast_bytes(tensors, lambda flat: context.broadcast(flat.view(_layout_dtype(tensors)), root))
 
 
 _LAYOUT_DTYPES: dict[tuple, np.dtype] = {}
@@ -665,7 +661,7 @@ def _layout_dtype(tensors: list[torch.Tensor]) -> np.dtype:
             _LAYOUT_DTYPES.clear()
         names = [f"{i}:{str(d).removeprefix('torch.')}[{','.join(map(str, shape))}]"
                  for i, (d, shape) in enumerate(key)]
-        formats = [f"V{t.numel() * t.element_size()}" for t in tensors]
+        formats = [f"V{nbytes(t)}" for t in tensors]
         dtype = _LAYOUT_DTYPES[key] = np.dtype({"names": names, "formats": formats})
     return dtype
 

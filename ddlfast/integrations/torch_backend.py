@@ -21,12 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import os
-import sys
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -40,7 +37,7 @@ from ddlfast import abort, api
 from ddlfast.config import load_settings
 from ddlfast.engine.worker import Handle
 from ddlfast.errors import DdlfastConsistentError, DdlfastError
-from ddlfast.integrations.tensors import collective_view, for_backward, numpy_view, stream_of
+from ddlfast.integrations.tensors import broadcast_bytes, collective_view, for_backward, nbytes, numpy_view, stream_of
 from ddlfast.integrations.torch_ddp import complete_future, raise_if_failed
 
 BACKEND = "ddlfast"
@@ -68,33 +65,18 @@ def register() -> None:
     devices = ["cpu", "cuda"] if ddlfast.has_cuda() else ["cpu"]
     dist.Backend.register_backend(BACKEND, _create_backend, extended_api=True, devices=devices)
     dist._broadcast_coalesced = _broadcast_coalesced
-    _abort_when_broken()
+    abort.when_broken(_broken_group)
 
 
 _groups: weakref.WeakSet[ProcessGroupDdlfast] = weakref.WeakSet()
 
 
-def _abort_when_broken() -> None:
-    """A stall that reaches the user through torch's C++ (DDP's backward) arrives as torch's RuntimeError, not as
-    DdlfastTimeoutError, so ddlfast/abort.py's hook does not recognise it: when any exception goes uncaught while
-    a ddlfast group's context is broken, end the job the same way (DDLFAST_ABORT_ON_STALL=0 turns both off)."""
-    previous = sys.excepthook
-    installed_in = os.getpid()
-
-    def hook(kind: type[BaseException], error: BaseException, trace: TracebackType | None) -> None:
-        previous(kind, error, trace)  # prints it (and aborts for DdlfastBrokenError itself)
-        if os.getpid() != installed_in:
-            return  # a fork() child: COMM_WORLD is the parent's job
-        broken = [g for g in list(_groups) if g._context.broken_reason is not None]
-        if broken and abort.abort_on_stall_enabled() and MPI.Is_initialized() and not MPI.Is_finalized():
-            sys.stderr.write(f"ddlfast: uncaught {kind.__name__} while the ddlfast process group is broken "
-                             f"({broken[0]._context.broken_reason}): calling MPI_Abort to end the job "
-                             "(DDLFAST_ABORT_ON_STALL=0 disables this)\n")
-            sys.stderr.flush()
-            sys.stdout.flush()
-            MPI.COMM_WORLD.Abort(1)
-
-    sys.excepthook = hook
+def _broken_group() -> str | None:
+    """Registered with ddlfast/abort.py's hook: a stall that reaches the user through torch's C++ (DDP's backward)
+    arrives as torch's RuntimeError, not as DdlfastTimeoutError; any exception uncaught while a ddlfast group's
+    context is broken then ends the job the same way (DDLFAST_ABORT_ON_STALL=0 turns it off)."""
+    broken = [g for g in list(_groups) if g._context.broken_reason is not None]
+    return f"the ddlfast process group is broken ({broken[0]._context.broken_reason})" if broken else None
 
 
 def _broadcast_coalesced(group: Any, tensors: list[torch.Tensor], buffer_size: int, src: int = 0) -> None:
@@ -109,11 +91,11 @@ def _broadcast_coalesced(group: Any, tensors: list[torch.Tensor], buffer_size: i
     opts.rootRank = src
     works, chunk, chunk_bytes = [], [], 0
     for t in tensors:
-        if chunk and chunk_bytes + t.numel() * t.element_size() > PACK_BYTES:
+        if chunk and chunk_bytes + nbytes(t) > PACK_BYTES:
             works.append(group.broadcast(chunk, opts))
             chunk, chunk_bytes = [], 0
         chunk.append(t)
-        chunk_bytes += t.numel() * t.element_size()
+        chunk_bytes += nbytes(t)
     if chunk:
         works.append(group.broadcast(chunk, opts))
     for work in works:
@@ -428,21 +410,8 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
             target = _flat_bytes(tensors[0])
             run: Callable[[], None] = lambda: mpi.bcast_into(target, root, "a torch broadcast")  # noqa: E731
         else:
-            flat = torch.empty(sum(t.numel() * t.element_size() for t in tensors), dtype=torch.uint8)
-
-            def run() -> None:
-                offset = 0
-                for t in tensors:
-                    n = t.numel() * t.element_size()
-                    flat[offset:offset + n].copy_(t.detach().reshape(-1).view(torch.uint8))
-                    offset += n
-                mpi.bcast_into(flat.numpy(), root, f"a torch broadcast of {len(tensors)} tensors")
-                offset = 0
-                with torch.no_grad():
-                    for t in tensors:
-                        n = t.numel() * t.element_size()
-                        t.copy_(flat[offset:offset + n].view(t.dtype).view_as(t))
-                        offset += n
+            what = f"a torch broadcast of {len(tensors)} tensors"
+            run = lambda: broadcast_bytes(tensors, lambda flat: mpi.bcast_into(flat, root, what))  # noqa: E731
 
         # Every tensor's dtype and shape, in order, are in the agreement (not only the byte count): float32[4] on
         # the root and int32[4] elsewhere, or a coalesced broadcast in another dtype order, raise on every rank.

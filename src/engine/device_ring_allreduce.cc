@@ -6,6 +6,7 @@
 
 #include "engine/direct_phase.h"
 #include "engine/ring_phases.h"
+#include "engine/small_allreduce.h"
 #include "kernels/cpu/cpu_kernels.h"
 
 namespace ddlfast {
@@ -188,32 +189,6 @@ Status DeviceRingAllreduce::create(Transport& transport, const std::vector<int>&
 
 // Tiny buffers: through host memory to MPI_Allreduce, as the host engine does
 // (and with its arithmetic, so the bits agree).
-Status DeviceRingAllreduce::run_small(const SegmentedBuffer& data, DType dtype, int divisor, DeviceLanes* lanes,
-                                      const EngineOptions& options) {
-  const std::size_t count = data.count();
-  const std::size_t esize = dtype_size(dtype);
-  const double start = monotonic_seconds();
-  std::vector<char> host(count * esize);
-  for (std::size_t done = 0; done < count;) {
-    const std::size_t n = data.contiguous_from(done);
-    DDLFAST_RETURN_IF_ERROR(lanes->copy(host.data() + done * esize, data.address(done), n * esize, Lane::kInbound));
-    done += n;
-  }
-  DDLFAST_RETURN_IF_ERROR(lanes->mark(kNowMarker, Lane::kInbound));
-  DDLFAST_RETURN_IF_ERROR(lanes->wait(kNowMarker));
-  DDLFAST_RETURN_IF_ERROR(transport_.native_allreduce(host.data(), count, dtype));
-  divide_in_place(dtype, host.data(), count, divisor);
-  for (std::size_t done = 0; done < count;) {
-    const std::size_t n = data.contiguous_from(done);
-    DDLFAST_RETURN_IF_ERROR(lanes->copy(data.address(done), host.data() + done * esize, n * esize, Lane::kInbound));
-    done += n;
-  }
-  DDLFAST_RETURN_IF_ERROR(lanes->mark(kNowMarker, Lane::kInbound));
-  DDLFAST_RETURN_IF_ERROR(lanes->wait(kNowMarker));  // `host` is freed on return
-  if (options.events) options.events->push_back({2, -1, start, monotonic_seconds(), count * esize});
-  return Status::ok();
-}
-
 Status DeviceRingAllreduce::run(const SegmentedBuffer& data, DType dtype, ReduceOp op, const EngineOptions& options,
                                 const DeviceRunOptions& run, DeviceLanes* lanes, const DeviceStaging& staging) {
   const int world = ring_.torus.world_size();
@@ -231,7 +206,9 @@ Status DeviceRingAllreduce::run(const SegmentedBuffer& data, DType dtype, Reduce
   const std::size_t esize = dtype_size(dtype);
   const int divisor = op == ReduceOp::kAverage ? world : 1;
   DDLFAST_RETURN_IF_ERROR(lanes->reserve_markers(1 + 2 * std::max(staging.slots, 0)));
-  if (count * esize <= options.small_bytes) return run_small(data, dtype, divisor, lanes, options);
+  if (count * esize <= options.small_bytes) {
+    return small_allreduce(transport_, data, dtype, ReduceOp::kSum, divisor, options, lanes, kNowMarker);
+  }
 
   const std::size_t chunk_elems = std::max<std::size_t>(1, options.chunk_bytes / esize);
   if (chunk_elems * esize > static_cast<std::size_t>(INT_MAX)) return Status::invalid("a chunk of more than 2 GiB");

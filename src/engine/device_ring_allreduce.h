@@ -66,8 +66,6 @@ class DeviceRingAllreduce {
  private:
   DeviceRingAllreduce(Transport& transport, RankedTorus ring) : transport_(transport), ring_(std::move(ring)) {}
 
-  Status run_small(const SegmentedBuffer& data, DType dtype, int divisor, DeviceLanes* lanes,
-                   const EngineOptions& options);
   Transport& transport_;
   RankedTorus ring_;
 };

@@ -10,8 +10,10 @@ namespace ddlfast {
 
 // One executed phase, for the timeline (seconds on the monotonic clock, the
 // same clock as Python's time.perf_counter on Linux).
+enum class EventKind : int { kReduceScatter = 0, kAllgather = 1, kMpiAllreduce = 2, kLatencyAllreduce = 3 };
+
 struct PhaseEvent {
-  int kind;  // 0 reduce-scatter, 1 allgather, 2 MPI_Allreduce handoff, 3 the latency path
+  EventKind kind;  // a ring phase, the handoff to the transport's allreduce, or the latency path
   int dim;
   double start_s;
   double end_s;

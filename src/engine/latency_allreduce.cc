@@ -49,7 +49,9 @@ Status LatencyAllreduce::run(std::uint64_t digest, bool* agreed, const Segmented
     DDLFAST_RETURN_IF_ERROR(exact_.after(transport_));
     copy_elements(copy, data);
   }
-  if (*agreed && options.events) options.events->push_back({3, -1, start, monotonic_seconds(), count * esize});
+  if (*agreed && options.events) {
+    options.events->push_back({EventKind::kLatencyAllreduce, -1, start, monotonic_seconds(), count * esize});
+  }
   return Status::ok();
 }
 

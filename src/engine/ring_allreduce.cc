@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 
+#include "engine/small_allreduce.h"
 #include "kernels/cpu/cpu_kernels.h"
 
 namespace ddlfast {
@@ -74,37 +75,6 @@ Status RingAllreduce::create(Transport& transport, const std::vector<int>& dims,
 // Tiny buffers: MPI_Allreduce's log(p) steps beat the ring's 2(p-1). min, max
 // and product run ddlfast's own kernels as MPI user ops (the transport's), so
 // nan and signed zeros follow the same rules as on the ring.
-Status RingAllreduce::run_small(const SegmentedBuffer& data, DType dtype, ReduceOp op, int divisor,
-                                const EngineOptions& options) {
-  const std::size_t count = data.count();
-  const std::size_t esize = dtype_size(dtype);
-  const double start = monotonic_seconds();
-  char* contiguous = data.address(0);
-  std::vector<char> packed;
-  if (data.contiguous_from(0) < count) {
-    packed.resize(count * esize);
-    for (std::size_t done = 0; done < count;) {
-      const std::size_t n = data.contiguous_from(done);
-      std::copy_n(data.address(done), n * esize, packed.data() + done * esize);
-      done += n;
-    }
-    contiguous = packed.data();
-  }
-  DDLFAST_RETURN_IF_ERROR(
-      transport_.native_allreduce(contiguous, count, dtype, op == ReduceOp::kAverage ? ReduceOp::kSum : op));
-  // One extra pass over a tiny buffer is cheaper than a custom MPI op per divisor.
-  divide_in_place(dtype, contiguous, count, divisor);
-  if (!packed.empty()) {
-    for (std::size_t done = 0; done < count;) {
-      const std::size_t n = data.contiguous_from(done);
-      std::copy_n(packed.data() + done * esize, n * esize, data.address(done));
-      done += n;
-    }
-  }
-  if (options.events) options.events->push_back({2, -1, start, monotonic_seconds(), count * esize});
-  return Status::ok();
-}
-
 Status RingAllreduce::run(const SegmentedBuffer& data, DType dtype, ReduceOp op, const EngineOptions& options) {
   if (data.count() == 0 || ring_.torus.world_size() == 1) return Status::ok();
   // Integer average and the half types' range (engine/exact_arithmetic.h): the
@@ -119,7 +89,7 @@ Status RingAllreduce::reduce(const SegmentedBuffer& data, DType dtype, ReduceOp 
   const std::size_t count = data.count();
   const std::size_t esize = dtype_size(dtype);
   int divisor = op == ReduceOp::kAverage ? world : 1;
-  if (count * esize <= options.small_bytes) return run_small(data, dtype, op, divisor, options);
+  if (count * esize <= options.small_bytes) return small_allreduce(transport_, data, dtype, op, divisor, options);
   DDLFAST_RETURN_IF_ERROR(check_direct(options.direct_by_dim, ring_.torus.num_dims()));
   bool compressed = false;
   DDLFAST_RETURN_IF_ERROR(prepare_wire(data, dtype == DType::kFloat32, op, options, &divisor, &compressed));
@@ -298,7 +268,9 @@ Status RingAllreduce::reduce_scatter_small(const SegmentedBuffer& data, const st
                                                           op == ReduceOp::kAverage ? ReduceOp::kSum : op));
   divide_in_place(dtype, mine.data(), own.count(), divisor);
   copy_elements(contiguous(mine.data(), own.count(), esize), own);
-  if (options.events) options.events->push_back({2, -1, start, monotonic_seconds(), data.count() * esize});
+  if (options.events) {
+    options.events->push_back({EventKind::kMpiAllreduce, -1, start, monotonic_seconds(), data.count() * esize});
+  }
   return Status::ok();
 }
 
@@ -360,7 +332,9 @@ Status RingAllreduce::allgather(const SegmentedBuffer& input, const SegmentedBuf
     for (std::size_t count : counts) bytes.push_back(count * esize);
     DDLFAST_RETURN_IF_ERROR(transport_.native_allgather(send.data(), all.data(), bytes));
     copy_elements(contiguous(all.data(), output.count(), esize), output);
-    if (options.events) options.events->push_back({2, -1, start, monotonic_seconds(), output.count() * esize});
+    if (options.events) {
+      options.events->push_back({EventKind::kMpiAllreduce, -1, start, monotonic_seconds(), output.count() * esize});
+    }
     return Status::ok();
   }
   copy_elements(input, select_ranges(output, {consecutive(counts)[me]}));

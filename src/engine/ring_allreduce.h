@@ -56,7 +56,6 @@ class RingAllreduce {
  private:
   // run() without the exact-arithmetic wrapping.
   Status reduce(const SegmentedBuffer& data, DType dtype, ReduceOp op, const EngineOptions& options);
-  Status run_small(const SegmentedBuffer& data, DType dtype, ReduceOp op, int divisor, const EngineOptions& options);
   // Whether options compress the wire (validated against the data, the op and the ring); average then pre-scales
   // `data` and leaves *divisor at 1, so partial sums stay within the inputs' range.
   Status prepare_wire(const SegmentedBuffer& data, bool float32, ReduceOp op, const EngineOptions& options,

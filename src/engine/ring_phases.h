@@ -297,7 +297,9 @@ Status run_ring_schedule(const SegmentedBuffer& data, const RingSchedule& schedu
       for (std::size_t j = 0; j < phase.blocks.size(); ++j) {
         if (static_cast<int>(j) != phase.coordinate) phase_bytes += phase.blocks[j].count * data.element_size();
       }
-      events->push_back({static_cast<int>(phase.kind), phase.dim, start, monotonic_seconds(), phase_bytes});
+      const EventKind kind =
+          phase.kind == PhaseKind::kReduceScatter ? EventKind::kReduceScatter : EventKind::kAllgather;
+      events->push_back({kind, phase.dim, start, monotonic_seconds(), phase_bytes});
     }
   }
   return Status::ok();

@@ -112,29 +112,30 @@ Status EmulatedLanes::drain() {
   return Status::ok();
 }
 
-Status emulated_device_allreduce(Context& context, const std::vector<char*>& bases,
-                                 const std::vector<std::size_t>& counts, DType dtype, ReduceOp op,
-                                 const std::vector<int>& dims, const std::vector<int>& order,
-                                 const EngineOptions& options, bool direct, std::uint64_t seed) {
-  DeviceStaging staging;
+EmulatedStaging::EmulatedStaging(const EngineOptions& options) {
   staging.slots = std::max(2, options.receives_in_flight);
   staging.slot_bytes = staging_slot_bytes(options.chunk_bytes);
-  // Fill with garbage, so a read of a slot before its copy landed shows.
-  std::vector<char> host_recv(staging.slots * staging.slot_bytes + 16, 0x77);
-  std::vector<char> host_send(host_recv.size(), 0x77);
-  std::vector<char> device_recv(host_recv.size(), 0x77);
+  // Filled with garbage, so a read of a slot before its copy landed shows.
+  for (std::vector<char>& memory : memory_) memory.assign(staging.slots * staging.slot_bytes + 16, 0x77);
   auto aligned = [](std::vector<char>& v) {
     const auto address = reinterpret_cast<std::uintptr_t>(v.data());
     return v.data() + (16 - address % 16) % 16;
   };
-  staging.host_recv = aligned(host_recv);
-  staging.host_send = aligned(host_send);
-  staging.device_recv = aligned(device_recv);
+  staging.host_recv = aligned(memory_[0]);
+  staging.host_send = aligned(memory_[1]);
+  staging.device_recv = aligned(memory_[2]);
+}
+
+Status emulated_device_allreduce(Context& context, const std::vector<char*>& bases,
+                                 const std::vector<std::size_t>& counts, DType dtype, ReduceOp op,
+                                 const std::vector<int>& dims, const std::vector<int>& order,
+                                 const EngineOptions& options, bool direct, std::uint64_t seed) {
+  const EmulatedStaging staging(options);
   EmulatedLanes lanes(seed);
   const SegmentedBuffer data(bases, counts, dtype_size(dtype));
   DeviceRunOptions run;
   run.transfer = direct ? DeviceTransfer::kDirect : DeviceTransfer::kStaged;
-  const Status status = context.device_allreduce(data, dtype, op, dims, order, options, run, &lanes, staging);
+  const Status status = context.device_allreduce(data, dtype, op, dims, order, options, run, &lanes, staging.staging);
   const Status drained = lanes.drain();
   return status.is_ok() ? drained : status;
 }

@@ -66,6 +66,17 @@ class EmulatedLanes final : public DeviceLanes {
   std::vector<Point> markers_;
 };
 
+// Host memory standing in for a GPU executor's staging slots (pinned and device), sized for `options`.
+struct EmulatedStaging {
+  explicit EmulatedStaging(const EngineOptions& options);
+  EmulatedStaging(const EmulatedStaging&) = delete;
+  EmulatedStaging& operator=(const EmulatedStaging&) = delete;
+  DeviceStaging staging;
+
+ private:
+  std::vector<char> memory_[3];
+};
+
 // Test entry: allreduces host arrays with the context's GPU engine on
 // emulated lanes, staged (pinned-copy path) or direct.
 Status emulated_device_allreduce(Context& context, const std::vector<char*>& bases,

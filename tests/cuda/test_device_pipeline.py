@@ -1,6 +1,6 @@
 """The GPU path on a GPU (skipped without a CUDA device): the GPU ring against the host engine bit for
-bit, CudaPath end to end, CuPy streams ordered by fences alone, and the kernels' bandwidth. Ranks share
-the GPU when there is only one (rank % device count)."""
+bit, the GPU executor (engine/device.py, DeviceExecutor) end to end, CuPy streams ordered by fences alone,
+and the kernels' bandwidth. Ranks share the GPU when there is only one (rank % device count)."""
 
 from __future__ import annotations
 

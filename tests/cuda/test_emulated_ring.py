@@ -23,7 +23,7 @@ def test_emulated_gpu_ring_matches_the_host_engine(ranks: int) -> None:
 @pytest.mark.mpi
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_emulated_cuda_path_end_to_end(ranks: int) -> None:
-    """ddlfast.cuda.CudaPath on emulated device memory: buckets, the fused pack, the host path."""
+    """ddlfast.engine.device.DeviceExecutor on emulated device memory: buckets, the fused pack, the host path."""
     result = run_program(ranks, "fused_device_cases.py", "--emulated", timeout=300)
     assert "0 failures" in result.stdout, result.stdout
 

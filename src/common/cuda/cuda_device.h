@@ -8,7 +8,7 @@
 #include <string>
 
 #include "common/status.h"
-#include "kernels/cuda/nan_rule.h"
+#include "common/nan_rule.h"
 
 namespace ddlfast {
 

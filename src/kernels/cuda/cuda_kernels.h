@@ -16,7 +16,7 @@
 #include "common/dtype.h"
 #include "common/status.h"
 #include "kernels/cpu/cpu_kernels.h"
-#include "kernels/cuda/nan_rule.h"
+#include "common/nan_rule.h"
 
 namespace ddlfast {
 

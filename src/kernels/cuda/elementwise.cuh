@@ -23,7 +23,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "kernels/cuda/nan_rule.h"
+#include "common/nan_rule.h"
 
 #define DDLFAST_HD __host__ __device__ __forceinline__
 

@@ -14,10 +14,10 @@ import sys
 from collections.abc import Callable
 
 import numpy as np
-from mpi4py import MPI
 
 import ddlfast
 from ddlfast.buffers import device as device_arrays
+from tests.mpi.programs.harness import comm, failures, rank, report_and_exit, world
 
 if "--emulated" in sys.argv:
     from tests.cuda import emulated_gpu
@@ -27,10 +27,7 @@ if "--emulated" in sys.argv:
 else:
     from tests.cuda.device_array import DeviceArray
 
-comm = MPI.COMM_WORLD
-rank, world = comm.Get_rank(), comm.Get_size()
 device = rank % device_arrays.device_count()
-failures: list[str] = []
 
 
 def inputs(owner: int, case: int, dtype: type, sizes: list[int]) -> list[np.ndarray]:
@@ -149,9 +146,4 @@ after = DeviceArray(inputs(rank, 14, np.float32, [64])[0], device)
 ddlfast.allreduce(after)
 expect(14, np.float32, [64], "sum", [after.get()], "allreduce after refused calls")
 
-total = comm.allreduce(len(failures))
-for failure in failures[:20]:
-    print(failure, flush=True)
-if rank == 0:
-    print(f"{total} failures", flush=True)
-sys.exit(1 if total else 0)
+report_and_exit()

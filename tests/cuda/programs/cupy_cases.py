@@ -1,7 +1,7 @@
-"""Runs on every rank with CuPy: arrays produced on a non-default CuPy stream, reduced by CudaPath with
-that stream as the caller's, then consumed on the same stream without any host synchronization: the
-fences must order producer -> ddlfast -> consumer. Also a bfloat16-free DLPack round trip (torch, if
-installed, is not needed)."""
+"""Runs on every rank with CuPy: arrays produced on a non-default CuPy stream, reduced by the GPU executor
+(DeviceExecutor) with that stream as the caller's, then consumed on the same stream without any host
+synchronization: the fences must order producer -> ddlfast -> consumer. Also a bfloat16-free DLPack round trip
+(torch, if installed, is not needed)."""
 
 from __future__ import annotations
 

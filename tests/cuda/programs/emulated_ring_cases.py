@@ -11,14 +11,11 @@ import hashlib
 import sys
 
 import numpy as np
-from mpi4py import MPI
 
 from ddlfast import _core, _testing
 from ddlfast.buffers.dtypes import DTYPE_CODES
+from tests.mpi.programs.harness import comm, failures, rank, report_and_exit, world
 
-comm = MPI.COMM_WORLD
-rank, world = comm.Get_rank(), comm.Get_size()
-failures: list[str] = []
 checked = 0
 
 
@@ -97,9 +94,4 @@ for case in range(64):
     print(f"rank {rank} finished case {case}", file=sys.stderr, flush=True)
 
 host.close()
-total = comm.allreduce(len(failures))
-for failure in failures[:20]:
-    print(failure, flush=True)
-if rank == 0:
-    print(f"{checked} cases, {total} failures", flush=True)
-sys.exit(1 if total else 0)
+report_and_exit(f"{checked} cases, ")

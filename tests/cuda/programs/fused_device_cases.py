@@ -5,7 +5,7 @@ Checked against NumPy (floats to a tolerance, ints exactly) and for identical bi
 the host path (pinned copies reduced by the host engine with fp16 wire compression) the same way.
 
 With --emulated (no GPU needed): host memory stands in for device memory and the GPU ring runs on
-emulated lanes (tests/cuda/emulated_gpu.py), which checks CudaPath's own logic."""
+emulated lanes (tests/cuda/emulated_gpu.py), which checks DeviceExecutor's own logic."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ import os
 import sys
 
 import numpy as np
-from mpi4py import MPI
 
 from ddlfast import _core
 from ddlfast.buffers import device as device_arrays
 from ddlfast.config import load_settings
 from ddlfast.engine import device as gpu_executor
+from tests.mpi.programs.harness import comm, failures, rank, report_and_exit, world
 
 if "--emulated" in sys.argv:
     from tests.cuda import emulated_gpu
@@ -29,10 +29,7 @@ if "--emulated" in sys.argv:
 else:
     from tests.cuda.device_array import DeviceArray
 
-comm = MPI.COMM_WORLD
-rank, world = comm.Get_rank(), comm.Get_size()
 device = rank % device_arrays.device_count()
-failures: list[str] = []
 DTYPES = [np.float32, np.float64, np.int32, np.int64, np.float16]
 
 
@@ -59,7 +56,7 @@ def check(case: int, op: str, got: list[np.ndarray], label: str) -> None:
         if value.dtype.kind == "i":
             want = np.sum([a.astype(np.int64) for a in inputs], axis=0)
             if op == "average":
-                # CudaPath's own ring truncates; Context sends integer average to the host engine (floor).
+                # The GPU ring alone truncates; the engine sends integer average to the host engine (floor).
                 want = np.trunc(want / world)
             ok = np.array_equal(value.astype(np.int64), want.astype(np.int64))
         else:
@@ -105,9 +102,4 @@ for case in (1, 3, 5):
 
 path.close()
 host.close()
-total = comm.allreduce(len(failures))
-for failure in failures[:20]:
-    print(failure, flush=True)
-if rank == 0:
-    print(f"{total} failures", flush=True)
-sys.exit(1 if total else 0)
+report_and_exit()

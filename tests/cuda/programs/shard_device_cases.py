@@ -13,10 +13,10 @@ import os
 import sys
 
 import numpy as np
-from mpi4py import MPI
 
 import ddlfast
 from ddlfast.buffers import device as device_arrays
+from tests.mpi.programs.harness import comm, failures, rank, report, world
 
 if "--emulated" in sys.argv:
     from tests.cuda import emulated_gpu
@@ -26,10 +26,7 @@ if "--emulated" in sys.argv:
 else:
     from tests.cuda.device_array import DeviceArray
 
-comm = MPI.COMM_WORLD
-rank, world = comm.Get_rank(), comm.Get_size()
 device = rank % device_arrays.device_count()
-failures: list[str] = []
 
 
 def values(owner: int, case: int, dtype: type, n: int) -> np.ndarray:
@@ -137,12 +134,7 @@ def main() -> int:
     case = fused_cases(case)
     refusals()
     torch_cases(case)
-    everything = [f for per_rank in comm.allgather(failures) for f in per_rank]
-    if rank == 0:
-        print(f"{len(everything)} failures")
-        for line in everything[:40]:
-            print(line)
-    return 1 if everything else 0
+    return report()
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import argparse
 import hashlib
 import sys
 
+import harness
 import ml_dtypes
 import numpy as np
 from mpi4py import MPI
@@ -92,12 +93,7 @@ def main() -> int:
                     problem = check_case(comm, dims, dtype_name, count, op, cases)
                     if problem:
                         failures.append(f"rank {comm.Get_rank()} dims={dims} {dtype_name}[{count}] {op}: {problem}")
-    all_failures = [f for rank_failures in comm.allgather(failures) for f in rank_failures]
-    if comm.Get_rank() == 0:
-        print(f"{cases} cases on {world} ranks, {len(all_failures)} failures")
-        for line in all_failures[:50]:
-            print(line)
-    return 1 if all_failures else 0
+    return harness.report(f"{cases} cases on {world} ranks, ", own=failures, limit=50)
 
 
 if __name__ == "__main__":

@@ -5,23 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import threading
 
 import numpy as np
-from mpi4py import MPI
+from harness import comm, expect, failures, rank, report_and_exit, world
 
 import ddlfast
-
-comm = MPI.COMM_WORLD
-rank, world = comm.Get_rank(), comm.Get_size()
-failures: list[str] = []
-
-
-def expect(condition: bool, what: str) -> None:
-    if not condition:
-        failures.append(f"rank {rank}: {what}")
-
 
 # Several outstanding handles over many arrays, then a sync call queued behind them.
 rng = np.random.default_rng(rank)
@@ -103,8 +92,4 @@ if timeline_base:
     expect(any(e["ph"] == "M" and e["args"].get("name", "").startswith(f"rank {rank} (") for e in events),
            "the trace does not name its process by rank and host")
 
-all_failures = [f for per_rank in comm.allgather(failures) for f in per_rank]
-if rank == 0:
-    print(f"{len(all_failures)} failures")
-    print("\n".join(all_failures[:40]))
-sys.exit(1 if all_failures else 0)
+report_and_exit()

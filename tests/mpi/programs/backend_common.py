@@ -14,4 +14,4 @@ dt.init_process_group(backend="ddlfast")
 
 
 def report_and_exit() -> None:
-    case_runner.report_and_exit(dist.destroy_process_group)
+    case_runner.report_and_exit(before_exit=dist.destroy_process_group)

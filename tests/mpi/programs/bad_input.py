@@ -4,16 +4,10 @@ context usable for the next good call."""
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
-from mpi4py import MPI
+from harness import failures, rank, report_and_exit, world
 
 import ddlfast
-
-comm = MPI.COMM_WORLD
-rank, world = comm.Get_rank(), comm.Get_size()
-failures: list[str] = []
 
 
 def expect_error(name: str, call, *needles: str, arrays=()) -> None:
@@ -74,8 +68,4 @@ ddlfast.allreduce(good)
 if not np.all(good == world * (world + 1) // 2):
     failures.append(f"rank {rank}: allreduce after errors gave {good[:4]}")
 
-all_failures = [f for per_rank in comm.allgather(failures) for f in per_rank]
-if rank == 0:
-    print(f"{len(all_failures)} failures")
-    print("\n".join(all_failures[:40]))
-sys.exit(1 if all_failures else 0)
+report_and_exit()

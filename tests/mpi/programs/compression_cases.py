@@ -6,25 +6,16 @@ feedback, bad input, and training the demo model with compressed gradients."""
 from __future__ import annotations
 
 import hashlib
-import sys
 
 import ml_dtypes
 import numpy as np
-from mpi4py import MPI
+from harness import comm, expect, failures, rank, report_and_exit, world
 
 import ddlfast
 from ddlfast.compression import TopKCodec
 from ddlfast.demo import load_digits_split, train_numpy
 
-comm = MPI.COMM_WORLD
-rank, world = comm.Get_rank(), comm.Get_size()
-failures: list[str] = []
 WIRES = {"fp16": (np.float16, 2.0**-11), "bf16": (ml_dtypes.bfloat16, 2.0**-8)}
-
-
-def expect(condition: bool, what: str) -> None:
-    if not condition:
-        failures.append(f"rank {rank}: {what}")
 
 
 def adversarial(owner: int, count: int) -> np.ndarray:
@@ -132,8 +123,4 @@ expect(topk.accuracy >= fp32.accuracy - 0.05, f"top-k accuracy {topk.accuracy} v
 if rank == 0:
     print(f"digits accuracy: fp32 {fp32.accuracy:.4f} fp16-wire {fp16.accuracy:.4f} top-k(10%) {topk.accuracy:.4f}")
 
-all_failures = [f for per_rank in comm.allgather(failures) for f in per_rank]
-if rank == 0:
-    print(f"{len(all_failures)} failures")
-    print("\n".join(all_failures[:40]))
-sys.exit(1 if all_failures else 0)
+report_and_exit()

@@ -6,26 +6,17 @@ Prints "<n> failures" on rank 0."""
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 import torch
 import torch.distributed as dist
-from mpi4py import MPI
+from harness import comm, fail, rank, report_and_exit, world
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddlfast.torch as dt
 
-comm = MPI.COMM_WORLD
-rank, world = comm.Get_rank(), comm.Get_size()
-failures: list[str] = []
 torch.set_num_threads(1)
 dt.init_process_group("gloo")
-
-
-def fail(case: str, message: str) -> None:
-    failures.append(f"rank {rank} [{case}]: {message}")
 
 
 class Net(torch.nn.Module):
@@ -135,9 +126,4 @@ except RuntimeError as error:
 else:
     fail("error", "a failed ddlfast collective did not fail backward()")
 
-all_failures = [f for per_rank in comm.allgather(failures) for f in per_rank]
-if rank == 0:
-    print(f"{len(all_failures)} failures")
-    print("\n".join(all_failures[:40]))
-dist.destroy_process_group()
-sys.exit(1 if all_failures else 0)
+report_and_exit(before_exit=dist.destroy_process_group)

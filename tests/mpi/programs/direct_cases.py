@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable
 from functools import reduce
 
+import harness
 import ml_dtypes
 import numpy as np
 from mpi4py import MPI
@@ -298,12 +299,7 @@ def main() -> int:
     os.environ["DDLFAST_ALGORITHM"] = "direct"
     os.environ["DDLFAST_SMALL_BYTES"] = "1KiB"
     error_cases()
-    total = comm.allreduce(len(failures))
-    for line in failures[:20]:
-        print(line, flush=True)
-    if RANK == 0:
-        print(f"{cases} cases, {total} failures", flush=True)
-    return 1 if total else 0
+    return harness.report(f"{cases} cases, ", own=failures)
 
 
 if __name__ == "__main__":

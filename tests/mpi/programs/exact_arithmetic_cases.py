@@ -17,6 +17,7 @@ import hashlib
 import os
 import sys
 
+import harness
 import ml_dtypes
 import numpy as np
 from mpi4py import MPI
@@ -205,12 +206,7 @@ def main() -> int:
         record(f"{name} ring vs small path", None if np.all(np.abs(a - b) <= tolerance) else
                f"differ by {np.max(np.abs(a - b)):.4g} > {tolerance:.4g}")
 
-    all_failures = [f for per_rank in comm.allgather(failures) for f in per_rank]
-    if rank == 0:
-        print(f"{cases} cases on {world} ranks, {len(all_failures)} failures")
-        for line in all_failures[:40]:
-            print(line)
-    return 1 if all_failures else 0
+    return harness.report(f"{cases} cases on {world} ranks, ", own=failures)
 
 
 if __name__ == "__main__":

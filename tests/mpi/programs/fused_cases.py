@@ -8,16 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import sys
 
 import numpy as np
-from mpi4py import MPI
+from harness import comm, failures, rank, report_and_exit, world
 
 import ddlfast
 
-comm = MPI.COMM_WORLD
-rank, world = comm.Get_rank(), comm.Get_size()
-failures: list[str] = []
 DTYPES = [np.float32, np.float64, np.int32, np.int64, np.float16]
 
 
@@ -61,8 +57,4 @@ for case in range(12):
         if len(set(digests)) != 1:
             failures.append(f"rank {rank} case {case} array {i}: bits differ across ranks")
 
-all_failures = [f for per_rank in comm.allgather(failures) for f in per_rank]
-if rank == 0:
-    print(f"{len(all_failures)} failures")
-    print("\n".join(all_failures[:40]))
-sys.exit(1 if all_failures else 0)
+report_and_exit()

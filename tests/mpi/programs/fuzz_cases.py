@@ -40,6 +40,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+import harness
 import ml_dtypes
 import numpy as np
 from mpi4py import MPI
@@ -610,17 +611,14 @@ def main() -> int:
             failures.append(f"rank {rank} {case.describe()}\n  {problem}\n  {reproduce}")
         ran += 1
     set_environment(Case(0, "", None, (), "", None, (), 0.0, False), base)
-    all_failures = [f for per_rank in comm.allgather(failures) for f in per_rank]
     elapsed = time.perf_counter() - start
     if rank == 0:
         if rejected:
             print(f"{rejected} cases with misaligned arrays were refused with an alignment error")
         if injected:
             print(f"{injected} cases injected a fault on one rank (every rank had to name it)")
-        print(f"{ran} cases on {world} ranks in {elapsed:.1f} s (seed {args.seed}), {len(all_failures)} failures")
-        for line in all_failures[:30]:
-            print(line)
-    return 1 if all_failures else 0
+    return harness.report(f"{ran} cases on {world} ranks in {elapsed:.1f} s (seed {args.seed}), ", own=failures,
+                          limit=30)
 
 
 if __name__ == "__main__":

@@ -21,8 +21,9 @@ import os
 import sys
 
 import numpy as np
+from harness import report_results
 from mpi4py import MPI
-from ops_cases import DTYPES, OPS, expect_error, report, run_op
+from ops_cases import DTYPES, OPS, expect_error, run_op
 
 import ddlfast
 
@@ -157,7 +158,7 @@ def folded_cases(comm: MPI.Intracomm) -> list[tuple[str, str | None]]:
 
 def main() -> int:
     comm = MPI.COMM_WORLD
-    return report(comm, op_cases(comm) + disagreement_cases(comm) + folded_cases(comm))
+    return report_results(comm, op_cases(comm) + disagreement_cases(comm) + folded_cases(comm))
 
 
 if __name__ == "__main__":

@@ -32,8 +32,9 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+from harness import report_results
 from mpi4py import MPI
-from ops_cases import expect_error, report
+from ops_cases import expect_error
 
 import ddlfast
 
@@ -286,7 +287,7 @@ def main() -> int:
     directory.mkdir(parents=True, exist_ok=True)
     cases = {"stragglers": lambda: stragglers_cases(comm), "stall": lambda: stall_cases(comm, directory),
              "mismatch": lambda: mismatch_cases(comm, directory), "timeline": lambda: timeline_cases(comm, directory)}
-    return report(comm, cases[mode]())
+    return report_results(comm, cases[mode]())
 
 
 if __name__ == "__main__":

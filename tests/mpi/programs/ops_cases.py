@@ -23,6 +23,7 @@ import sys
 
 import ml_dtypes
 import numpy as np
+from harness import report_results
 from mpi4py import MPI
 
 import ddlfast
@@ -289,17 +290,7 @@ def main() -> int:
     results += overflow_cases(comm)
     os.environ.update(PATHS["ring"])
     results += bad_input_cases(comm)
-    return report(comm, results)
-
-
-def report(comm: MPI.Intracomm, results: list[tuple[str, str | None]]) -> int:
-    """Print each rank's failures and the summary line the tests look for; the exit status."""
-    failures = [(label, failure) for label, failure in results if failure]
-    for label, failure in failures[:40]:
-        print(f"rank {comm.Get_rank()} FAIL {label}: {failure}")
-    print(f"rank {comm.Get_rank()}: {len(results)} cases on {comm.Get_size()} ranks, {len(failures)} failures",
-          flush=True)
-    return 1 if failures else 0
+    return report_results(comm, results)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Callable
 
+import harness
 import ml_dtypes
 import numpy as np
 from mpi4py import MPI
@@ -362,13 +363,8 @@ def main() -> int:
     half_range_cases()
     os.environ["DDLFAST_SMALL_BYTES"] = "0"
     bad_input_cases()
-    all_failures = [f for rank_failures in comm.allgather(failures) for f in rank_failures]
-    if RANK == 0:
-        dims_text = ", ".join("x".join(map(str, d)) for d in all_dims)
-        print(f"{cases} cases on {WORLD} ranks (dims {dims_text}), {len(all_failures)} failures")
-        for line in all_failures[:50]:
-            print(line)
-    return 1 if all_failures else 0
+    dims_text = ", ".join("x".join(map(str, d)) for d in all_dims)
+    return harness.report(f"{cases} cases on {WORLD} ranks (dims {dims_text}), ", own=failures, limit=50)
 
 
 if __name__ == "__main__":

@@ -3,15 +3,10 @@ results are torch tensors of the input's dtype (bfloat16 too), out= tensors are 
 
 from __future__ import annotations
 
-import sys
-
 import torch
-from mpi4py import MPI
+from harness import failures, rank, report_and_exit, world
 
 import ddlfast
-
-rank, world = ddlfast.rank(), ddlfast.size()
-failures = []
 
 
 def check(name: str, condition: bool, detail: object) -> None:
@@ -33,8 +28,4 @@ check("int64 allgather", torch.equal(gathered, torch.arange(world).repeat_interl
 target = torch.zeros(2 * world, dtype=torch.int64)
 returned = ddlfast.allgather(torch.tensor([rank, rank]), out=target)
 check("allgather out=", returned is target and torch.equal(target, gathered), target)
-everything = [f for per_rank in MPI.COMM_WORLD.allgather(failures) for f in per_rank]
-if rank == 0:
-    print(f"{len(everything)} failures")
-    print("\n".join(everything))
-sys.exit(1 if everything else 0)
+report_and_exit()

@@ -18,8 +18,9 @@ import tempfile
 
 import ml_dtypes
 import numpy as np
+from harness import report_results
 from mpi4py import MPI
-from ops_cases import OPS, expect_error, report, run_op  # run_op: the op x dtype checks, on a split comm
+from ops_cases import OPS, expect_error, run_op  # run_op: the op x dtype checks, on a split comm
 
 import ddlfast
 
@@ -246,7 +247,7 @@ def main() -> int:
     if world > 1:
         os.environ["DDLFAST_SMALL_BYTES"] = "0"
         results += split_cases(comm)
-    return report(comm, results)
+    return report_results(comm, results)
 
 
 if __name__ == "__main__":

@@ -4,17 +4,12 @@ broadcast_parameters makes all ranks equal, and training stays in sync."""
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 import torch
-from mpi4py import MPI
+from harness import comm, failures, rank, report_and_exit
 
 import ddlfast.torch as dt
 
-comm = MPI.COMM_WORLD
-rank, world = comm.Get_rank(), comm.Get_size()
-failures: list[str] = []
 torch.manual_seed(100 + rank)  # different initial weights on purpose
 torch.set_num_threads(1)
 
@@ -70,8 +65,4 @@ params = comm.allgather(np.concatenate([p.detach().numpy().ravel() for p in mode
 if not all(np.array_equal(params[0], other) for other in params):
     failures.append(f"rank {rank}: parameters diverged after set_to_none")
 
-all_failures = [f for per_rank in comm.allgather(failures) for f in per_rank]
-if rank == 0:
-    print(f"{len(all_failures)} failures")
-    print("\n".join(all_failures[:40]))
-sys.exit(1 if all_failures else 0)
+report_and_exit()

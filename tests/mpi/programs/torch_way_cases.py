@@ -171,4 +171,4 @@ def all_gather_coalesced() -> None:
             fail("all_gather_coalesced", f"rank {r}'s tensors: {[o.tolist() for o in outs]}")
 
 
-report_and_exit(lambda: dist.destroy_process_group() if dist.is_initialized() else None)
+report_and_exit(before_exit=lambda: dist.destroy_process_group() if dist.is_initialized() else None)

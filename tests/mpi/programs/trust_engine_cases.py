@@ -26,6 +26,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import harness
 import ml_dtypes
 import numpy as np
 from mpi4py import MPI
@@ -410,9 +411,4 @@ if __name__ == "__main__":
     for section in sys.argv[1:] or list(SECTIONS):
         SECTIONS[section]()
     ddlfast.barrier()
-    all_failures = [f for rank_failures in comm.allgather(failures) for f in rank_failures]
-    if RANK == 0:
-        for failure in all_failures[:40]:
-            print(failure)
-        print(f"{cases} cases, {len(all_failures)} failures")
-    sys.exit(1 if all_failures else 0)
+    sys.exit(harness.report(f"{cases} cases, ", own=failures))

@@ -1,0 +1,4 @@
+# For the type checker (mypy) only: the compiled module _testing_cuda, every name Any.
+from typing import Any
+
+def __getattr__(name: str) -> Any: ...
