@@ -14,6 +14,7 @@ import re
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 FORMAT = "ddlfast-flight-1"
 _FILE = re.compile(r"^flight\.rank(\d+)(?:\.ctx(\d+))?\.json$")
@@ -102,7 +103,7 @@ def report(files: dict[int, dict], context: int = 0) -> list[str]:
         lines.append(f"  {_ranks_text(ranks)} wrote it on: {reason}")
     lines.append("")
     # Where each rank is: grouped by (collective, state), the furthest behind first.
-    latest = {rank: _latest(data) for rank, data in files.items()}
+    latest: dict[int, Any] = {rank: _latest(data) for rank, data in files.items()}
     groups: dict[tuple, list[int]] = {}
     for rank, record in latest.items():
         key = (-1, "none", "", "") if record is None else (record["sequence"], record["state"], record["layout"],
@@ -183,7 +184,7 @@ def _mismatch(files: dict[int, dict]) -> list[str]:
         for text, ranks in counts.items():
             if text == common:
                 continue
-            sites = sorted({records[r].get("site") for r in ranks if r in records and records[r].get("site")})
+            sites = sorted({str(records[r]["site"]) for r in ranks if r in records and records[r].get("site")})
             at = f" (at {', '.join(sites)})" if sites else ""
             lines.append(f"{_ranks_text(ranks)} passed {text} to #{sequence}{at} where "
                          f"{_ranks_text(counts[common]) if len(counts) > 2 else 'the others'} passed {common}")

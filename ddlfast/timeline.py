@@ -100,14 +100,14 @@ def merge(per_rank: dict[int, list[dict]], max_events: int = DEFAULT_MAX_EVENTS)
             if event.get("ph") != "M":
                 event["ts"] = float(event.get("ts", 0)) + offsets[rank]
                 args = event.get("args") or {}
-                sequence = args.get("sequence")
-                if "wait_s" in args and sequence in stragglers:
-                    last, held = stragglers[sequence]
+                number = args.get("sequence")
+                if "wait_s" in args and isinstance(number, int) and number in stragglers:
+                    last, held = stragglers[number]
                     event["args"] = dict(args, last_to_arrive=last, held_others_ms=round(held * 1e3, 3))
                     if last == rank and held > STRAGGLER_NOISE_S and kept + 1 < max_events:
                         merged.append({"name": f"held the others {held * 1e3:.1f} ms", "ph": "i", "s": "p",
                                        "pid": rank, "tid": "collectives", "ts": event["ts"],
-                                       "args": {"sequence": sequence}})
+                                       "args": {"sequence": number}})
                         kept += 1
             merged.append(event)
             kept += 1

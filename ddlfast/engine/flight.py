@@ -182,9 +182,9 @@ def layout_text(description: dict) -> str:
     parts = [str(description.get("kind"))]
     arrays = description.get("arrays") or ()
     if arrays:
-        shown = ["{}[{}]".format(dtype, ",".join(map(str, shape))) for dtype, shape in list(arrays)[:4]]
+        listed = ["{}[{}]".format(dtype, ",".join(map(str, shape))) for dtype, shape in list(arrays)[:4]]
         more = f" +{len(arrays) - 4} more" if len(arrays) > 4 else ""
-        parts.append(" ".join(shown) + more)
+        parts.append(" ".join(listed) + more)
     for field in ("op", "root", "dims", "compression", "name", "error"):
         value = description.get(field)
         if value not in (None, (), "none", ("none",)):
@@ -204,8 +204,8 @@ def straggler_table(core: Any, hosts: tuple[str, ...], last: int = 100) -> list[
         if 0 <= rank < size and most - least > STRAGGLER_NOISE_S:
             arrivals[rank] += 1
             held[rank] += most - least
-    rows = [{"rank": r, "host": hosts[r] if r < len(hosts) else "", "last_arrivals": arrivals[r],
-             "held_s": held[r]} for r in range(size)]
+    rows: list[dict[str, Any]] = [{"rank": r, "host": hosts[r] if r < len(hosts) else "",
+                                   "last_arrivals": arrivals[r], "held_s": held[r]} for r in range(size)]
     rows.sort(key=lambda row: (-row["held_s"], row["rank"]))
     return rows
 

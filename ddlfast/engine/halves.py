@@ -233,7 +233,9 @@ def _allgather_in_agreement(state: EngineState, request: HalfRequest) -> bool:
     if wire_by_dim(request.codec, request.dims, state.hosts_tier(request.dims)) and all(
             s.dtype == np.float32 for s in request.specs):
         return False  # a compressed wire (other dtypes are never compressed)
-    inputs = [s.host for s in request.specs]
+    inputs = [s.host for s in request.specs if s.host is not None]
+    if len(inputs) != len(request.specs):
+        return False
     sizes = [a.nbytes for a in inputs]
     region = sum(sizes)
     world = state.size

@@ -42,7 +42,7 @@ struct ArrivalRecord {
   std::uint64_t sequence = 0;  // the collective these waits were measured in
   int last_rank = -1;          // who waited least: the others waited for it
   std::uint64_t least_us = 0;
-  std::uint64_t most_us = 0;   // most - least: how long it held the earliest rank
+  std::uint64_t most_us = 0;  // most - least: how long it held the earliest rank
 };
 
 // The last kCapacity collectives' records, the same on every rank; and the warning of
@@ -102,9 +102,7 @@ class ArrivalLog {
 
  private:
   // The record `back` places before the newest (0: the newest).
-  const ArrivalRecord& at(std::size_t back) const {
-    return records_[(next_ + kCapacity * 2 - 1 - back) % kCapacity];
-  }
+  const ArrivalRecord& at(std::size_t back) const { return records_[(next_ + kCapacity * 2 - 1 - back) % kCapacity]; }
   void window(const ArrivalRecord& record, int sign) {
     const std::uint64_t held = record.most_us - record.least_us;
     const auto rank = static_cast<std::size_t>(record.last_rank);

@@ -13,8 +13,13 @@
 namespace ddlfast {
 
 // A collective's state in its entry (ddlfast/engine/flight.py names them).
-enum FlightState : int { kFlightAgreeing = 0, kFlightRunning = 1, kFlightDone = 2, kFlightFailed = 3,
-                         kFlightMismatch = 4 };
+enum FlightState : int {
+  kFlightAgreeing = 0,
+  kFlightRunning = 1,
+  kFlightDone = 2,
+  kFlightFailed = 3,
+  kFlightMismatch = 4
+};
 
 struct FlightEntry {
   std::uint64_t sequence = 0;
@@ -23,7 +28,7 @@ struct FlightEntry {
   double arrived_s = 0;           // steady clock, seconds
   double agreed_s = 0;
   double ended_s = 0;
-  double wait_s = 0;              // arrival to the agreement's completion
+  double wait_s = 0;            // arrival to the agreement's completion
   int state = kFlightAgreeing;  // a FlightState
 };
 
