@@ -7,10 +7,12 @@
 // latency is one step instead of d-1.
 //
 // With an fp16/bf16 wire (HalfWire, engine/host_steps.h) every contribution
-// is rounded once, when its sender encodes it, and the owner decodes and adds
+// is rounded once, when its sender encodes it (the owner's own too, so the sum
+// does not depend on which rank owns the block), and the owner decodes and adds
 // all d in float32 before the block is rounded once more (by the allgather that
 // sends it): one rounding per dimension, where the ring rounds each partial sum
-// at every hop.
+// at every hop. A flat ring of every rank in rank order with this phase is
+// reproducible=True's canonical order (ddlfast/engine/state.py).
 //
 // How it runs: one polling loop for both executors (run_direct_phase), with
 // their step policies: the host's (DirectHostSteps, below) and the GPU's
@@ -109,6 +111,8 @@ class DirectHostSteps {
       if (scratch->send_stage.size() < stage_bytes) scratch->send_stage.resize(stage_bytes);
       stage_cursor_ = scratch->send_stage.data();
       send_from_.resize(chunks.sends.size());
+      if (scratch->own_stage.size() < slot_bytes_) scratch->own_stage.resize(slot_bytes_);
+      own_stage_ = scratch->own_stage.data();
     }
   }
 
@@ -136,6 +140,8 @@ class DirectHostSteps {
 
   // The verbs of one chunk's sum, called in coordinate order.
   void begin_chunk(const ChunkItem& chunk, bool own_first) {
+    // The own contribution is read only as such from here on: rounded to the wire type in place.
+    wire_.round_through(data_.address(chunk.offset), own_stage_, chunk.count);
     sum_ = own_first ? data_.address(chunk.offset) : accumulator_;
   }
   Status load(std::size_t index, const ChunkItem& chunk) {
@@ -168,6 +174,7 @@ class DirectHostSteps {
   char* accumulator_ = nullptr;
   char* sum_ = nullptr;
   unsigned char* stage_cursor_ = nullptr;
+  unsigned char* own_stage_ = nullptr;
   std::vector<const unsigned char*> send_from_;
 };
 

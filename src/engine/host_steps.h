@@ -33,6 +33,7 @@ struct HostScratch {
   std::vector<unsigned char> receive_stage;  // encoded allgather chunks, kept for forwarding
   std::vector<float> decoded;                // a received chunk decoded for compressed min/max
   std::vector<double> accumulator;           // a direct reduce-scatter's sum of one chunk (double: aligned)
+  std::vector<unsigned char> own_stage;      // a direct reduce-scatter's own contribution on its way to the wire type
 };
 
 class PlainWire {
@@ -52,6 +53,7 @@ class PlainWire {
   void reduce_values(char* target, const char* values, std::size_t count, int divisor) const {
     reduce_into(dtype_, op_, target, values, count, divisor);
   }
+  void round_through(char*, unsigned char*, std::size_t) const {}  // the values are what travels
 
  private:
   DType dtype_;
@@ -88,6 +90,12 @@ class HalfWire {
   void load(char* target, const unsigned char* wire, std::size_t count) const { decode(target, wire, count); }
   void reduce_values(char* target, const char* values, std::size_t count, int divisor) const {
     reduce_into(DType::kFloat32, op_, target, values, count, divisor);
+  }
+  // values <- their wire rounding, through `stage` (wire bytes of count): the owner's own contribution is rounded
+  // like every other, so a block's sum does not depend on which rank owns it.
+  void round_through(char* values, unsigned char* stage, std::size_t count) const {
+    encode(stage, values, count);
+    decode(values, stage, count);
   }
 
  private:

@@ -6,8 +6,8 @@ DDLFAST_ALGORITHM, one rank choosing differently after the layout was cached, ba
 
 Each rank regenerates every rank's input from seeds and checks its result against a NumPy reference computed
 independently; on one flat dimension the reference is the direct step's own order (coordinate 0..P-1, float32
-rounding after every addition; on the wire each other rank's contribution rounded once to fp16/bf16 and the
-owner's block once more at the end), so the check is bit for bit. Every result must have identical bits on every
+rounding after every addition; on the wire every contribution, the owner's too, rounded once to fp16/bf16 and
+the owner's block once more at the end), so the check is bit for bit. Every result must have identical bits on every
 rank. Exits non-zero on any failure, printing the failing cases."""
 
 from __future__ import annotations
@@ -98,11 +98,12 @@ def blocks(n: int) -> list[tuple[int, int]]:
 
 def direct_order_sum(inputs: list[np.ndarray], owner: int, wire: object | None) -> np.ndarray:
     """The direct step's arithmetic on one flat dimension: float32 additions in coordinate order; on the wire,
-    every contribution but the owner's own rounded once, and the sum rounded once at the end. One rank: nothing
-    moves, nothing is rounded."""
+    every contribution (the owner's own too, so the owner does not matter) rounded once, and the sum rounded once
+    at the end. One rank: nothing moves, nothing is rounded."""
+    del owner  # every owner adds alike
     if len(inputs) == 1:
         return inputs[0]
-    terms = [x if wire is None or q == owner else x.astype(wire).astype(np.float32) for q, x in enumerate(inputs)]
+    terms = [x if wire is None else x.astype(wire).astype(np.float32) for x in inputs]
     total = reduce(lambda a, b: (a + b).astype(np.float32), terms)
     return total if wire is None else total.astype(wire).astype(np.float32)
 
