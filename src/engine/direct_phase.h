@@ -152,8 +152,12 @@ class DirectHostSteps {
     wire_.reduce(sum_, slot(index), chunk.count, divisor);
     return Status::ok();
   }
+  // The own contribution joins the sum in its place: own + sum into the data, which then holds the sum (addition,
+  // min, max and product commute: the bits of sum + own, without a copy of the sum back into the data).
   Status add_own(const ChunkItem& chunk, int divisor) {
-    wire_.reduce_values(sum_, data_.address(chunk.offset), chunk.count, divisor);
+    char* own = data_.address(chunk.offset);
+    wire_.reduce_values(own, sum_, chunk.count, divisor);
+    sum_ = own;
     return Status::ok();
   }
   Status finish_chunk(const ChunkItem& chunk) {

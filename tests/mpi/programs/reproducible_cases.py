@@ -21,9 +21,11 @@ from mpi4py import MPI
 from shard_cases import factorizations  # a sibling program: every ring shape of P
 
 import ddlfast
-from ddlfast import config
+from ddlfast import _core, _testing, config
+from ddlfast.buffers.dtypes import DTYPE_CODES
 from ddlfast.compression import TopKCodec
 from ddlfast.errors import DdlfastError
+from ddlfast.ops import OPS
 
 comm = MPI.COMM_WORLD
 RANK, WORLD = comm.Get_rank(), comm.Get_size()
@@ -213,7 +215,63 @@ def error_cases() -> None:
                                                             compression=TopKCodec(0.1)), "user codec")
 
 
+def device_executor_cases() -> None:
+    """The GPU executor (DeviceRingAllreduce on emulated lanes: every device operation deferred and interleaved
+    at random) with the options reproducible=True runs on (EngineState.reproducible_options): the canonical bits,
+    whatever the chunk size and transfer mode. What it cannot check: the CUDA kernels themselves."""
+    engine = _core.Engine(comm, 60.0)
+    try:
+        for case, (dtype_name, op) in enumerate([("float32", "sum"), ("float32", "average"), ("float64", "sum")]):
+            dtype = np.dtype(dtype_name).type
+            for n in (5, 2000):
+                everyone = [inputs_of(r, n, 50 + case, dtype) for r in range(WORLD)]
+                want = canonical(everyone, op)
+                for chunk_bytes, transfer in ((64, False), (4096, True)):
+                    options = _core.CallOptions((WORLD,), chunk_bytes, 2, 0, (), (), (1,))
+                    got = everyone[RANK].copy()
+                    _testing.emulated_allreduce(engine, [got.ctypes.data], [n], DTYPE_CODES[dtype_name], OPS[op],
+                                                options, transfer, 7 + RANK)
+                    bits_equal(f"GPU executor (emulated lanes) {dtype_name} {op} n={n} chunk={chunk_bytes} "
+                               f"transfer={transfer}", got, want)
+    finally:
+        engine.close()
+
+
+def torch_cases() -> None:
+    """ddlfast.torch.GradientReducer(reproducible=True): the canonical average of every gradient, whatever its
+    buckets and dims."""
+    import torch
+
+    import ddlfast.torch as dt
+
+    torch.set_num_threads(1)
+    for bucket_bytes, dims in ((None, None), (256, "x".join(map(str, factorizations(WORLD)[-1])))):
+        model = torch.nn.Sequential(torch.nn.Linear(30, 40), torch.nn.Linear(40, 50))
+        with torch.no_grad():
+            for index, parameter in enumerate(model.parameters()):
+                parameter.copy_(torch.from_numpy(inputs_of(0, parameter.numel(), 70 + index, np.float32))
+                                .reshape(parameter.shape))
+        reducer = dt.GradientReducer(model, reproducible=True, bucket_bytes=bucket_bytes, dims=dims)
+        batches = [torch.from_numpy(inputs_of(r, 8 * 30, 80, np.float32).reshape(8, 30)) for r in range(WORLD)]
+        everyone = []
+        for batch in batches:  # every rank's local gradients, computed here without communication
+            model.zero_grad(set_to_none=False)
+            with reducer.no_sync():
+                model(batch).pow(2).sum().backward()
+            everyone.append([p.grad.numpy().copy() for p in model.parameters()])
+        model.zero_grad(set_to_none=False)
+        model(batches[RANK]).pow(2).sum().backward()
+        reducer.synchronize()
+        for index, parameter in enumerate(model.parameters()):
+            want = canonical([grads[index] for grads in everyone], "average")
+            bits_equal(f"GradientReducer bucket_bytes={bucket_bytes} dims={dims} parameter {index}",
+                       parameter.grad.numpy(), want)
+        reducer.remove()
+
+
 def main() -> None:
+    torch_cases()
+    device_executor_cases()
     reproducible_cases({"reproducible": True}, "reproducible=True")
     if not SHORT:
         before = with_environment({"DDLFAST_REPRODUCIBLE": "1"})
