@@ -89,8 +89,8 @@ inline DirectChunks direct_chunks(const SegmentedBuffer& data, const RingPhase& 
 }
 
 // The host's arithmetic for a direct phase, for either wire (engine/host_steps.h). Contributions land in a
-// window of receive slots; the sum of one chunk builds in an accumulator (or in the data itself when this rank's
-// own contribution comes first) and is copied into the data when complete.
+// window of receive slots; the sum of one chunk builds in the data itself (coordinates 0 and 1), or in an
+// accumulator until this rank's own contribution joins it in the data.
 template <class Wire>
 class DirectHostSteps {
  public:
@@ -186,8 +186,9 @@ class DirectHostSteps {
 // (engine/ring_phases.h: receive_window, send_window, receive_room, receive_buffer, wire_bytes, stage, staged,
 // send_buffer, poll; a send here is a ChunkItem whose step is the destination's coordinate) and the verbs of
 // one chunk's sum, each called once its contribution is in place, in coordinate order:
-//   begin_chunk(chunk, own_first)    the sum starts in the data itself (this rank is coordinate 0) or in scratch
-//   load(i, chunk)                   the sum is contribution i (coordinate 0's)
+//   begin_chunk(chunk, own_first)    the sum starts in the data itself (this rank is coordinate 0 or 1) or in
+//                                    scratch
+//   load(i, chunk)                   the sum is contribution i (coordinate 0's, at coordinates 2 and up)
 //   add(i, chunk, divisor)           add contribution i (divisor 1 but on the last addition)
 //   add_own(chunk, divisor)          add this rank's own data at its place
 //   finish_chunk(chunk)              the finished sum into the data (after the chunk's last contribution)
@@ -201,6 +202,11 @@ Status run_direct_phase(Transport& transport, const RingPhase& phase, const Dire
   const int me = phase.coordinate;
   const int first = me == 0 ? 1 : 0;             // the first coordinate that arrives
   const int last = me == d - 1 ? d - 2 : d - 1;  // the last one
+  // Coordinates 0 and 1 start the sum in their own data (coordinate 1 adds coordinate 0's contribution to its
+  // own: addition commutes, so these are the bits of c0 + c1 without a copy of c0); the others build it in
+  // scratch until their own contribution joins.
+  const bool own_first = me <= 1;
+  const bool own_last = !own_first && me == d - 1;
   const std::vector<ChunkItem>& receives = chunks.receives;
   PhaseMessages<Steps, ChunkItem, ChunkItem> messages(transport, steps, receives, chunks.sends);
   auto from_owner = [&](std::size_t i) { return phase.peers[receives[i].step]; };
@@ -217,15 +223,15 @@ Status run_direct_phase(Transport& transport, const RingPhase& phase, const Dire
       const std::size_t i = messages.arrived();
       const ChunkItem& chunk = receives[i];
       const int j = chunk.step;
-      if (j == first) steps.begin_chunk(chunk, me == 0);
-      if (j == 0) {
+      if (j == first) steps.begin_chunk(chunk, own_first);
+      if (j == 0 && !own_first) {
         DDLFAST_RETURN_IF_ERROR(steps.load(i, chunk));
       } else {
-        if (me != 0 && j == me + 1) DDLFAST_RETURN_IF_ERROR(steps.add_own(chunk, 1));
-        DDLFAST_RETURN_IF_ERROR(steps.add(i, chunk, j == last && me != d - 1 ? final_divisor : 1));
+        if (!own_first && j == me + 1) DDLFAST_RETURN_IF_ERROR(steps.add_own(chunk, 1));
+        DDLFAST_RETURN_IF_ERROR(steps.add(i, chunk, j == last && !own_last ? final_divisor : 1));
       }
       if (j == last) {
-        if (me == d - 1) DDLFAST_RETURN_IF_ERROR(steps.add_own(chunk, final_divisor));
+        if (own_last) DDLFAST_RETURN_IF_ERROR(steps.add_own(chunk, final_divisor));
         DDLFAST_RETURN_IF_ERROR(steps.finish_chunk(chunk));
       }
       DDLFAST_RETURN_IF_ERROR(steps.consumed(i));
