@@ -10,11 +10,17 @@ iteration, and each ddlfast time as a ratio to MPI's from the same run. A report
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import numpy as np
 from mpi4py import MPI
 
+if __package__ in (None, ""):  # run as a script: the repository root on the path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import ddlfast
+from bench.alternating import alternating_medians
 from ddlfast import _core, config
 from ddlfast.ops import OPS
 
@@ -42,16 +48,7 @@ def main() -> None:
 
         paths = {"ring": lambda: engine(()), "direct": lambda: engine((1,) * len(dims)),
                  "MPI_Allreduce": lambda x=x: comm.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM)}
-        samples = np.zeros((args.iters, len(paths)))
-        for i in range(args.iters + 3):
-            for column, run in enumerate(paths.values()):
-                comm.Barrier()
-                start = MPI.Wtime()
-                run()
-                if i >= 3:
-                    samples[i - 3, column] = MPI.Wtime() - start
-        comm.Allreduce(MPI.IN_PLACE, samples, op=MPI.MAX)
-        median = dict(zip(paths, np.median(samples, axis=0) * 1e6, strict=True))
+        median = {name: seconds * 1e6 for name, seconds in alternating_medians(comm, paths, args.iters, 3).items()}
         if rank == 0:
             mpi = median["MPI_Allreduce"]
             cells = [f"{name} {us:9.1f} (x{mpi / us:.2f})" for name, us in median.items() if name != "MPI_Allreduce"]

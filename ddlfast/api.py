@@ -86,6 +86,7 @@ def _close_retired() -> None:
 def fused_allreduce(
     arrays: Sequence[np.ndarray], *, op: str = "sum", dims: object = None, comm: MPI.Comm | None = None,
     compression: object = None, error_feedback: bool = False, stream: object = None, name: Name = None,
+    reproducible: bool | None = None,
 ) -> list:
     """Allreduce many arrays in place, fused into buckets; returns the list.
 
@@ -104,22 +105,29 @@ def fused_allreduce(
     not, every rank raises DdlfastError. name: a str or an int (e.g. the
     training step) that every rank must pass alike; every collective takes it,
     and it makes a rank that skipped a call in a loop of same-layout calls an
-    error at its next named call (docs/trust.md).
+    error at its next named call (docs/trust.md). reproducible: True sums every element in one canonical order
+    (rank order, at the element's owner), so the result's bits depend only on the inputs and the number of
+    ranks, not on the dims, algorithm, chunk or bucket sizes, or fused vs separate calls; None:
+    DDLFAST_REPRODUCIBLE (docs/numerics.md). Every rank must pass the same value.
     """
     return _context_for(comm).fused_allreduce(arrays, op=op, dims=dims, compression=compression,
-                                              error_feedback=error_feedback, stream=stream, name=name)
+                                              error_feedback=error_feedback, stream=stream, name=name,
+                                              reproducible=reproducible)
 
 
 def allreduce(array: np.ndarray, *, op: str = "sum", dims: object = None, comm: MPI.Comm | None = None,
-              compression: object = None, stream: object = None, name: Name = None) -> np.ndarray:
+              compression: object = None, stream: object = None, name: Name = None,
+              reproducible: bool | None = None) -> np.ndarray:
     """Allreduce one array in place and return it (a NumPy or GPU array; see fused_allreduce)."""
     context = _default if comm is None and _default is not None else _context_for(comm)
-    return context.allreduce(array, op=op, dims=dims, compression=compression, stream=stream, name=name)
+    return context.allreduce(array, op=op, dims=dims, compression=compression, stream=stream, name=name,
+                             reproducible=reproducible)
 
 
 def fused_allreduce_async(
     arrays: Sequence[np.ndarray], *, op: str = "sum", dims: object = None, comm: MPI.Comm | None = None,
     compression: object = None, error_feedback: bool = False, stream: object = None, name: Name = None,
+    reproducible: bool | None = None,
 ) -> Handle:
     """Like fused_allreduce, on the context's communication thread; returns a Handle.
 
@@ -127,21 +135,22 @@ def fused_allreduce_async(
     handles may be outstanding; they complete in submission order.
     """
     return _context_for(comm).fused_allreduce_async(arrays, op=op, dims=dims, compression=compression,
-                                                    error_feedback=error_feedback, stream=stream, name=name)
+                                                    error_feedback=error_feedback, stream=stream, name=name,
+                                                    reproducible=reproducible)
 
 
 def allreduce_async(array: np.ndarray, *, op: str = "sum", dims: object = None,
                     comm: MPI.Comm | None = None, compression: object = None, stream: object = None,
-                    name: Name = None) -> Handle:
+                    name: Name = None, reproducible: bool | None = None) -> Handle:
     """Like allreduce, asynchronously; handle.wait() returns the array."""
     return _context_for(comm).allreduce_async(array, op=op, dims=dims, compression=compression, stream=stream,
-                        name=name)
+                                              name=name, reproducible=reproducible)
 
 
 def reduce_scatter(
     array: Any, *, op: str = "sum", dims: object = None, comm: MPI.Comm | None = None,
     counts: Sequence[int] | None = None, out: Any = None, compression: object = None, stream: object = None,
-    name: Name = None,
+    name: Name = None, reproducible: bool | None = None,
 ) -> Any:
     """Rank r gets block r of the array reduced over the ranks (MPI_Reduce_scatter_block / MPI_Reduce_scatter).
 
@@ -151,10 +160,11 @@ def reduce_scatter(
     unchanged; the result is a new array, or `out` (C-contiguous, writable, same dtype, as many elements),
     filled and returned. op, dims, compression ("fp16"/"bf16": float32 on the wire as fp16/bf16, accumulated
     in float32) and stream as for fused_allreduce. NumPy arrays, torch tensors (CPU through their NumPy view),
-    CuPy/torch CUDA arrays (through pinned host copies).
+    CuPy/torch CUDA arrays (through pinned host copies). reproducible as for fused_allreduce.
     """
     return _context_for(comm).reduce_scatter(array, op=op, dims=dims, counts=counts, out=out,
-                                             compression=compression, stream=stream, name=name)
+                                             compression=compression, stream=stream, name=name,
+                                             reproducible=reproducible)
 
 
 def allgather(array: Any, *, dims: object = None, comm: MPI.Comm | None = None, out: Any = None,
@@ -170,12 +180,13 @@ def allgather(array: Any, *, dims: object = None, comm: MPI.Comm | None = None, 
 def fused_reduce_scatter(
     arrays: Sequence[Any], *, op: str = "sum", dims: object = None, comm: MPI.Comm | None = None,
     counts: Sequence[Sequence[int] | None] | None = None, out: Sequence[Any] | None = None,
-    compression: object = None, stream: object = None, name: Name = None,
+    compression: object = None, stream: object = None, name: Name = None, reproducible: bool | None = None,
 ) -> list:
     """reduce_scatter of many arrays (e.g. parameter shards) in one collective; counts= and out= take one entry
     per array (or None). Returns the list of results."""
     return _context_for(comm).fused_reduce_scatter(arrays, op=op, dims=dims, counts=counts, out=out,
-                                                   compression=compression, stream=stream, name=name)
+                                                   compression=compression, stream=stream, name=name,
+                                                   reproducible=reproducible)
 
 
 def fused_allgather(arrays: Sequence[Any], *, dims: object = None, comm: MPI.Comm | None = None,
@@ -189,12 +200,13 @@ def fused_allgather(arrays: Sequence[Any], *, dims: object = None, comm: MPI.Com
 def reduce_scatter_async(
     array: Any, *, op: str = "sum", dims: object = None, comm: MPI.Comm | None = None,
     counts: Sequence[int] | None = None, out: Any = None, compression: object = None, stream: object = None,
-    name: Name = None,
+    name: Name = None, reproducible: bool | None = None,
 ) -> Handle:
     """Like reduce_scatter, on the context's communication thread; handle.wait() returns the result. Do not
     touch the input or out= until then."""
     return _context_for(comm).reduce_scatter_async(array, op=op, dims=dims, counts=counts, out=out,
-                                                   compression=compression, stream=stream, name=name)
+                                                   compression=compression, stream=stream, name=name,
+                                                   reproducible=reproducible)
 
 
 def allgather_async(array: Any, *, dims: object = None, comm: MPI.Comm | None = None, out: Any = None,
@@ -207,11 +219,12 @@ def allgather_async(array: Any, *, dims: object = None, comm: MPI.Comm | None = 
 def fused_reduce_scatter_async(
     arrays: Sequence[Any], *, op: str = "sum", dims: object = None, comm: MPI.Comm | None = None,
     counts: Sequence[Sequence[int] | None] | None = None, out: Sequence[Any] | None = None,
-    compression: object = None, stream: object = None, name: Name = None,
+    compression: object = None, stream: object = None, name: Name = None, reproducible: bool | None = None,
 ) -> Handle:
     """Like fused_reduce_scatter, asynchronously; handle.wait() returns the list."""
     return _context_for(comm).fused_reduce_scatter_async(arrays, op=op, dims=dims, counts=counts, out=out,
-                                                         compression=compression, stream=stream, name=name)
+                                                         compression=compression, stream=stream, name=name,
+                                                         reproducible=reproducible)
 
 
 def fused_allgather_async(arrays: Sequence[Any], *, dims: object = None, comm: MPI.Comm | None = None,

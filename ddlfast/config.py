@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ddlfast.errors import DdlfastError
@@ -207,12 +207,15 @@ class Settings:
     timeout_s: float
     compression: tuple[str, ...]  # one codec name, or one per ring dimension
     algorithm: str = "auto"  # DDLFAST_ALGORITHM: one of ALGORITHMS
+    # DDLFAST_REPRODUCIBLE / reproducible=: one canonical summation order (rank order at each element's owner),
+    # so the bits depend only on the inputs and the rank count (docs/numerics.md)
+    reproducible: bool = False
 
 
 _VARIABLES = (
     "DDLFAST_COMPRESSION", "DDLFAST_BUCKET_BYTES", "DDLFAST_FIRST_BUCKET_BYTES", "DDLFAST_CHUNK_BYTES",
     "DDLFAST_SMALL_BYTES", "DDLFAST_RECEIVES_IN_FLIGHT", "DDLFAST_RING_DIMS", "DDLFAST_TIMEOUT_S",
-    "DDLFAST_ALGORITHM",
+    "DDLFAST_ALGORITHM", "DDLFAST_REPRODUCIBLE",
 )
 # Every DDLFAST_* name ddlfast, its build and its test tools read; any other is
 # most likely a typo that would otherwise be ignored silently.
@@ -309,7 +312,29 @@ def _parse_settings() -> Settings:
                                zero_means_forever=True),
         compression=compression,
         algorithm=_env_choice("DDLFAST_ALGORITHM", "auto", {name: name for name in ALGORITHMS}),
+        reproducible=_env_choice("DDLFAST_REPRODUCIBLE", "0", _ON_OFF) == "1",
     )
+
+
+_reproducible_cache: dict[Settings, Settings] = {}
+
+
+def with_reproducible(settings: Settings, reproducible: object, rank: int) -> Settings:
+    """The settings of one call: `reproducible=` (True/False) overrides DDLFAST_REPRODUCIBLE; None keeps it.
+    The same Settings object for the same inputs (the latency path caches its plans per Settings object)."""
+    if reproducible is None or reproducible is settings.reproducible:
+        return settings
+    if not isinstance(reproducible, bool):
+        raise DdlfastError(f"reproducible={reproducible!r} on rank {rank} must be True, False or None "
+                           "(None: DDLFAST_REPRODUCIBLE)")
+    try:
+        return _reproducible_cache[settings]
+    except KeyError:
+        pass
+    if len(_reproducible_cache) >= 64:  # settings change rarely; never grow without bound
+        _reproducible_cache.clear()
+    flipped = _reproducible_cache[settings] = replace(settings, reproducible=reproducible)
+    return flipped
 
 
 # -- variables read outside the engine settings (each by its own module, through these functions) -----------------

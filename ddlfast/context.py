@@ -26,7 +26,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ddlfast import _core, config, launch, process
-from ddlfast.config import MAX_LATENCY_BYTES, check_environment, format_size, load_settings
+from ddlfast.config import MAX_LATENCY_BYTES, check_environment, format_size, load_settings, with_reproducible
 from ddlfast.engine import halves, requests, small
 from ddlfast.engine.agreement import Name, check_name, creation_layout
 from ddlfast.engine.control import Control
@@ -400,24 +400,28 @@ class Context:
     # -- allreduce ---------------------------------------------------------------------------------------------------
 
     def allreduce(self, array: np.ndarray, *, op: str = "sum", dims: object = None,
-                  compression: object = None, stream: object = None, name: Name = None) -> np.ndarray:
+                  compression: object = None, stream: object = None, name: Name = None,
+                  reproducible: bool | None = None) -> np.ndarray:
         """One array: the latency path (ddlfast/engine/fast_path.py) where it applies."""
         if _modules_get(PROFILER) is not None:  # traced()'s test, spelled out: the latency path
             span = recording_range("ddlfast:allreduce")
             if span is not None:
                 with span:
-                    return self._allreduce(array, op, dims, compression, stream, name)
-        return self._allreduce(array, op, dims, compression, stream, name)
+                    return self._allreduce(array, op, dims, compression, stream, name, reproducible)
+        return self._allreduce(array, op, dims, compression, stream, name, reproducible)
 
     def _allreduce(self, array: np.ndarray, op: object, dims: object, compression: object, stream: object,
-                   name: Name) -> np.ndarray:
+                   name: Name, reproducible: bool | None = None) -> np.ndarray:
         if _get_ident() != self._issuer:  # _check_caller's compare, spelled out: the latency path
             self._other_caller()
         if type(op) is not str:
             op = canonical_op(op)  # MPI.SUM, torch's ReduceOp.SUM, ...: their names take the latency path too
         settings = load_settings()
+        if reproducible is not None:
+            settings = with_reproducible(settings, reproducible, self._state.rank) if type(reproducible) is bool \
+                else None  # not a bool: the general path refuses it on every rank
         plan = None
-        if (type(array) is np.ndarray and stream is None and self._state.timeline is None
+        if (settings is not None and type(array) is np.ndarray and stream is None and self._state.timeline is None
                 and (name is None or type(name) in (str, int))):
             plan = self._fast.plan(array, op, dims, compression, settings)
         if plan is not None:
@@ -431,61 +435,70 @@ class Context:
                 return array
         # The general path (full validation and messages, compression, GPU arrays), also for a buffer the latency
         # path could not take (nothing ran there).
-        return self._fused_allreduce([array], op, dims, compression, False, stream, name)[0]
+        return self._fused_allreduce([array], op, dims, compression, False, stream, name, reproducible)[0]
 
     @traced("fused_allreduce")
     def fused_allreduce(self, arrays: Sequence[np.ndarray], *, op: str = "sum", dims: object = None,
                         compression: object = None, error_feedback: bool = False, stream: object = None,
-                        name: Name = None) -> list:
+                        name: Name = None, reproducible: bool | None = None) -> list:
         """GPU arrays: ordered after `stream` (default: the stream each array exports, else the host waits)."""
         if type(arrays) is list and len(arrays) == 1 and stream is None and not error_feedback:
             # the same collective, and layout
-            self._allreduce(arrays[0], op, dims, compression, None, name)
+            self._allreduce(arrays[0], op, dims, compression, None, name, reproducible)
             return arrays
-        return self._fused_allreduce(arrays, op, dims, compression, error_feedback, stream, name)
+        return self._fused_allreduce(arrays, op, dims, compression, error_feedback, stream, name, reproducible)
 
     def _fused_allreduce(self, arrays: Sequence[Any], op: str, dims: object, compression: object,
-                         error_feedback: bool, stream: object, name: object) -> list:
-        return self._now(lambda: self._allreduce_work(arrays, op, dims, None, compression, error_feedback, stream),
+                         error_feedback: bool, stream: object, name: object,
+                         reproducible: bool | None = None) -> list:
+        return self._now(lambda: self._allreduce_work(arrays, op, dims, None, compression, error_feedback, stream,
+                                                      reproducible=reproducible),
                          "fused_allreduce", name)
 
     def _allreduce_work(self, arrays: Sequence[Any], op: str, dims: object, result: Any, compression: object,
-                        error_feedback: bool, stream: object, asynchronous: bool = False) -> Work:
+                        error_feedback: bool, stream: object, asynchronous: bool = False,
+                        reproducible: bool | None = None) -> Work:
         state = self._state
         request = requests.prepare(state, arrays, op, dims, result, compression, error_feedback, stream,
-                                   asynchronous)
+                                   asynchronous, reproducible)
         return lambda: requests.execute(state, request)
 
     @traced("fused_allreduce_async")
     def fused_allreduce_async(self, arrays: Sequence[np.ndarray], *, op: str = "sum", dims: object = None,
                               compression: object = None, error_feedback: bool = False,
-                              result: Any = None, stream: object = None, name: Name = None) -> Handle:
+                              result: Any = None, stream: object = None, name: Name = None,
+                              reproducible: bool | None = None) -> Handle:
         """Queue the collective on the communication thread; wait() returns the list (or `result`)."""
         return self._queued(lambda: self._allreduce_work(arrays, op, dims, result, compression, error_feedback,
-                                                         stream, asynchronous=True),
+                                                         stream, asynchronous=True, reproducible=reproducible),
                             lambda: f"fused_allreduce of {len(arrays)} arrays", name)
 
     @traced("allreduce_async")
     def allreduce_async(self, array: np.ndarray, *, op: str = "sum", dims: object = None,
-                        compression: object = None, stream: object = None, name: Name = None) -> Handle:
+                        compression: object = None, stream: object = None, name: Name = None,
+                        reproducible: bool | None = None) -> Handle:
         """Queue one array; wait() returns the array."""
         return self.fused_allreduce_async([array], op=op, dims=dims, compression=compression, result=array,
-                                          stream=stream, name=name)
+                                          stream=stream, name=name, reproducible=reproducible)
 
     # -- reduce-scatter and allgather (ddlfast/engine/halves.py) -----------------------------------------------------
 
     @traced("reduce_scatter")
     def reduce_scatter(self, array: Any, *, op: str = "sum", dims: object = None, counts: Sequence[int] | None = None,
-                       out: Any = None, compression: object = None, stream: object = None, name: Name = None) -> Any:
+                       out: Any = None, compression: object = None, stream: object = None, name: Name = None,
+                       reproducible: bool | None = None) -> Any:
         """Rank r gets block r of the reduced array (MPI_Reduce_scatter); the input stays unchanged."""
-        return self._half(halves.REDUCE_SCATTER, [array], op, dims, counts, out, compression, stream, True, name=name)
+        return self._half(halves.REDUCE_SCATTER, [array], op, dims, counts, out, compression, stream, True, name=name,
+                          reproducible=reproducible)
 
     @traced("fused_reduce_scatter")
     def fused_reduce_scatter(self, arrays: Sequence[Any], *, op: str = "sum", dims: object = None,
                              counts: Sequence[Sequence[int] | None] | None = None, out: Sequence[Any] | None = None,
-                             compression: object = None, stream: object = None, name: Name = None) -> list:
+                             compression: object = None, stream: object = None, name: Name = None,
+                             reproducible: bool | None = None) -> list:
         """reduce_scatter of many arrays in one collective; counts= and out= give one entry per array."""
-        return self._half(halves.REDUCE_SCATTER, arrays, op, dims, counts, out, compression, stream, False, name=name)
+        return self._half(halves.REDUCE_SCATTER, arrays, op, dims, counts, out, compression, stream, False, name=name,
+                          reproducible=reproducible)
 
     @traced("allgather")
     def allgather(self, array: Any, *, dims: object = None, out: Any = None, compression: object = None,
@@ -501,17 +514,18 @@ class Context:
     @traced("reduce_scatter_async")
     def reduce_scatter_async(self, array: Any, *, op: str = "sum", dims: object = None,
                              counts: Sequence[int] | None = None, out: Any = None, compression: object = None,
-                             stream: object = None, name: Name = None) -> Handle:
+                             stream: object = None, name: Name = None, reproducible: bool | None = None) -> Handle:
         return self._half(halves.REDUCE_SCATTER, [array], op, dims, counts, out, compression, stream, True, True,
-                          name=name)
+                          name=name, reproducible=reproducible)
 
     @traced("fused_reduce_scatter_async")
     def fused_reduce_scatter_async(self, arrays: Sequence[Any], *, op: str = "sum", dims: object = None,
                                    counts: Sequence[Sequence[int] | None] | None = None,
                                    out: Sequence[Any] | None = None, compression: object = None,
-                                   stream: object = None, name: Name = None) -> Handle:
+                                   stream: object = None, name: Name = None,
+                                   reproducible: bool | None = None) -> Handle:
         return self._half(halves.REDUCE_SCATTER, arrays, op, dims, counts, out, compression, stream, False, True,
-                          name=name)
+                          name=name, reproducible=reproducible)
 
     @traced("allgather_async")
     def allgather_async(self, array: Any, *, dims: object = None, out: Any = None, compression: object = None,
@@ -524,11 +538,13 @@ class Context:
         return self._half(halves.ALLGATHER, arrays, "sum", dims, None, out, compression, stream, False, True, name=name)
 
     def _half(self, kind: str, arrays: Any, op: str, dims: object, counts: object, out: object,
-              compression: object, stream: object, single: bool, queued: bool = False, name: object = None) -> Any:
+              compression: object, stream: object, single: bool, queued: bool = False, name: object = None,
+              reproducible: bool | None = None) -> Any:
         state = self._state
 
         def prepare() -> Work:
-            request = halves.prepare(state, kind, arrays, op, dims, counts, out, compression, stream, single)
+            request = halves.prepare(state, kind, arrays, op, dims, counts, out, compression, stream, single,
+                                     reproducible)
             return lambda: halves.execute(state, request)
 
         if queued:  # wait() returns what the blocking call returns

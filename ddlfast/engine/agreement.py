@@ -55,7 +55,7 @@ def allreduce_layout(op: str, dims: tuple[int, ...], arrays: tuple, codec: objec
     """Everything the ranks must agree on for an allreduce (host or GPU arrays)."""
     return ("allreduce", op, dims, arrays, codec, error_feedback,
             (settings.chunk_bytes, settings.small_bytes, settings.bucket_bytes, settings.first_bucket_bytes,
-             settings.algorithm))
+             settings.algorithm), settings.reproducible)
 
 
 def creation_layout(settings: Any) -> tuple:
@@ -224,13 +224,14 @@ def describe(layout: tuple, sequence: int, name: str | int | None = None) -> dic
     if name is not None:
         description["name"] = name if isinstance(name, str) else int(name)
     if kind == "allreduce":
-        op, dims, arrays, codec, error_feedback, sizes = fields
+        op, dims, arrays, codec, error_feedback, sizes, reproducible = fields
         description.update(op=op, dims=dims, arrays=[(_dtype_name(d), tuple(s)) for d, s in arrays],
-                           compression=codec, error_feedback=error_feedback, settings=_size_settings(sizes))
+                           compression=codec, error_feedback=error_feedback, settings=_size_settings(sizes),
+                           reproducible=reproducible)
     elif kind in ("reduce_scatter", "allgather"):
-        op, dims, arrays, counts, codec, sizes = fields
+        op, dims, arrays, counts, codec, sizes, reproducible = fields
         description.update(op=op, dims=dims, arrays=[(_dtype_name(d), tuple(s)) for d, s in arrays], counts=counts,
-                           compression=codec, settings=_size_settings(sizes))
+                           compression=codec, settings=_size_settings(sizes), reproducible=reproducible)
     elif kind == "broadcast":
         root, arrays = fields
         description.update(root=root, arrays=[(_dtype_name(d), tuple(s)) for d, s in arrays])
@@ -258,6 +259,7 @@ def _tuples(value: object) -> object:
 _FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
     "sequence": int, "kind": str, "name": (str, int), "op": str, "error": str, "root": int,
     "arrays": tuple, "counts": (tuple, type(None)), "settings": dict, "error_feedback": bool, "dims": tuple,
+    "reproducible": bool,
 }
 
 
@@ -307,7 +309,7 @@ def disagreement_message(descriptions: list[dict]) -> str:
     if _differs(descriptions, "sequence"):
         return ("ranks are at different collectives on this context (a rank skipped or added a call): " +
                 "; ".join(f"rank {r} is at collective #{d['sequence']}" for r, d in enumerate(descriptions)))
-    for field in ("root", "op", "dims", "compression", "error_feedback", "codec", "counts"):
+    for field in ("root", "op", "dims", "compression", "error_feedback", "codec", "counts", "reproducible"):
         if _differs(descriptions, field):
             return f"ranks disagree on {field}: " + _by_rank(descriptions, lambda d, f=field: repr(d.get(f)))
     if _differs(descriptions, "settings"):

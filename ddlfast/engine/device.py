@@ -21,6 +21,7 @@ A bucket runs on one of two paths:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -146,8 +147,12 @@ class DeviceExecutor:
             if id(b) not in packed:
                 pointers.append(b.pointer)
                 counts.append(b.count)
-        options = _core.CallOptions(dims, settings.chunk_bytes, settings.receives_in_flight, settings.small_bytes,
-                                    order)
+        if settings.reproducible:  # one flat ring, direct reduce-scatter, no small path (state.reproducible_options)
+            options = _core.CallOptions((math.prod(dims),), settings.chunk_bytes, settings.receives_in_flight, 0, (),
+                                        (), (1,))
+        else:
+            options = _core.CallOptions(dims, settings.chunk_bytes, settings.receives_in_flight, settings.small_bytes,
+                                        order)
         self._gpu.allreduce_segments(device, pointers, counts, code, op, options, direct)
         if small:
             self._gpu.copy_batch(device, [b.pointer for b in small], slots, [b.nbytes for b in small])

@@ -44,7 +44,7 @@ class FastPath:
     def plan(self, array: np.ndarray, op: str, dims: object, compression: object, settings: Settings) -> Plan | None:
         """The plan for this kind of call, or None where the general path must take it."""
         try:
-            plan = self._plans.get((array.dtype, array.shape, op, dims, compression))
+            plan = self._plans.get((array.dtype, array.shape, op, dims, compression, settings.reproducible))
         except Exception:  # noqa: BLE001 (unhashable dims, an op whose __hash__ raises): the general path says
             return None  # what is wrong, on every rank
         if plan is not None and plan.settings is settings:
@@ -61,18 +61,19 @@ class FastPath:
             ring_dims = state.resolve_dims(dims, settings)
             # DDLFAST_ALGORITHM's choice for this size (the general path makes the same): a shape and a direct
             # reduce-scatter per dimension run here; mpi (MPI's collective at every size) and latency (refused
-            # above DDLFAST_SMALL_BYTES) take the general path.
-            algorithm = state.algorithm_for(array.nbytes, ring_dims, settings)
+            # above DDLFAST_SMALL_BYTES) take the general path. reproducible=True runs its own plan at any
+            # DDLFAST_ALGORITHM (state.reproducible_options).
+            if not settings.reproducible and state.algorithm_for(array.nbytes, ring_dims, settings).name in (
+                    "mpi", "latency"):
+                return None
         except DdlfastError:
             return None  # the general path refuses it on every rank
-        if algorithm.name in ("mpi", "latency"):
-            return None
         layout = allreduce_layout(op, ring_dims, ((array.dtype, array.shape),), codec, False, settings)
         options = state.call_options(array.nbytes, ring_dims, settings)
         plan = Plan(settings, code, OPS[op], options, layout, state.agreement.digest(layout))
         if len(self._plans) >= MAX_PLANS:
             self._plans.clear()
-        self._plans[(array.dtype, array.shape, op, dims, compression)] = plan
+        self._plans[(array.dtype, array.shape, op, dims, compression, settings.reproducible)] = plan
         return plan
 
     def run(self, array: np.ndarray, plan: Plan, settings: Settings, name: str | int | None = None) -> bool:

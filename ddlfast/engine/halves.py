@@ -26,11 +26,11 @@ from ddlfast.buffers.device import any_device_array, device_buffers
 from ddlfast.buffers.dtypes import dtype_code, numpy_dtype
 from ddlfast.buffers.host import host_view, torch_tensor_module
 from ddlfast.compression.wire import wire_by_dim
-from ddlfast.config import load_settings
+from ddlfast.config import load_settings, with_reproducible
 from ddlfast.engine import device
 from ddlfast.engine.device import submit
 from ddlfast.engine.host import check_wire_overflows
-from ddlfast.engine.requests import check_op_on_wire, resolve_compression
+from ddlfast.engine.requests import check_op_on_wire, check_reproducible, resolve_compression
 from ddlfast.engine.state import EngineState
 from ddlfast.errors import DdlfastError
 from ddlfast.ops import OPS, check_op
@@ -71,7 +71,7 @@ def layout_of(kind: str, op: str, dims: tuple[int, ...], specs: Sequence[Spec], 
     """Everything the ranks must agree on (agreement.describe reads it back)."""
     return (kind, op, dims, tuple((s.layout_dtype, s.shape) for s in specs), counts, codec,
             (settings.chunk_bytes, settings.small_bytes, settings.bucket_bytes, settings.first_bucket_bytes,
-             settings.algorithm))
+             settings.algorithm), settings.reproducible)
 
 
 def _like(result: np.ndarray, original: object) -> Any:
@@ -194,20 +194,22 @@ def _per_array(value: object, n: int, name: str, single: bool, rank: int) -> lis
 
 
 def prepare(state: EngineState, kind: str, arrays: Any, op: str, dims: object, counts: object, out: object,
-            compression: object, stream: object, single: bool) -> HalfRequest:
+            compression: object, stream: object, single: bool, reproducible: object = None) -> HalfRequest:
     """Validate a call on the caller's thread, so bad input raises where it was passed."""
     if kind == REDUCE_SCATTER:
         op = check_op(op, state.rank)  # ddlfast's name (also for MPI.SUM, torch's ReduceOp.SUM, ...)
-    settings = load_settings()
+    settings = with_reproducible(load_settings(), reproducible, state.rank)
     ring_dims = state.resolve_dims(dims, settings)
     if compression is not None and not isinstance(compression, (str, tuple, list)):
         raise DdlfastError(f"compression={compression!r} on rank {state.rank}: {kind} takes a codec name "
                            "('none', 'fp16', 'bf16', per dimension, or 'auto'), not a user codec")
     codec = resolve_compression(compression, settings, [], state.rank)  # float32 is checked per array below
     check_op_on_wire(state, op, codec, ring_dims, False)  # also raises when codecs do not fit the dims
+    check_reproducible(state, settings, codec, ring_dims)
     request = _validate(kind, arrays, op, ring_dims, counts, out, codec, settings, state.rank, state.size, stream,
                         single)
-    if settings.algorithm != "auto":  # GPU arrays run on the host engine here, so every algorithm can
+    # GPU arrays run on the host engine here, so every algorithm can; reproducible=True runs its own plan
+    if settings.algorithm != "auto" and not settings.reproducible:
         compressed = bool(wire_by_dim(codec, ring_dims, state.hosts_tier(ring_dims)))
         largest = max((sum(map(sum, request.counts)) * max(s.dtype.itemsize for s in request.specs)
                        if request.specs else 0), 0)

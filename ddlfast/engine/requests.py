@@ -13,11 +13,11 @@ from ddlfast.buffers.device import any_device_array, device_buffers
 from ddlfast.buffers.host import check_no_overlap, host_buffer
 from ddlfast.compression.codecs import Codec
 from ddlfast.compression.wire import wire_by_dim
-from ddlfast.config import Settings, load_settings, parse_compression
+from ddlfast.config import Settings, load_settings, parse_compression, with_reproducible
 from ddlfast.engine import device, host
 from ddlfast.engine.device import DeviceRequest, submit
 from ddlfast.engine.host import HostRequest
-from ddlfast.engine.state import EngineState
+from ddlfast.engine.state import EngineState, reproducible_wire
 from ddlfast.errors import DdlfastError
 from ddlfast.fusion.pack_policy import bucket_indices
 from ddlfast.ops import SUMMING_OPS, WIRE_OPS, check_op
@@ -25,21 +25,22 @@ from ddlfast.ops import SUMMING_OPS, WIRE_OPS, check_op
 
 def prepare(state: EngineState, arrays: Sequence[Any], op: str, dims: object, result: Any,
             compression: object = None, error_feedback: bool = False, stream: object = None,
-            asynchronous: bool = False) -> HostRequest | DeviceRequest:
+            asynchronous: bool = False, reproducible: object = None) -> HostRequest | DeviceRequest:
     rank = state.rank
     op = check_op(op, rank)  # ddlfast's name (also for MPI.SUM, torch's ReduceOp.SUM, ...)
     if isinstance(arrays, np.ndarray) or not isinstance(arrays, Sequence):
         raise DdlfastError("fused_allreduce takes a list of arrays; use ddlfast.allreduce for one array")
     if len(arrays) == 0:
         raise DdlfastError("fused_allreduce got an empty list of arrays")
-    settings = load_settings()
+    settings = with_reproducible(load_settings(), reproducible, rank)
     ring_dims = state.resolve_dims(dims, settings)
     if any_device_array(arrays):
         gpu_buffers = device_buffers(arrays, rank, stream)
         check_no_overlap([(b.pointer, b.nbytes) for b in gpu_buffers], rank)
         codec = resolve_compression(compression, settings, [b.dtype_name for b in gpu_buffers], rank)
         check_op_on_wire(state, op, codec, ring_dims, error_feedback)
-        if settings.algorithm != "auto":
+        check_reproducible(state, settings, codec, ring_dims)
+        if settings.algorithm != "auto" and not settings.reproducible:
             state.check_algorithm(settings, ring_dims, False, largest_bucket(
                 [b.dtype_name for b in gpu_buffers], [b.nbytes for b in gpu_buffers], settings), gpu=True)
         # The fences go on the caller's streams now, on the caller's thread: later work there is not waited for.
@@ -53,7 +54,8 @@ def prepare(state: EngineState, arrays: Sequence[Any], op: str, dims: object, re
         check_no_overlap([(b.pointer, b.nbytes) for b in buffers], rank)
     codec = resolve_compression(compression, settings, [b.array.dtype.name for b in buffers], rank)
     check_op_on_wire(state, op, codec, ring_dims, error_feedback)
-    if settings.algorithm != "auto":
+    check_reproducible(state, settings, codec, ring_dims)
+    if settings.algorithm != "auto" and not settings.reproducible:
         compressed = isinstance(codec, tuple) and bool(wire_by_dim(codec, ring_dims, state.hosts_tier(ring_dims)))
         largest = largest_bucket([b.array.dtype for b in buffers], [b.nbytes for b in buffers], settings)
         state.check_algorithm(settings, ring_dims, compressed, largest, gpu=False)
@@ -95,6 +97,18 @@ def check_op_on_wire(state: EngineState, op: str, codec: tuple[str, ...] | Any, 
                            f"compression='none' (ops on a compressed wire: {', '.join(WIRE_OPS)})")
     if wire and error_feedback and op not in SUMMING_OPS:
         raise DdlfastError(f"error_feedback on rank {rank} applies to op='sum' or 'average', not {op!r}")
+
+
+def check_reproducible(state: EngineState, settings: Settings, codec: tuple[str, ...] | Any,
+                       ring_dims: tuple[int, ...]) -> None:
+    """reproducible=True runs wire codecs only: a user codec (TopKCodec, a hook) sums in its own order."""
+    if not settings.reproducible:
+        return
+    if not isinstance(codec, tuple):
+        raise DdlfastError(f"reproducible=True on rank {state.rank} cannot run through a user codec "
+                           f"({type(codec).__name__}): it reduces in its own order, which ddlfast cannot make "
+                           "canonical; use compression='none', 'fp16' or 'bf16' (DDLFAST_REPRODUCIBLE)")
+    reproducible_wire(wire_by_dim(codec, ring_dims, state.hosts_tier(ring_dims)), state.rank)
 
 
 def resolve_compression(compression: object, settings: Settings, dtype_names: list[str],

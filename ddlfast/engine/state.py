@@ -32,6 +32,17 @@ _INT64_CODE = DTYPE_CODES["int64"]
 _SUM_CODE = OPS["sum"]
 
 
+def reproducible_wire(wire: tuple[int, ...], rank: int) -> tuple[int, ...]:
+    """The wire of reproducible=True's one flat ring: the one wire type the per-dimension wire uses anywhere
+    (every contribution is rounded to it once, docs/numerics.md), or () uncompressed. Two wire types cannot
+    both hold: refused."""
+    types = sorted({code for code in wire if code >= 0})
+    if len(types) > 1:
+        raise DdlfastError(f"reproducible=True on rank {rank} runs one flat ring, so it takes one wire type, not "
+                           "fp16 in one ring dimension and bf16 in another; pass compression='fp16' or 'bf16'")
+    return (types[0],) if types else ()
+
+
 class EngineState:
     def __init__(self, core: Any, control: Control, timeout_s: float) -> None:
         self.core = core
@@ -136,6 +147,8 @@ class EngineState:
         DDLFAST_ALGORITHM's choice for that size (algorithm_for) with the settings that size messages. `mpi` hands
         every size to MPI's own allreduce, after the agreement; every other choice leaves buffers of at most
         DDLFAST_SMALL_BYTES to the latency path."""
+        if settings.reproducible:
+            return self.reproducible_options(settings, wire)
         choice = self.algorithm_for(nbytes, dims, settings, tuple(code >= 0 for code in wire))
         key = (choice, settings, wire, self.rank_order)
         try:
@@ -146,6 +159,25 @@ class EngineState:
         options = _core.CallOptions(choice.dims, settings.chunk_bytes, settings.receives_in_flight,
                                     MAX_SMALL_BYTES if mpi else settings.small_bytes, self.rank_order, wire,
                                     choice.direct, mpi)
+        if len(self._options_cache) >= MAX_CACHED_ALGORITHMS:
+            self._options_cache.clear()
+        self._options_cache[key] = options
+        return options
+
+    def reproducible_options(self, settings: Settings, wire: tuple[int, ...]) -> _core.CallOptions:
+        """reproducible=True: whatever the dims, algorithm and size, one flat ring of every rank in rank order
+        whose reduce-scatter is direct (src/engine/direct_phase.h: each element's owner adds the P contributions
+        in rank order) and no small-message path (its tree's order depends on the rank count's shape), so the
+        bits depend only on the inputs and the rank count. A compressed wire carries its one wire type over
+        the flat ring (reproducible_wire)."""
+        flat = reproducible_wire(wire, self.rank)
+        key = ("reproducible", settings, flat)
+        try:
+            return self._options_cache[key]
+        except KeyError:
+            pass
+        options = _core.CallOptions((self.size,), settings.chunk_bytes, settings.receives_in_flight, 0, (), flat,
+                                    (1,), False)
         if len(self._options_cache) >= MAX_CACHED_ALGORITHMS:
             self._options_cache.clear()
         self._options_cache[key] = options

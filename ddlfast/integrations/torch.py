@@ -151,25 +151,27 @@ class GradientReducer:
     find_unused_parameters: walk each forward's graph so parameters it does not reach stall no bucket.
     Embedding/EmbeddingBag modules with sparse=True get sparse gradients, allgathered (indices and values) and
     averaged at synchronize(); sparse_as_dense=True reduces them densely in the buckets instead.
+    reproducible: True sums the gradients in one canonical order (ddlfast.fused_allreduce; None:
+    DDLFAST_REPRODUCIBLE), so the bits do not depend on the ring dims, the buckets or the algorithm.
     """
 
     def __init__(self, model: torch.nn.Module, *, op: str = "average", dims: object = None,
                  bucket_bytes: int | None = None, first_bucket_bytes: int | None = None,
                  context: Context | None = None, backward_passes_per_step: int = 1,
                  broadcast_buffers: bool = True, find_unused_parameters: bool = False,
-                 sparse_as_dense: bool = False) -> None:
+                 sparse_as_dense: bool = False, reproducible: bool | None = None) -> None:
         self.context = context or default_context()
         self._model = model
         self._options = {"op": op, "dims": dims, "bucket_bytes": bucket_bytes,
                          "first_bucket_bytes": first_bucket_bytes, "context": self.context,
                          "backward_passes_per_step": backward_passes_per_step,
                          "broadcast_buffers": broadcast_buffers, "find_unused_parameters": find_unused_parameters,
-                         "sparse_as_dense": sparse_as_dense}
+                         "sparse_as_dense": sparse_as_dense, "reproducible": reproducible}
         if op not in ("average", "sum"):
             raise DdlfastError(f"op must be 'average' or 'sum', not {op!r}")
         if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
             raise DdlfastError(f"backward_passes_per_step must be an int >= 1, not {backward_passes_per_step!r}")
-        self.op, self.dims = op, dims
+        self.op, self.dims, self.reproducible = op, dims, reproducible
         self.backward_passes_per_step = backward_passes_per_step
         self.find_unused_parameters = find_unused_parameters
         self.sparse_as_dense = sparse_as_dense
@@ -380,6 +382,7 @@ class GradientReducer:
                 else:
                     bucket.handle = self.context.fused_allreduce_async(
                         [bucket.flat_view], op=self.op, dims=self.dims, stream=stream_of(bucket.flat),
+                        reproducible=self.reproducible,
                         name=(self._sync_passes if self._user_step is None else self._user_step) << 20
                         | self._next_to_submit)
             self._next_to_submit += 1

@@ -132,12 +132,14 @@ def raise_if_failed(future: torch.futures.Future) -> torch.Tensor:
 
 class HookState:
     """State for ddlfast's DDP hooks: wire compression (None, "fp16", "bf16" or per ring dimension such as
-    "none,fp16"), ring dims, error feedback (the sender's rounding residual, kept per DDP bucket index), and the
-    ddlfast Context (default: COMM_WORLD's)."""
+    "none,fp16"), ring dims, error feedback (the sender's rounding residual, kept per DDP bucket index), the
+    ddlfast Context (default: COMM_WORLD's), and reproducible (ddlfast.fused_allreduce's: one canonical summation
+    order; None: DDLFAST_REPRODUCIBLE)."""
 
     def __init__(self, compression: object = None, dims: object = None, error_feedback: bool = False,
-                 context: Context | None = None) -> None:
+                 context: Context | None = None, reproducible: bool | None = None) -> None:
         self.compression, self.dims, self.error_feedback = compression, dims, error_feedback
+        self.reproducible = reproducible
         self.context = context
         self._residuals: dict = {}
         self._checked = False
@@ -183,7 +185,8 @@ class HookState:
             self._iteration += 1
         with for_backward(self.context):  # DDP runs comm hooks in backward, maybe on an autograd device thread
             handle = self.context.fused_allreduce_async([collective_view(tensor)], op="average", dims=self.dims,
-                                                        compression=compression, stream=stream_of(tensor), name=name)
+                                                        compression=compression, stream=stream_of(tensor), name=name,
+                                                        reproducible=self.reproducible)
         future: torch.futures.Future = torch.futures.Future()
         handle.add_done_callback(complete_future(future, tensor))
         return future.then(raise_if_failed)

@@ -7,10 +7,12 @@
 // latency is one step instead of d-1.
 //
 // With an fp16/bf16 wire (HalfWire, engine/host_steps.h) every contribution
-// is rounded once, when its sender encodes it, and the owner decodes and adds
+// is rounded once, when its sender encodes it (the owner's own too, so the sum
+// does not depend on which rank owns the block), and the owner decodes and adds
 // all d in float32 before the block is rounded once more (by the allgather that
 // sends it): one rounding per dimension, where the ring rounds each partial sum
-// at every hop.
+// at every hop. A flat ring of every rank in rank order with this phase is
+// reproducible=True's canonical order (ddlfast/engine/state.py).
 //
 // How it runs: one polling loop for both executors (run_direct_phase), with
 // their step policies: the host's (DirectHostSteps, below) and the GPU's
@@ -87,8 +89,8 @@ inline DirectChunks direct_chunks(const SegmentedBuffer& data, const RingPhase& 
 }
 
 // The host's arithmetic for a direct phase, for either wire (engine/host_steps.h). Contributions land in a
-// window of receive slots; the sum of one chunk builds in an accumulator (or in the data itself when this rank's
-// own contribution comes first) and is copied into the data when complete.
+// window of receive slots; the sum of one chunk builds in the data itself (coordinates 0 and 1), or in an
+// accumulator until this rank's own contribution joins it in the data.
 template <class Wire>
 class DirectHostSteps {
  public:
@@ -99,7 +101,7 @@ class DirectHostSteps {
     slot_bytes_ = wire_.bytes(chunk_elems);
     if (scratch->receive_slots.size() < window_ * slot_bytes_) scratch->receive_slots.resize(window_ * slot_bytes_);
     receive_slots_ = scratch->receive_slots.data();
-    const std::size_t sum_doubles = (chunk_elems * data.element_size() + sizeof(double) - 1) / sizeof(double);
+    const std::size_t sum_doubles = (sum_bytes(chunk_elems) + sizeof(double) - 1) / sizeof(double);
     if (scratch->accumulator.size() < sum_doubles) scratch->accumulator.resize(sum_doubles);
     accumulator_ = reinterpret_cast<char*>(scratch->accumulator.data());
     if constexpr (!Wire::kInPlace) {
@@ -109,6 +111,8 @@ class DirectHostSteps {
       if (scratch->send_stage.size() < stage_bytes) scratch->send_stage.resize(stage_bytes);
       stage_cursor_ = scratch->send_stage.data();
       send_from_.resize(chunks.sends.size());
+      if (scratch->own_stage.size() < slot_bytes_) scratch->own_stage.resize(slot_bytes_);
+      own_stage_ = scratch->own_stage.data();
     }
   }
 
@@ -136,7 +140,15 @@ class DirectHostSteps {
 
   // The verbs of one chunk's sum, called in coordinate order.
   void begin_chunk(const ChunkItem& chunk, bool own_first) {
-    sum_ = own_first ? data_.address(chunk.offset) : accumulator_;
+    // The own contribution is read only as such from here on: rounded to the wire type in place.
+    wire_.round_through(data_.address(chunk.offset), own_stage_, chunk.count);
+    if constexpr (sum_in_scratch()) {
+      sum_ = accumulator_;  // the sum starts as the own values, in float32
+      if (own_first) wire_.load(sum_, reinterpret_cast<const unsigned char*>(data_.address(chunk.offset)),
+                                chunk.count);
+    } else {
+      sum_ = own_first ? data_.address(chunk.offset) : accumulator_;
+    }
   }
   Status load(std::size_t index, const ChunkItem& chunk) {
     wire_.load(sum_, slot(index), chunk.count);
@@ -146,19 +158,37 @@ class DirectHostSteps {
     wire_.reduce(sum_, slot(index), chunk.count, divisor);
     return Status::ok();
   }
+  // The own contribution joins the sum in its place: own + sum into the data, which then holds the sum (addition,
+  // min, max and product commute: the bits of sum + own, without a copy of the sum back into the data).
   Status add_own(const ChunkItem& chunk, int divisor) {
-    wire_.reduce_values(sum_, data_.address(chunk.offset), chunk.count, divisor);
+    char* own = data_.address(chunk.offset);
+    if constexpr (sum_in_scratch()) {
+      wire_.reduce_values(sum_, own, chunk.count, divisor);
+    } else {
+      wire_.reduce_values(own, sum_, chunk.count, divisor);
+      sum_ = own;
+    }
     return Status::ok();
   }
   Status finish_chunk(const ChunkItem& chunk) {
     char* target = data_.address(chunk.offset);
-    if (sum_ != target) std::memcpy(target, sum_, chunk.count * data_.element_size());
+    if constexpr (sum_in_scratch()) {
+      wire_.store(target, sum_, chunk.count);
+    } else if (sum_ != target) {
+      std::memcpy(target, sum_, chunk.count * data_.element_size());
+    }
     return Status::ok();
   }
   Status consumed(std::size_t) const { return Status::ok(); }
 
  private:
   unsigned char* slot(std::size_t index) const { return receive_slots_ + (index % window_) * slot_bytes_; }
+  // Whether the sum builds in float32 scratch whatever the order (HalfSum), and that scratch's size.
+  static constexpr bool sum_in_scratch() { return Wire::kSumInScratch; }
+  std::size_t sum_bytes(std::size_t count) const {
+    if constexpr (sum_in_scratch()) return wire_.sum_bytes(count);
+    return count * data_.element_size();
+  }
 
   const SegmentedBuffer& data_;
   Wire wire_;
@@ -168,6 +198,7 @@ class DirectHostSteps {
   char* accumulator_ = nullptr;
   char* sum_ = nullptr;
   unsigned char* stage_cursor_ = nullptr;
+  unsigned char* own_stage_ = nullptr;
   std::vector<const unsigned char*> send_from_;
 };
 
@@ -175,8 +206,9 @@ class DirectHostSteps {
 // (engine/ring_phases.h: receive_window, send_window, receive_room, receive_buffer, wire_bytes, stage, staged,
 // send_buffer, poll; a send here is a ChunkItem whose step is the destination's coordinate) and the verbs of
 // one chunk's sum, each called once its contribution is in place, in coordinate order:
-//   begin_chunk(chunk, own_first)    the sum starts in the data itself (this rank is coordinate 0) or in scratch
-//   load(i, chunk)                   the sum is contribution i (coordinate 0's)
+//   begin_chunk(chunk, own_first)    the sum starts in the data itself (this rank is coordinate 0 or 1) or in
+//                                    scratch
+//   load(i, chunk)                   the sum is contribution i (coordinate 0's, at coordinates 2 and up)
 //   add(i, chunk, divisor)           add contribution i (divisor 1 but on the last addition)
 //   add_own(chunk, divisor)          add this rank's own data at its place
 //   finish_chunk(chunk)              the finished sum into the data (after the chunk's last contribution)
@@ -190,6 +222,11 @@ Status run_direct_phase(Transport& transport, const RingPhase& phase, const Dire
   const int me = phase.coordinate;
   const int first = me == 0 ? 1 : 0;             // the first coordinate that arrives
   const int last = me == d - 1 ? d - 2 : d - 1;  // the last one
+  // Coordinates 0 and 1 start the sum in their own data (coordinate 1 adds coordinate 0's contribution to its
+  // own: addition commutes, so these are the bits of c0 + c1 without a copy of c0); the others build it in
+  // scratch until their own contribution joins.
+  const bool own_first = me <= 1;
+  const bool own_last = !own_first && me == d - 1;
   const std::vector<ChunkItem>& receives = chunks.receives;
   PhaseMessages<Steps, ChunkItem, ChunkItem> messages(transport, steps, receives, chunks.sends);
   auto from_owner = [&](std::size_t i) { return phase.peers[receives[i].step]; };
@@ -206,15 +243,15 @@ Status run_direct_phase(Transport& transport, const RingPhase& phase, const Dire
       const std::size_t i = messages.arrived();
       const ChunkItem& chunk = receives[i];
       const int j = chunk.step;
-      if (j == first) steps.begin_chunk(chunk, me == 0);
-      if (j == 0) {
+      if (j == first) steps.begin_chunk(chunk, own_first);
+      if (j == 0 && !own_first) {
         DDLFAST_RETURN_IF_ERROR(steps.load(i, chunk));
       } else {
-        if (me != 0 && j == me + 1) DDLFAST_RETURN_IF_ERROR(steps.add_own(chunk, 1));
-        DDLFAST_RETURN_IF_ERROR(steps.add(i, chunk, j == last && me != d - 1 ? final_divisor : 1));
+        if (!own_first && j == me + 1) DDLFAST_RETURN_IF_ERROR(steps.add_own(chunk, 1));
+        DDLFAST_RETURN_IF_ERROR(steps.add(i, chunk, j == last && !own_last ? final_divisor : 1));
       }
       if (j == last) {
-        if (me == d - 1) DDLFAST_RETURN_IF_ERROR(steps.add_own(chunk, final_divisor));
+        if (own_last) DDLFAST_RETURN_IF_ERROR(steps.add_own(chunk, final_divisor));
         DDLFAST_RETURN_IF_ERROR(steps.finish_chunk(chunk));
       }
       DDLFAST_RETURN_IF_ERROR(steps.consumed(i));

@@ -33,11 +33,13 @@ struct HostScratch {
   std::vector<unsigned char> receive_stage;  // encoded allgather chunks, kept for forwarding
   std::vector<float> decoded;                // a received chunk decoded for compressed min/max
   std::vector<double> accumulator;           // a direct reduce-scatter's sum of one chunk (double: aligned)
+  std::vector<unsigned char> own_stage;      // a direct reduce-scatter's own contribution on its way to the wire type
 };
 
 class PlainWire {
  public:
   static constexpr bool kInPlace = true;  // the wire carries the data's own bytes
+  static constexpr bool kSumInScratch = false;
   PlainWire(DType dtype, ReduceOp op, std::size_t element_size) : dtype_(dtype), op_(op), esize_(element_size) {}
   std::size_t bytes(std::size_t count) const { return count * esize_; }
   void reduce(char* target, const unsigned char* wire, std::size_t count, int divisor) const {
@@ -52,6 +54,7 @@ class PlainWire {
   void reduce_values(char* target, const char* values, std::size_t count, int divisor) const {
     reduce_into(dtype_, op_, target, values, count, divisor);
   }
+  void round_through(char*, unsigned char*, std::size_t) const {}  // the values are what travels
 
  private:
   DType dtype_;
@@ -62,6 +65,7 @@ class PlainWire {
 class HalfWire {
  public:
   static constexpr bool kInPlace = false;
+  static constexpr bool kSumInScratch = false;
   // `overflows` counts finite values encoded to inf (wire overflow).
   HalfWire(int wire, ReduceOp op, std::vector<float>* decoded, std::size_t* overflows)
       : kernels_(best_kernels()), wire_(wire), op_(op), decoded_(decoded), overflows_(overflows) {}
@@ -89,6 +93,12 @@ class HalfWire {
   void reduce_values(char* target, const char* values, std::size_t count, int divisor) const {
     reduce_into(DType::kFloat32, op_, target, values, count, divisor);
   }
+  // values <- their wire rounding, through `stage` (wire bytes of count): the owner's own contribution is rounded
+  // like every other, so a block's sum does not depend on which rank owns it.
+  void round_through(char* values, unsigned char* stage, std::size_t count) const {
+    encode(stage, values, count);
+    decode(values, stage, count);
+  }
 
  private:
   const KernelTable& kernels_;
@@ -96,6 +106,39 @@ class HalfWire {
   ReduceOp op_;
   std::vector<float>* decoded_;
   std::size_t* overflows_;
+};
+
+// float16/bfloat16 data summed by a direct reduce-scatter (engine/direct_phase.h): the values travel as they
+// are, the owner accumulates all d contributions in float32 and rounds the sum once to the type (the ring rounds
+// each partial sum to the type). The sum always builds in float32 scratch (kSumInScratch), never in the data.
+class HalfSum {
+ public:
+  static constexpr bool kInPlace = true;
+  static constexpr bool kSumInScratch = true;
+  explicit HalfSum(DType dtype)
+      : kernels_(best_kernels()), wire_(dtype == DType::kFloat16 ? 0 : 1) {}
+  std::size_t bytes(std::size_t count) const { return count * 2; }
+  std::size_t sum_bytes(std::size_t count) const { return count * sizeof(float); }
+  void encode(unsigned char*, const char*, std::size_t) const {}
+  void round_through(char*, unsigned char*, std::size_t) const {}
+  // The direct reduce-scatter's verbs on the float32 sum: a contribution or the own values decoded, added.
+  void load(char* sum, const unsigned char* values, std::size_t count) const {
+    kernels_.decode[wire_](reinterpret_cast<float*>(sum), values, count);
+  }
+  void reduce(char* sum, const unsigned char* values, std::size_t count, int divisor) const {
+    kernels_.accumulate[wire_](reinterpret_cast<float*>(sum), values, count, divisor);
+  }
+  void reduce_values(char* sum, const char* values, std::size_t count, int divisor) const {
+    kernels_.accumulate[wire_](reinterpret_cast<float*>(sum), values, count, divisor);
+  }
+  // The finished sum, rounded once, into the data (an overflow is inf there: exact_arithmetic reports it).
+  void store(char* data, const char* sum, std::size_t count) const {
+    kernels_.encode[wire_](data, reinterpret_cast<const float*>(sum), count);
+  }
+
+ private:
+  const KernelTable& kernels_;
+  int wire_;
 };
 
 template <class Wire>

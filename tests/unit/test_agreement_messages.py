@@ -10,7 +10,7 @@ from ddlfast.engine.agreement import allreduce_layout, describe, disagreement_me
 from ddlfast.engine.control import decode_value, encode_value
 
 SETTINGS = SimpleNamespace(chunk_bytes=1 << 20, small_bytes=8192, bucket_bytes=64 << 20, first_bucket_bytes=1 << 20,
-                           algorithm="auto")
+                           algorithm="auto", reproducible=False)
 
 
 def host_layout(dtype: object, shape: tuple, op: str = "sum", settings: object = SETTINGS) -> tuple:
@@ -109,3 +109,11 @@ def test_ranks_that_would_choose_different_algorithms_are_named() -> None:
     message = disagreement_message([readable(describe(layout, 3, None), rank)
                                     for rank, layout in enumerate(layouts)])
     assert "DDLFAST_ALGORITHM" in message and "'direct'" in message and "rank 1" in message, message
+
+
+def test_reproducible_difference_names_the_ranks() -> None:
+    """reproducible=True on one rank only: the message says which rank passed which."""
+    other = SimpleNamespace(**{**vars(SETTINGS), "reproducible": True})
+    message = message_for([host_layout("float32", (10,), settings=s) for s in (SETTINGS, other, SETTINGS)])
+    assert message.startswith("ranks disagree on reproducible"), message
+    assert "rank 1 passed True" in message and "ranks 0,2 passed False" in message, message

@@ -490,3 +490,34 @@ def test_new_variables_are_checked_at_context_creation(monkeypatch) -> None:
         with pytest.raises(DdlfastError, match=name):
             config.check_environment()
         monkeypatch.delenv(name)
+
+
+# ---------------------------------------------------------------- DDLFAST_REPRODUCIBLE
+
+
+@pytest.mark.parametrize(("value", "expected"), [("1", True), ("on", True), (" TRUE ", True), ("0", False),
+                                                 ("no", False), ("", False)])
+def test_reproducible_accepts_on_and_off(monkeypatch: pytest.MonkeyPatch, value: str, expected: bool) -> None:
+    monkeypatch.setenv("DDLFAST_REPRODUCIBLE", value)
+    assert config.load_settings().reproducible is expected
+
+
+@pytest.mark.parametrize("value", ["2", "maybe", "reproducible"])
+def test_reproducible_rejects_naming_the_variable(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("DDLFAST_REPRODUCIBLE", value)
+    with pytest.raises(DdlfastError, match="DDLFAST_REPRODUCIBLE"):
+        config.load_settings()
+
+
+def test_reproducible_argument_overrides_the_variable() -> None:
+    settings = config.load_settings()
+    assert settings.reproducible is False
+    assert config.with_reproducible(settings, None, 0) is settings
+    assert config.with_reproducible(settings, False, 0) is settings
+    flipped = config.with_reproducible(settings, True, 0)
+    assert flipped.reproducible is True and flipped.chunk_bytes == settings.chunk_bytes
+    assert config.with_reproducible(settings, True, 0) is flipped  # one object per setting: plans stay cached
+    assert config.with_reproducible(flipped, False, 0) == settings
+    for bad in ("yes", 1, None.__class__):
+        with pytest.raises(DdlfastError, match="reproducible=.* on rank 3 must be True, False or None"):
+            config.with_reproducible(settings, bad, 3)
