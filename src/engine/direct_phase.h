@@ -144,8 +144,7 @@ class DirectHostSteps {
     wire_.round_through(data_.address(chunk.offset), own_stage_, chunk.count);
     if constexpr (sum_in_scratch()) {
       sum_ = accumulator_;  // the sum starts as the own values, in float32
-      if (own_first) wire_.load(sum_, reinterpret_cast<const unsigned char*>(data_.address(chunk.offset)),
-                                chunk.count);
+      if (own_first) wire_.load(sum_, reinterpret_cast<const unsigned char*>(data_.address(chunk.offset)), chunk.count);
     } else {
       sum_ = own_first ? data_.address(chunk.offset) : accumulator_;
     }

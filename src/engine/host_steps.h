@@ -115,8 +115,7 @@ class HalfSum {
  public:
   static constexpr bool kInPlace = true;
   static constexpr bool kSumInScratch = true;
-  explicit HalfSum(DType dtype)
-      : kernels_(best_kernels()), wire_(dtype == DType::kFloat16 ? 0 : 1) {}
+  explicit HalfSum(DType dtype) : kernels_(best_kernels()), wire_(dtype == DType::kFloat16 ? 0 : 1) {}
   std::size_t bytes(std::size_t count) const { return count * 2; }
   std::size_t sum_bytes(std::size_t count) const { return count * sizeof(float); }
   void encode(unsigned char*, const char*, std::size_t) const {}
