@@ -43,7 +43,13 @@ from ddlfast.api import (
 )
 from ddlfast.context import Context
 from ddlfast.engine.worker import Handle
-from ddlfast.errors import DdlfastBrokenError, DdlfastConsistentError, DdlfastError, DdlfastTimeoutError
+from ddlfast.errors import (
+    DdlfastBrokenError,
+    DdlfastConsistentError,
+    DdlfastError,
+    DdlfastTimeoutError,
+    RanksLostError,
+)
 from ddlfast.fused_buffer import FusedBuffer
 from ddlfast.topology.placement import TopologyWarning
 
@@ -55,6 +61,7 @@ __all__ = [
     "DdlfastBrokenError",
     "DdlfastConsistentError",
     "DdlfastTimeoutError",
+    "RanksLostError",
     "FusedBuffer",
     "Handle",
     "TopologyWarning",

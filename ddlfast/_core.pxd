@@ -153,9 +153,15 @@ cdef extern from "transport/mpi_transport.h" namespace "ddlfast" nogil:
         size_t agreement_capacity()
         uint64_t sequence()
         void abandon_and_tell(const string& reason, bool interrupted) except +
+        void revoke_communicators() except +
+        bool failure_known()
         bool broken()
         string broken_reason()
         void request_stop()
+
+
+cdef extern from "transport/fault_tolerance.h" nogil:
+    const int DDLFAST_HAVE_ULFM
 
 
 cdef extern from "engine/context.h" namespace "ddlfast" nogil:

@@ -262,13 +262,21 @@ def topology(comm: MPI.Comm | None = None, *, probe_every_tier: bool = False) ->
 
 
 def rank(comm: MPI.Comm | None = None) -> int:
-    """This process's rank in `comm` (default COMM_WORLD); not collective."""
-    return (MPI.COMM_WORLD if comm is None else comm).Get_rank()  # not `comm or`: COMM_NULL is falsy
+    """This process's rank in `comm` (default COMM_WORLD, or the survivors of it after a RanksLostError); not
+    collective."""
+    return _world(comm).Get_rank()
 
 
 def size(comm: MPI.Comm | None = None) -> int:
-    """The number of ranks in `comm` (default COMM_WORLD); not collective."""
-    return (MPI.COMM_WORLD if comm is None else comm).Get_size()
+    """The number of ranks in `comm` (default COMM_WORLD, or the survivors of it after a RanksLostError); not
+    collective."""
+    return _world(comm).Get_size()
+
+
+def _world(comm: MPI.Comm | None) -> MPI.Comm:
+    if comm is not None:  # not `comm or`: COMM_NULL is falsy
+        return comm
+    return MPI.COMM_WORLD if _default is None else _default.comm
 
 
 def local_rank(comm: MPI.Comm | None = None) -> int:

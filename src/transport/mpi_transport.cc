@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "kernels/cpu/cpu_kernels.h"
+#include "transport/fault_tolerance.h"
 #include "transport/poll_backoff.h"
 
 namespace ddlfast {
@@ -346,6 +347,7 @@ Status MpiTransport::idle(std::chrono::steady_clock::time_point since, const cha
     }
   }
   if (census_ask_arrived()) return answer_census(what, peer);
+  if (census_revoked_) return revoked(what, peer);
   const double waited = seconds_since(since);
   if (timeout_s_ > 0 && waited > timeout_s_) return stalled(what, peer, waited);
   return Status::ok();
@@ -360,8 +362,24 @@ void MpiTransport::post_census_ask() {
 bool MpiTransport::census_ask_arrived() {
   if (census_ask_request_ == MPI_REQUEST_NULL) return false;
   int done = 0;
-  if (MPI_Test(&census_ask_request_, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return false;
+  const int code = MPI_Test(&census_ask_request_, &done, MPI_STATUS_IGNORE);
+  if (code != MPI_SUCCESS) {
+    census_revoked_ = census_revoked_ || ulfm_error(code);  // another survivor revoked the communicators
+    return false;
+  }
   return done != 0;
+}
+
+// Another rank lost a peer and revoked this transport's communicators (ULFM, fault_tolerance.h): this wait, on
+// any communicator, can never complete as it was meant to.
+Status MpiTransport::revoked(const char* what, int peer) {
+  std::string text = "rank " + std::to_string(rank_) + " stopped waiting for " + what;
+  if (peer >= 0) text += " from rank " + std::to_string(peer);
+  text += " in collective #" + std::to_string(sequence_) +
+          ": another rank found a failed rank and revoked the communicators (MPI's fault tolerance, ULFM)";
+  const Status status(StatusCode::kMpiError, text);
+  abandon(status, /*force=*/true);
+  return status;
 }
 
 // Tells the asking rank this one is alive (fire and forget), and listens for the next ask.
@@ -595,9 +613,27 @@ void MpiTransport::abandon(const Status& failure, bool force) {
 
 void MpiTransport::abandon_and_tell(const std::string& reason, bool interrupted) {
   if (broken()) return;
+  if (failure_known()) {
+    // MPI reports a dead rank (ULFM): revoking fails every survivor's waits at once, where a census would wait
+    // for the dead rank's answer.
+    mark_broken(reason + " (MPI reports a failed rank; this rank revoked the communicators)");
+    revoke_communicators();
+    return;
+  }
   mark_broken(reason);
   // ranks waiting for this one fail now instead of at their stall limit
   census(interrupted ? kAskAfterInterrupt : kAskAfterFailure);
+}
+
+bool MpiTransport::failure_known() const {
+  return census_revoked_ || ulfm_failure_known(comm_) || ulfm_failure_known(agree_comm_) ||
+         ulfm_failure_known(census_comm_);
+}
+
+void MpiTransport::revoke_communicators() {
+  ulfm_revoke(comm_);
+  ulfm_revoke(agree_comm_);
+  ulfm_revoke(census_comm_);
 }
 
 Status MpiTransport::native_allreduce(void* data, std::size_t count, DType dtype, ReduceOp op) {
