@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ddlfast import _core, config
+from ddlfast import _core, config, ulfm
 from ddlfast.context import Context
 from ddlfast.engine.agreement import Name
 from ddlfast.engine.worker import Handle
@@ -321,7 +321,10 @@ def _close_contexts() -> None:
     with _lock:
         contexts = [context for _, context in _by_comm.values()]
         _by_comm.clear()
+    if _default is not None:
+        contexts.append(_default)
+    survivors = [context.comm for context in contexts if context.lost_ranks]
     for context in contexts:
         context.close()
-    if _default is not None:
-        _default.close()
+    if survivors:
+        ulfm.leave(survivors[-1])  # after a loss: without MPI_Finalize (ddlfast/ulfm.py says why)

@@ -109,6 +109,11 @@ class Context:
         state.topology_for(settings.bucket_bytes)
 
     @property
+    def lost_ranks(self) -> bool:
+        """Whether this context lost ranks (and goes on with the survivors)."""
+        return self._generation > 0
+
+    @property
     def comm(self) -> MPI.Intracomm:
         """The communicator this context runs on: the one it was created with, or the survivors' after a
         RanksLostError."""
