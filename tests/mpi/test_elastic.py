@@ -57,17 +57,7 @@ needs_ulfm = pytest.mark.skipif(not _core.ulfm_built or launcher_kind() != "prrt
 def test_survivors_finish_bit_identical(case: str, tmp_path) -> None:
     kills = CASES[case]
     victims = {int(spec.split(":")[0]) for spec in kills.split(",")}
-    command = [*mpi_command(RANKS, "--with-ft", "ulfm"), sys.executable, str(PROGRAMS / "elastic_train.py"),
-               str(tmp_path), kills]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", DDLFAST_TIMEOUT_S="10")
-    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, env=env, start_new_session=True)
-    try:
-        output, _ = process.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate()
-        pytest.fail(f"{case}: the job hung ({kills})\n{output[-6000:]}")
+    output = _run_ulfm(RANKS, "elastic_train.py", str(tmp_path), kills)
     survivors = sorted(set(range(RANKS)) - victims)
     files = {r: tmp_path / f"rank{r}.npz" for r in survivors}
     missing = [r for r, path in files.items() if not path.exists()]
@@ -99,3 +89,28 @@ def test_elastic_refuses_without_ulfm() -> None:
     result = run_mpi(2, "elastic_refusal.py")
     assert result.stdout.count("REFUSED") == 2, result.stdout
     assert "--with-ft ulfm" in result.stdout
+
+
+@needs_ulfm
+def test_caught_loss_leaves_a_consistent_context() -> None:
+    """Survivors that catch RanksLostError themselves and carry on: the new world is consistent."""
+    result = _run_ulfm(RANKS, "elastic_raw.py", "caught")
+    assert result.count("CONSISTENT") == 3, result
+
+
+@needs_ulfm
+def test_sync_refuses_rank_dependent_commits() -> None:
+    result = _run_ulfm(2, "elastic_raw.py", "divergent")
+    assert result.count("REFUSED") == 2 and "NOT REFUSED" not in result, result
+
+
+def _run_ulfm(ranks: int, program: str, *args: str) -> str:
+    command = [*mpi_command(ranks, "--with-ft", "ulfm"), sys.executable, str(PROGRAMS / program), *args]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", DDLFAST_TIMEOUT_S="10")
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, env=env, start_new_session=True)
+    try:
+        return process.communicate(timeout=TIMEOUT_S)[0]
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        pytest.fail(f"{program} {args} hung\n{process.communicate()[0][-6000:]}")
