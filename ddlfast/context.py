@@ -76,7 +76,13 @@ class Context:
         self._ulfm = ulfm.enabled()  # MPI's fault tolerance is on: survivors of a dead rank go on (_recovered)
         self._generation = 0  # how many times ranks were lost; work prepared before the last loss is refused
         self._last_loss: RanksLostError | None = None
-        self._state = EngineState(*self._engine_on(comm, settings), settings.timeout_s)
+        self._pending_loss: RanksLostError | None = None  # ranks lost while the context was created
+        try:
+            self._state = self._created_on(comm, settings)
+        except (DdlfastError, MPI.Exception) as error:
+            if not (self._ulfm and ulfm.failure_known(comm)):
+                raise
+            self._pending_loss = self._lost(comm, *self._on_survivors(comm, settings), error)
         self._fast = FastPath(self._state)
         self._thread_level = MPI.Query_thread()
         self._worker: CommThread | None = None
@@ -87,7 +93,6 @@ class Context:
         self._issuer_name = ""
         self._issuer_lock = threading.Lock()  # not _lock: that one is held for a whole inline collective
         self._pid = process.track(self._forked)
-        self._agree_creation(self._state, settings)
         if _core.deferred_interrupts:
             raise _core.deferred_interrupts.pop()
 
@@ -101,12 +106,19 @@ class Context:
         core.wait_requests([created], "the other ranks to create their ddlfast context")
         return core, Control(control, core)
 
-    @staticmethod
-    def _agree_creation(state: EngineState, settings: Any) -> None:
-        # Settings that size messages or drive the topology must match on every rank; then placement detection
-        # (collective) runs where every rank has just proven it is present.
-        state.agreement.check(creation_layout(settings))
-        state.topology_for(settings.bucket_bytes)
+    def _created_on(self, comm: MPI.Intracomm, settings: Any) -> EngineState:
+        state = EngineState(*self._engine_on(comm, settings), settings.timeout_s)
+        try:
+            # Settings that size messages or drive the topology must match on every rank; then placement detection
+            # (collective) runs where every rank has just proven it is present.
+            state.agreement.check(creation_layout(settings))
+            state.topology_for(settings.bucket_bytes)
+        except BaseException:
+            if self._ulfm:  # the other ranks must not wait for this one in its creation
+                state.core.revoke()
+                ulfm.revoke(state.control.comm)
+            raise
+        return state
 
     @property
     def lost_ranks(self) -> bool:
@@ -308,6 +320,9 @@ class Context:
         def guarded() -> Any:
             if generation != self._generation:
                 raise self._stale()
+            if self._pending_loss is not None:  # ranks were lost while the context was created: raised once
+                loss, self._pending_loss = self._pending_loss, None
+                raise loss
             try:
                 return work()
             except DdlfastError as error:
@@ -326,28 +341,32 @@ class Context:
 
     def _recovered(self, failure: DdlfastError) -> RanksLostError:
         """A rank died (MPI reports it): revoke, shrink to the survivors, rebuild the engine there (ring dims
-        planned anew for the new size, the probe cache reused), and return the RanksLostError to raise. A rank
-        that dies meanwhile is shrunk away too."""
+        planned anew for the new size, the probe cache reused), and return the RanksLostError to raise."""
         before, old_state = self._comm, self._state
-        settings = load_settings()
-        comm = before
-        for attempt in range(before.Get_size()):
-            self._state.core.revoke()  # fails every survivor's waits at once (a no-op when done already)
-            ulfm.revoke(self._state.control.comm)
+        old_state.core.revoke()  # fails every survivor's waits at once (a no-op when done already)
+        ulfm.revoke(old_state.control.comm)
+        old_state.fused.clear()
+        return self._lost(before, *self._on_survivors(before, load_settings()), failure)
+
+    def _on_survivors(self, comm: MPI.Intracomm, settings: Any) -> tuple[MPI.Intracomm, EngineState]:
+        """Shrink `comm` to the survivors and create the engine there; a rank that dies meanwhile is shrunk away
+        too."""
+        for attempt in range(comm.Get_size()):
             survivors = ulfm.shrink(comm)
             try:
-                state = EngineState(*self._engine_on(survivors, settings), settings.timeout_s)
-                self._state = state
-                self._agree_creation(state, settings)
-                break
+                return survivors, self._created_on(survivors, settings)
             except (DdlfastError, MPI.Exception):
-                if attempt == before.Get_size() - 1:
+                if attempt == comm.Get_size() - 1 or not ulfm.failure_known(survivors):
                     raise
-                comm = survivors  # another rank died while the context was rebuilt: shrink again
-        self._comm = survivors
+                comm = survivors
+        raise AssertionError("unreachable")
+
+    def _lost(self, before: MPI.Intracomm, survivors: MPI.Intracomm, state: EngineState,
+              failure: BaseException) -> RanksLostError:
+        """Go on with `state` on `survivors`; the RanksLostError that says so."""
+        self._comm, self._state = survivors, state
         self._fast = FastPath(state)
         self._generation += 1
-        old_state.fused.clear()
         lost = ulfm.lost_ranks(before, survivors)
         self._last_loss = RanksLostError(
             f"rank {before.Get_rank()} (now rank {state.rank}): rank{'s' if len(lost) != 1 else ''} "

@@ -67,6 +67,20 @@ def shrink(comm: MPI.Intracomm) -> MPI.Intracomm:
     return survivors
 
 
+def failure_known(comm: MPI.Intracomm) -> bool:
+    """Whether MPI reports a failed rank of `comm` (to this rank), or `comm` was revoked."""
+    try:
+        if comm.Is_revoked():
+            return True
+        failed = comm.Get_failed()
+        try:
+            return failed.Get_size() > 0
+        finally:
+            failed.Free()
+    except MPI.Exception:
+        return False
+
+
 def lost_ranks(before: MPI.Intracomm, after: MPI.Intracomm) -> tuple[int, ...]:
     """The ranks of `before` that are not in `after`, numbered as in `before`."""
     old_group, new_group = before.Get_group(), after.Get_group()

@@ -92,9 +92,11 @@ def test_elastic_refuses_without_ulfm() -> None:
 
 
 @needs_ulfm
-def test_caught_loss_leaves_a_consistent_context() -> None:
-    """Survivors that catch RanksLostError themselves and carry on: the new world is consistent."""
-    result = _run_ulfm(RANKS, "elastic_raw.py", "caught")
+@pytest.mark.parametrize("mode", ["caught", "creation"])
+def test_caught_loss_leaves_a_consistent_context(mode: str) -> None:
+    """Survivors that catch RanksLostError themselves and carry on (also when the rank died while the context
+    was created): the new world is consistent."""
+    result = _run_ulfm(RANKS, "elastic_raw.py", mode)
     assert result.count("CONSISTENT") == 3, result
 
 

@@ -2,6 +2,8 @@
 
   caught       rank 2 dies mid-ring; the survivors catch RanksLostError themselves and carry on: the context must be
                consistent (ddlfast.size()/rank() the new world's, a ring allreduce and the small path right).
+  creation     the same, but rank 2 dies while the ranks create their context (in the first allreduce): the
+               survivors create it on themselves, and that allreduce raises RanksLostError.
   divergent    no rank dies; each rank commits a rank-dependent state: sync() must refuse on every rank.
 """
 
@@ -18,8 +20,10 @@ import ddlfast.elastic
 
 mode = sys.argv[1]
 start_rank = ddlfast.rank()
-if mode == "caught":
+if mode in ("caught", "creation"):
     x = np.full(1 << 19, start_rank + 1.0)
+    if mode == "caught":
+        ddlfast.barrier()  # the context exists
     if start_rank == 2:
         threading.Thread(target=lambda: (time.sleep(0.005), os.kill(os.getpid(), signal.SIGKILL)),
                          daemon=True).start()
