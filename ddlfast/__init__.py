@@ -47,7 +47,13 @@ from ddlfast.context import Context
 from ddlfast.engine.agreement import StragglerWarning
 from ddlfast.engine.flight import FlightWarning
 from ddlfast.engine.worker import Handle
-from ddlfast.errors import DdlfastBrokenError, DdlfastConsistentError, DdlfastError, DdlfastTimeoutError
+from ddlfast.errors import (
+    DdlfastBrokenError,
+    DdlfastConsistentError,
+    DdlfastError,
+    DdlfastTimeoutError,
+    RanksLostError,
+)
 from ddlfast.fused_buffer import FusedBuffer
 from ddlfast.topology.placement import TopologyWarning
 
@@ -60,6 +66,7 @@ __all__ = [
     "DdlfastConsistentError",
     "DdlfastTimeoutError",
     "FlightWarning",
+    "RanksLostError",
     "FusedBuffer",
     "Handle",
     "StragglerWarning",

@@ -190,9 +190,15 @@ cdef extern from "transport/mpi_transport.h" namespace "ddlfast" nogil:
         FlightLog& flight()
         uint64_t last_wait_us()
         void abandon_and_tell(const string& reason, bool interrupted) except +
+        void revoke_communicators() except +
+        bool failure_known()
         bool broken()
         string broken_reason()
         void request_stop()
+
+
+cdef extern from "transport/fault_tolerance.h" nogil:
+    const int DDLFAST_HAVE_ULFM
 
 
 cdef extern from "engine/context.h" namespace "ddlfast" nogil:

@@ -144,6 +144,10 @@ cdef int finish_call(const Status& status) except -1:
     return 0
 
 
+# Whether the core was compiled with MPI's fault-tolerance extension (ULFM: Open MPI 5's mpi-ext.h).
+ulfm_built = DDLFAST_HAVE_ULFM != 0
+
+
 def kernel_paths():
     """Names of the CPU kernel variants this build and CPU can run, best first."""
     return available_kernel_paths()
@@ -351,6 +355,18 @@ cdef class Engine:
         cdef Context* context = self.get()
         with nogil:
             context.transport().abandon_and_tell(text, interrupted)
+
+    def revoke(self) -> None:
+        """ULFM (MPI's fault tolerance, ddlfast/ulfm.py): revoke the transport's communicators, so every rank's
+        pending and later operations on them fail at once; a no-op where the MPI has no such extension."""
+        cdef Context* context = self.get()
+        with nogil:
+            context.transport().revoke_communicators()
+
+    @property
+    def failure_known(self) -> bool:
+        """ULFM: whether MPI reports a failed rank of the transport's communicators, or a survivor revoked them."""
+        return self.get().transport().failure_known()
 
     @property
     def broken(self) -> bool:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ddlfast import _core, config
+from ddlfast import _core, config, ulfm
 from ddlfast.context import Context
 from ddlfast.engine.agreement import Name
 from ddlfast.engine.worker import Handle
@@ -290,13 +290,21 @@ def topology(comm: MPI.Comm | None = None, *, probe_every_tier: bool = False) ->
 
 
 def rank(comm: MPI.Comm | None = None) -> int:
-    """This process's rank in `comm` (default COMM_WORLD); not collective."""
-    return (MPI.COMM_WORLD if comm is None else comm).Get_rank()  # not `comm or`: COMM_NULL is falsy
+    """This process's rank in `comm` (default COMM_WORLD, or the survivors of it after a RanksLostError); not
+    collective."""
+    return _world(comm).Get_rank()
 
 
 def size(comm: MPI.Comm | None = None) -> int:
-    """The number of ranks in `comm` (default COMM_WORLD); not collective."""
-    return (MPI.COMM_WORLD if comm is None else comm).Get_size()
+    """The number of ranks in `comm` (default COMM_WORLD, or the survivors of it after a RanksLostError); not
+    collective."""
+    return _world(comm).Get_size()
+
+
+def _world(comm: MPI.Comm | None) -> MPI.Comm:
+    if comm is not None:  # not `comm or`: COMM_NULL is falsy
+        return comm
+    return MPI.COMM_WORLD if _default is None else _default.comm
 
 
 def local_rank(comm: MPI.Comm | None = None) -> int:
@@ -341,7 +349,10 @@ def _close_contexts() -> None:
     with _lock:
         contexts = [context for _, context in _by_comm.values()]
         _by_comm.clear()
+    if _default is not None:
+        contexts.append(_default)
+    survivors = [context.comm for context in contexts if context.lost_ranks]
     for context in contexts:
         context.close()
-    if _default is not None:
-        _default.close()
+    if survivors:
+        ulfm.leave(survivors[-1])  # after a loss: without MPI_Finalize (ddlfast/ulfm.py says why)

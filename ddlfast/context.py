@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 import numpy as np
 from mpi4py import MPI
 
-from ddlfast import _core, config, launch, process
+from ddlfast import _core, config, launch, process, ulfm
 from ddlfast.config import MAX_LATENCY_BYTES, check_environment, format_size, load_settings, with_reproducible
 from ddlfast.engine import halves, requests, small
 from ddlfast.engine.agreement import Name, check_name, creation_layout
@@ -33,7 +33,7 @@ from ddlfast.engine.control import Control
 from ddlfast.engine.fast_path import FastPath
 from ddlfast.engine.state import EngineState
 from ddlfast.engine.worker import CommThread, Handle
-from ddlfast.errors import DdlfastBrokenError, DdlfastError
+from ddlfast.errors import DdlfastBrokenError, DdlfastError, RanksLostError
 from ddlfast.ops import canonical_op
 from ddlfast.profiling import PROFILER, recording_range, traced
 from ddlfast.topology.placement import Topology
@@ -72,12 +72,17 @@ class Context:
         check_environment()  # every DDLFAST_* variable, also those read only later (ddlfast/config.py)
         launch.check_world()  # MPI alone where the launcher started several: how to launch, not a job of 1 rank
         settings = load_settings()
-        # A private duplicate: the one transport. Its agreement messages can carry the latency path's data (the
-        # same capacity on every rank, whatever DDLFAST_SMALL_BYTES says now or later).
-        core = _core.Engine(comm, settings.timeout_s, 2 * MAX_LATENCY_BYTES)
-        control, created = comm.Idup()  # agreement descriptions and Python-side collectives
-        core.wait_requests([created], "the other ranks to create their ddlfast context")
-        self._state = EngineState(core, Control(control, core), settings.timeout_s)
+        self._comm = comm  # the communicator the context runs on (the survivors' after ranks were lost)
+        self._ulfm = ulfm.enabled()  # MPI's fault tolerance is on: survivors of a dead rank go on (_recovered)
+        self._generation = 0  # how many times ranks were lost; work prepared before the last loss is refused
+        self._last_loss: RanksLostError | None = None
+        self._pending_loss: RanksLostError | None = None  # ranks lost while the context was created
+        try:
+            self._state = self._created_on(comm, settings)
+        except (DdlfastError, MPI.Exception) as error:
+            if not (self._ulfm and ulfm.failure_known(comm)):
+                raise
+            self._pending_loss = self._lost(comm, *self._on_survivors(comm, settings), error)
         self._fast = FastPath(self._state)
         self._thread_level = MPI.Query_thread()
         self._worker: CommThread | None = None
@@ -88,18 +93,49 @@ class Context:
         self._issuer_name = ""
         self._issuer_lock = threading.Lock()  # not _lock: that one is held for a whole inline collective
         self._pid = process.track(self._forked)
-        # Settings that size messages or drive the topology must match on every rank; then placement detection
-        # (collective) runs where every rank has just proven it is present.
-        self._state.agreement.check(creation_layout(settings))
-        topology = self._state.topology_for(settings.bucket_bytes)
-        if self._state.rank == 0 and config.debug():  # DDLFAST_DEBUG: the plan, once
-            sys.stderr.write(f"ddlfast (DDLFAST_DEBUG=1): {self._state.size} ranks: {topology.describe()}; buckets: "
+        if _core.deferred_interrupts:
+            raise _core.deferred_interrupts.pop()
+
+    @staticmethod
+    def _engine_on(comm: MPI.Intracomm, settings: Any) -> tuple[Any, Control]:
+        """The compiled core and the control collectives on `comm` (collective over it)."""
+        # A private duplicate: the one transport. Its agreement messages can carry the latency path's data (the
+        # same capacity on every rank, whatever DDLFAST_SMALL_BYTES says now or later).
+        core = _core.Engine(comm, settings.timeout_s, 2 * MAX_LATENCY_BYTES)
+        control, created = comm.Idup()  # agreement descriptions and Python-side collectives
+        core.wait_requests([created], "the other ranks to create their ddlfast context")
+        return core, Control(control, core)
+
+    def _created_on(self, comm: MPI.Intracomm, settings: Any) -> EngineState:
+        state = EngineState(*self._engine_on(comm, settings), settings.timeout_s)
+        try:
+            # Settings that size messages or drive the topology must match on every rank; then placement detection
+            # (collective) runs where every rank has just proven it is present.
+            state.agreement.check(creation_layout(settings))
+            topology = state.topology_for(settings.bucket_bytes)
+        except BaseException:
+            if self._ulfm:  # the other ranks must not wait for this one in its creation
+                state.core.revoke()
+                ulfm.revoke(state.control.comm)
+            raise
+        if state.rank == 0 and config.debug():  # DDLFAST_DEBUG: the plan, once
+            sys.stderr.write(f"ddlfast (DDLFAST_DEBUG=1): {state.size} ranks: {topology.describe()}; buckets: "
                              f"DDLFAST_BUCKET_BYTES={format_size(settings.bucket_bytes)}, first "
                              f"{format_size(settings.first_bucket_bytes)}, chunks {format_size(settings.chunk_bytes)}, "
                              f"small-message limit {format_size(settings.small_bytes)}, algorithm "
                              f"{settings.algorithm}, timeout {settings.timeout_s:g} s\n")
-        if _core.deferred_interrupts:
-            raise _core.deferred_interrupts.pop()
+        return state
+
+    @property
+    def lost_ranks(self) -> bool:
+        """Whether this context lost ranks (and goes on with the survivors)."""
+        return self._generation > 0
+
+    @property
+    def comm(self) -> MPI.Intracomm:
+        """The communicator this context runs on: the one it was created with, or the survivors' after a
+        RanksLostError."""
+        return self._comm
 
     @property
     def rank(self) -> int:
@@ -204,7 +240,7 @@ class Context:
     def _check_open(self) -> None:
         if self._closed:
             raise DdlfastError("this ddlfast context is closed")
-        if self._state.core.broken:
+        if self._state.core.broken and not (self._ulfm and self._state.core.failure_known):  # else: _recovered
             raise DdlfastBrokenError(f"rank {self.rank}: this ddlfast context is unusable after an earlier failure "
                                      f"({self._state.core.broken_reason}); abort the job, or create a new Context")
 
@@ -225,6 +261,8 @@ class Context:
     def _in_order(self, work: Work, description: str) -> Any:
         """Run a blocking collective on the caller's thread, unless asynchronous ones are queued or running on
         the communication thread: then queue behind them, so every rank keeps one order of collectives."""
+        if self._ulfm:
+            work = self._elastic(work)
         if self._worker is not None and not self._worker.on_thread():
             ran, result = self._worker.run_if_idle(lambda: self._locked(work))
             if ran:
@@ -280,7 +318,72 @@ class Context:
         flight = self._state.flight
         if flight is not None:  # the flight record names the line that submitted it, not the thread's
             work = flight.sited(work, flight.site(), text)
-        return worker.submit(work, text)
+        return worker.submit(self._elastic(work) if self._ulfm else work, text)
+
+    # -- going on without dead ranks (MPI's fault tolerance, ddlfast/ulfm.py; docs/elastic.md) ------------------
+
+    def _elastic(self, work: Work) -> Work:
+        """`work` that, when ranks die under it, rebuilds the context on the survivors and raises RanksLostError;
+        work prepared before an earlier loss raises that loss's RanksLostError without running."""
+        generation = self._generation
+
+        def guarded() -> Any:
+            if generation != self._generation:
+                raise self._stale()
+            if self._pending_loss is not None:  # ranks were lost while the context was created: raised once
+                loss, self._pending_loss = self._pending_loss, None
+                raise loss
+            try:
+                return work()
+            except DdlfastError as error:
+                if generation != self._generation:
+                    raise self._stale() from error
+                if not self._state.core.failure_known:
+                    raise
+                raise self._recovered(error) from error
+
+        return guarded
+
+    def _stale(self) -> RanksLostError:
+        loss = self._last_loss
+        return RanksLostError(f"{loss}; this collective was issued before the loss and did not run",
+                              loss.lost, loss.size, loss.rank, loss.old_size)
+
+    def _recovered(self, failure: DdlfastError) -> RanksLostError:
+        """A rank died (MPI reports it): revoke, shrink to the survivors, rebuild the engine there (ring dims
+        planned anew for the new size, the probe cache reused), and return the RanksLostError to raise."""
+        before, old_state = self._comm, self._state
+        old_state.core.revoke()  # fails every survivor's waits at once (a no-op when done already)
+        ulfm.revoke(old_state.control.comm)
+        old_state.fused.clear()
+        return self._lost(before, *self._on_survivors(before, load_settings()), failure)
+
+    def _on_survivors(self, comm: MPI.Intracomm, settings: Any) -> tuple[MPI.Intracomm, EngineState]:
+        """Shrink `comm` to the survivors and create the engine there; a rank that dies meanwhile is shrunk away
+        too."""
+        for attempt in range(comm.Get_size()):
+            survivors = ulfm.shrink(comm)
+            try:
+                return survivors, self._created_on(survivors, settings)
+            except (DdlfastError, MPI.Exception):
+                if attempt == comm.Get_size() - 1 or not ulfm.failure_known(survivors):
+                    raise
+                comm = survivors
+        raise AssertionError("unreachable")
+
+    def _lost(self, before: MPI.Intracomm, survivors: MPI.Intracomm, state: EngineState,
+              failure: BaseException) -> RanksLostError:
+        """Go on with `state` on `survivors`; the RanksLostError that says so."""
+        self._comm, self._state = survivors, state
+        self._fast = FastPath(state)
+        self._generation += 1
+        lost = ulfm.lost_ranks(before, survivors)
+        self._last_loss = RanksLostError(
+            f"rank {before.Get_rank()} (now rank {state.rank}): rank{'s' if len(lost) != 1 else ''} "
+            f"{', '.join(map(str, lost))} of {before.Get_size()} died; the survivors go on as {state.size} ranks "
+            f"(the interrupted collective did not complete here; first error: {failure})",
+            lost, state.size, state.rank, before.Get_size())
+        return self._last_loss
 
     def _prepared(self, prepare: Callable[[], Work], description: str, name: object) -> Work:
         """`prepare()`, with any exception it raises made a refusal: whatever goes wrong on one rank before the
@@ -335,7 +438,7 @@ class Context:
     def submit(self, work: Work, description: str) -> Handle:
         """Run `work` on the communication thread, in this context's one order of collectives."""
         self._check_caller()
-        return self._ensure_worker().submit(work, description)
+        return self._ensure_worker().submit(self._elastic(work) if self._ulfm else work, description)
 
     def submit_collective(self, work: Work, description: str) -> Handle:
         """`submit` for work that is one collective of this context (it calls a Context collective, or agrees
@@ -425,7 +528,10 @@ class Context:
                 and (name is None or type(name) in (str, int))):
             plan = self._fast.plan(array, op, dims, compression, settings)
         if plan is not None:
-            if self._worker is None:  # _in_order's own first case, spelled out: this is the latency path
+            if self._ulfm:
+                fast = self._fast
+                done = self._in_order(lambda: fast.run(array, plan, settings, name), "allreduce")
+            elif self._worker is None:  # _in_order's own first case, spelled out: this is the latency path
                 with self._lock:
                     self._check_open()
                     done = self._fast.run(array, plan, settings, name)

@@ -58,7 +58,9 @@ class Handle:
             raise DdlfastError(f"{self.description} did not complete within {timeout} s")
         if self._error is not None:
             if isinstance(self._error, DdlfastError):
-                raise type(self._error)(str(self._error)) from self._error
+                error = type(self._error)(str(self._error))
+                error.__dict__.update(self._error.__dict__)  # e.g. RanksLostError's lost ranks and new size
+                raise error from self._error
             raise DdlfastError(f"{self.description} failed: {self._error!r}") from self._error
         return self._result
 

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "kernels/cpu/cpu_kernels.h"
+#include "transport/fault_tolerance.h"
 #include "transport/poll_backoff.h"
 #include "transport/stall_census.h"
 
@@ -302,6 +303,7 @@ Status MpiTransport::idle(std::chrono::steady_clock::time_point since, const cha
     }
   }
   if (census_ask_arrived()) return answer_census(what, peer);
+  if (census_revoked_) return revoked(what, peer);
   const double waited = seconds_since(since);
   if (timeout_s_ > 0 && waited > timeout_s_) return stalled(what, peer, waited);
   return Status::ok();
@@ -330,9 +332,27 @@ void MpiTransport::abandon(const Status& failure, bool force) {
 
 void MpiTransport::abandon_and_tell(const std::string& reason, bool interrupted) {
   if (broken()) return;
+  if (failure_known()) {
+    // MPI reports a dead rank (ULFM): revoking fails every survivor's waits at once, where a census would wait
+    // for the dead rank's answer.
+    mark_broken(reason + " (MPI reports a failed rank; this rank revoked the communicators)");
+    revoke_communicators();
+    return;
+  }
   mark_broken(reason);
   // ranks waiting for this one fail now instead of at their stall limit
   census(interrupted ? kAskAfterInterrupt : kAskAfterFailure);
+}
+
+bool MpiTransport::failure_known() const {
+  return census_revoked_ || ulfm_failure_known(comm_) || ulfm_failure_known(agree_comm_) ||
+         ulfm_failure_known(census_comm_);
+}
+
+void MpiTransport::revoke_communicators() {
+  ulfm_revoke(comm_);
+  ulfm_revoke(agree_comm_);
+  ulfm_revoke(census_comm_);
 }
 
 Status MpiTransport::native_allreduce(void* data, std::size_t count, DType dtype, ReduceOp op) {

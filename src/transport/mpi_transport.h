@@ -135,6 +135,12 @@ class MpiTransport final : public Transport {
   // The same for a failure outside the transport (the Python side's).
   void abandon_and_tell(const std::string& reason, bool interrupted = false);
   void mark_broken(const std::string& reason);
+  // ULFM (fault_tolerance.h): revoke the three communicators, so every survivor's pending and later operations on
+  // them fail at once; a no-op where MPI has no fault tolerance. abandon_and_tell calls it when MPI reports a dead
+  // rank, ddlfast/ulfm.py before it shrinks.
+  void revoke_communicators();
+  // ULFM: whether MPI reports a failed rank of this transport's communicators, or a survivor revoked them.
+  bool failure_known() const;
   // Thread-safe: the reason is written once, before the flag is published.
   bool broken() const { return broken_flag_.load(std::memory_order_acquire); }
   std::string broken_reason() const { return broken() ? broken_ : std::string(); }
@@ -166,6 +172,7 @@ class MpiTransport final : public Transport {
   Status stalled(const char* what, int peer, double waited);
   Status answer_census(const char* what, int peer);
   Status interrupted(const char* what, int peer);
+  Status revoked(const char* what, int peer);
   // Asks who is alive; `waits` gets each rank's wait (kind, peer, tag) from its answer (this rank's own too;
   // kind -1 for a rank that did not answer).
   std::vector<int> census(std::int64_t kind, std::vector<std::int64_t>* waits = nullptr);
@@ -218,6 +225,7 @@ class MpiTransport final : public Transport {
   };
   std::unique_ptr<Scratch> scratch_ = std::make_unique<Scratch>();
   MPI_Request census_ask_request_ = MPI_REQUEST_NULL;
+  bool census_revoked_ = false;  // the census ask failed with a ULFM error: a survivor revoked the communicators
   std::string broken_;  // written once, by the thread running collectives, then never again
   std::atomic<bool> broken_flag_{false};
   std::atomic<bool> stop_requested_{false};

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "transport/fault_tolerance.h"
 #include "transport/mpi_transport.h"
 #include "transport/stall_census.h"
 
@@ -20,8 +21,24 @@ void MpiTransport::post_census_ask() {
 bool MpiTransport::census_ask_arrived() {
   if (census_ask_request_ == MPI_REQUEST_NULL) return false;
   int done = 0;
-  if (MPI_Test(&census_ask_request_, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return false;
+  const int code = MPI_Test(&census_ask_request_, &done, MPI_STATUS_IGNORE);
+  if (code != MPI_SUCCESS) {
+    census_revoked_ = census_revoked_ || ulfm_error(code);  // another survivor revoked the communicators
+    return false;
+  }
   return done != 0;
+}
+
+// Another rank lost a peer and revoked this transport's communicators (ULFM, fault_tolerance.h): this wait, on
+// any communicator, can never complete as it was meant to.
+Status MpiTransport::revoked(const char* what, int peer) {
+  std::string text = "rank " + std::to_string(rank_) + " stopped waiting for " + what;
+  if (peer >= 0) text += " from rank " + std::to_string(peer);
+  text += " in collective #" + std::to_string(sequence_) +
+          ": another rank found a failed rank and revoked the communicators (MPI's fault tolerance, ULFM)";
+  const Status status(StatusCode::kMpiError, text);
+  abandon(status, /*force=*/true);
+  return status;
 }
 
 // Tells the asking rank this one is alive (fire and forget), and listens for the next ask.

@@ -1,0 +1,57 @@
+"""Under ULFM (tests/mpi/test_elastic.py), without ddlfast.elastic.run:
+
+  caught       rank 2 dies mid-ring; the survivors catch RanksLostError themselves and carry on: the context must be
+               consistent (ddlfast.size()/rank() the new world's, a ring allreduce and the small path right).
+  creation     the same, but rank 2 dies while the ranks create their context (in the first allreduce): the
+               survivors create it on themselves, and that allreduce raises RanksLostError.
+  divergent    no rank dies; each rank commits a rank-dependent state: sync() must refuse on every rank.
+"""
+
+import os
+import signal
+import sys
+import threading
+import time
+
+import numpy as np
+
+import ddlfast
+import ddlfast.elastic
+
+mode = sys.argv[1]
+start_rank = ddlfast.rank()
+if mode in ("caught", "creation"):
+    x = np.full(1 << 19, start_rank + 1.0)
+    if mode == "caught":
+        ddlfast.barrier()  # the context exists
+    if start_rank == 2:
+        threading.Thread(target=lambda: (time.sleep(0.005), os.kill(os.getpid(), signal.SIGKILL)),
+                         daemon=True).start()
+    try:
+        ddlfast.allreduce(x)
+        print(f"rank {start_rank}: completed before it learned of the loss", flush=True)
+        ddlfast.barrier()
+    except ddlfast.RanksLostError as error:
+        assert error.lost == (2,) and error.size == 3 and error.old_size == 4, (error.lost, error.size)
+        assert (error.size, error.rank) == (ddlfast.size(), ddlfast.rank())
+        print(f"rank {start_rank}: LOST {error.lost}", flush=True)
+    assert ddlfast.size() == 3 and ddlfast.rank() == [0, 1, None, 2][start_rank]
+    for n in (1 << 19, 100):  # the ring, then the latency path
+        y = np.arange(n, dtype=np.float64) * (ddlfast.rank() + 1)
+        ddlfast.allreduce(y)
+        np.testing.assert_array_equal(y, np.arange(n, dtype=np.float64) * 6)
+    everyone = ddlfast.allgather_object(start_rank)
+    assert everyone == [0, 1, 3], everyone
+    print(f"rank {start_rank}: CONSISTENT", flush=True)
+elif mode == "divergent":
+    state = ddlfast.elastic.NumpyState(params=np.zeros(1000), step=0)
+    state.sync()
+    state.params[:] = start_rank  # a rank-dependent commit
+    state.commit()
+    try:
+        state.sync()
+        print(f"rank {start_rank}: NOT REFUSED", flush=True)
+    except ddlfast.DdlfastError as error:
+        assert "differ" in str(error), error
+        print(f"rank {start_rank}: REFUSED {error}", flush=True)
+    ddlfast.barrier()  # the context is still usable

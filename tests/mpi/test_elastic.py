@@ -1,0 +1,137 @@
+"""Lose ranks, keep training (docs/elastic.md): 4 ranks train under `mpirun --with-ft ulfm` with ddlfast.elastic,
+ranks SIGKILL themselves at seeded points (in the agreement, mid-ring, in an async call, between steps, in a
+commit, in the recovery's sync, rank 0), and the survivors must finish with parameters bit-identical to a NumPy
+reference that runs the same steps on the world sizes they lived through, and to each other.
+
+Runs where ddlfast is built against an MPI with the fault-tolerance extension and the launcher is Open MPI 5's
+(CI's second-MPI stage, scripts/test_second_mpi.sh); skips elsewhere. Without ULFM the elastic API refuses,
+saying how to launch (also checked here, on any MPI).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from ddlfast import _core
+from tests.mpi.launcher import PROGRAMS, launcher_kind, mpi_command, run_mpi
+from tests.mpi.programs.elastic_train import elastic_reference
+
+RANKS = 4
+TIMEOUT_S = 180  # the whole job, start-up included, on a loaded 2-core machine (a hang ends there)
+
+_rng = random.Random(28)  # the seeded kill steps
+
+
+def _step(low: int, high: int, async_step: bool = False) -> int:
+    while True:
+        step = _rng.randrange(low, high)
+        if (step % 3 == 2) == async_step:
+            return step
+
+
+CASES = {
+    "agreement": f"2:agreement:{_step(1, 29)}",
+    "mid_ring": f"2:ring:{_step(1, 29)}",
+    "async": f"2:async:{_step(1, 29, async_step=True)}",
+    "between_steps": f"2:between:{_step(1, 29)}",
+    "two_failures": f"2:ring:{_step(3, 14)},1:between:{_step(16, 28)}",
+    "in_commit": f"2:commit:{5 * _rng.randrange(1, 5)}",
+    "in_recovery_sync": f"2:ring:{_step(3, 25)},1:sync:0",
+    "rank_0": f"0:ring:{_step(1, 29)}",
+}
+
+needs_ulfm = pytest.mark.skipif(not _core.ulfm_built or launcher_kind() != "prrte",
+                                reason="needs ddlfast built against Open MPI 5 (its ULFM) and its mpirun")
+
+
+@needs_ulfm
+@pytest.mark.parametrize("case", list(CASES))
+def test_survivors_finish_bit_identical(case: str, tmp_path) -> None:
+    kills = CASES[case]
+    victims = {int(spec.split(":")[0]) for spec in kills.split(",")}
+    output = _run_ulfm(RANKS, "elastic_train.py", str(tmp_path), kills)
+    survivors = sorted(set(range(RANKS)) - victims)
+    files = {r: tmp_path / f"rank{r}.npz" for r in survivors}
+    missing = [r for r, path in files.items() if not path.exists()]
+    assert not missing, f"{case} ({kills}): survivors {missing} did not finish\n{output[-6000:]}"
+    assert not any((tmp_path / f"rank{r}.npz").exists() for r in victims), output[-3000:]
+    results = {r: np.load(path) for r, path in files.items()}
+    history = [tuple(map(int, row)) for row in results[survivors[0]]["history"]]
+    assert len(history) >= 1, output[-3000:]
+    assert history[-1][1] == RANKS - len(victims), history
+    reference = elastic_reference(history, RANKS)
+    for r, result in results.items():
+        assert [tuple(map(int, row)) for row in result["history"]] == history, (r, output[-3000:])
+        assert int(result["size"]) == RANKS - len(victims)
+        np.testing.assert_array_equal(result["params"], reference, err_msg=f"rank {r}, {case} ({kills})")
+        assert result["params"].tobytes() == reference.tobytes()
+    assert sorted(int(results[r]["rank"]) for r in survivors) == list(range(len(survivors)))
+    deaths = [float(t) for t in re.findall(r"^DEATH (\S+)", output, re.M)]
+    resumed = re.findall(r"^RESUMED (\S+) (\S+) rank (\d+)", output, re.M)
+    def since_death(moment: str) -> str:
+        return f"{float(moment) - max(d for d in deaths if d <= float(moment)):.2f}"
+
+    print(f"{case} ({kills}): history {history}; seconds from the kill to the survivors' restored and synced "
+          "state / their next completed step:", [f"{since_death(synced)}/{since_death(done)}"
+                                                   for synced, done, _ in resumed])
+
+
+def test_elastic_refuses_without_ulfm() -> None:
+    """MPICH, or Open MPI launched without --with-ft ulfm: the elastic API says what to launch with."""
+    result = run_mpi(2, "elastic_refusal.py")
+    assert result.stdout.count("REFUSED") == 2, result.stdout
+    assert "--with-ft ulfm" in result.stdout
+
+
+@needs_ulfm
+@pytest.mark.parametrize("mode", ["caught", "creation"])
+def test_caught_loss_leaves_a_consistent_context(mode: str) -> None:
+    """Survivors that catch RanksLostError themselves and carry on (also when the rank died while the context
+    was created): the new world is consistent."""
+    result = _run_ulfm(RANKS, "elastic_raw.py", mode)
+    assert result.count("CONSISTENT") == 3, result
+
+
+@needs_ulfm
+def test_torch_state_and_distributed_optimizer(tmp_path) -> None:
+    """TorchState with ddlfast.torch's hooks and DistributedOptimizer: rank 2 dies in a step's gradient
+    allreduce; the survivors' weights are bit-identical to each other and match a float64 torch reference that
+    changes the world's size where they did (to 1e-12: the rank average's summation order is ddlfast's)."""
+    pytest.importorskip("torch")
+    from tests.mpi.programs.elastic_torch import torch_reference
+
+    output = _run_ulfm(RANKS, "elastic_torch.py", str(tmp_path))
+    results = {r: np.load(tmp_path / f"rank{r}.npz") for r in (0, 1, 3) if (tmp_path / f"rank{r}.npz").exists()}
+    assert sorted(results) == [0, 1, 3], output[-6000:]
+    history = [tuple(map(int, row)) for row in results[0]["history"]]
+    assert history and history[-1][1] == 3, history
+    reference = torch_reference(history, RANKS)
+    for r, result in results.items():
+        assert result["weight"].tobytes() == results[0]["weight"].tobytes(), r
+        np.testing.assert_allclose(result["weight"], reference, rtol=1e-12, atol=1e-14)
+
+
+@needs_ulfm
+def test_sync_refuses_rank_dependent_commits() -> None:
+    result = _run_ulfm(2, "elastic_raw.py", "divergent")
+    assert result.count("REFUSED") == 2 and "NOT REFUSED" not in result, result
+
+
+def _run_ulfm(ranks: int, program: str, *args: str) -> str:
+    command = [*mpi_command(ranks, "--with-ft", "ulfm"), sys.executable, str(PROGRAMS / program), *args]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", DDLFAST_TIMEOUT_S="10")
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, env=env, start_new_session=True)
+    try:
+        return process.communicate(timeout=TIMEOUT_S)[0]
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        pytest.fail(f"{program} {args} hung\n{process.communicate()[0][-6000:]}")
