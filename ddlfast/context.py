@@ -346,6 +346,7 @@ class Context:
 
     def _stale(self) -> RanksLostError:
         loss = self._last_loss
+        assert loss is not None  # a generation changed only with a loss
         return RanksLostError(f"{loss}; this collective was issued before the loss and did not run",
                               loss.lost, loss.size, loss.rank, loss.old_size)
 

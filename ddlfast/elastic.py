@@ -188,7 +188,8 @@ class NumpyState(State):
     def broadcast(self, root: int) -> None:
         for name in self._arrays:
             api.broadcast(getattr(self, name), root=root)
-        scalars = api.broadcast_object({name: getattr(self, name) for name in self._scalars}, root=root)
+        scalars: dict[str, Any] = api.broadcast_object(  # type: ignore[assignment]
+            {name: getattr(self, name) for name in self._scalars}, root=root)
         for name, value in scalars.items():
             setattr(self, name, value)
 
@@ -226,7 +227,7 @@ class TorchState(State):
             api.broadcast(tensor.detach().numpy(), root=root)  # the state dict's tensors share the parameters
         optimizer = self.optimizer.state_dict() if self.optimizer is not None else None
         scalars = {name: getattr(self, name) for name in self._scalars}
-        optimizer, scalars = api.broadcast_object((optimizer, scalars), root=root)
+        optimizer, scalars = api.broadcast_object((optimizer, scalars), root=root)  # type: ignore[misc]
         if self.optimizer is not None:
             self.optimizer.load_state_dict(optimizer)
         for name, value in scalars.items():

@@ -64,6 +64,7 @@ def shrink(comm: MPI.Intracomm) -> MPI.Intracomm:
     on the new communicator are returned to the caller (mpi4py raises them) instead of ending the job."""
     survivors = comm.Shrink()
     survivors.Set_errhandler(MPI.ERRORS_RETURN)
+    assert isinstance(survivors, MPI.Intracomm)  # the shrink of an intracommunicator
     return survivors
 
 
