@@ -19,7 +19,7 @@
 # The subset (extra arguments go to pytest): correctness over every factorization of 1..8 ranks, fused, async,
 # bad input, the fault-injection suite, rank death and stalls, torch hooks, DDLFAST_SPIN_US, the trust issue's fault
 # suites (agreement, engine, lifecycle, torch), the seeded fuzz (NumPy collectives and the torch backend) and the
-# latency path (the agreement's butterfly on this MPI's point-to-point), and elastic training under ULFM (`mpirun
+# latency path (the agreement's butterfly on this MPI's point-to-point), and the stragglers, flight records and timeline. and elastic training under ULFM (`mpirun
 # --with-ft ulfm`: ranks SIGKILLed, the survivors go on; about 2 minutes, docs/elastic.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -60,5 +60,5 @@ PATH="$PWD/.venv/bin:$PATH" .venv/bin/python -m pytest -q -ra -p no:cacheprovide
   tests/mpi/test_faults.py tests/mpi/test_rank_death.py tests/mpi/test_stall.py tests/mpi/test_torch.py \
   tests/mpi/test_spin.py tests/mpi/test_trust_agreement.py tests/mpi/test_trust_engine.py \
   tests/mpi/test_trust_lifecycle.py tests/mpi/test_trust_torch.py tests/mpi/test_fuzz.py tests/mpi/test_latency.py \
-  tests/mpi/test_elastic.py "$@"
+  tests/mpi/test_elastic.py tests/mpi/test_observe.py "$@"
 echo "ddlfast: second MPI passed: $(.venv/bin/python -m ddlfast.info --short)"
