@@ -18,9 +18,10 @@
 #
 # The subset (extra arguments go to pytest): correctness over every factorization of 1..8 ranks, fused, async,
 # bad input, the fault-injection suite, rank death and stalls, torch hooks, DDLFAST_SPIN_US, the trust issue's fault
-# suites (agreement, engine, lifecycle, torch), the seeded fuzz (NumPy collectives and the torch backend) and the
-# latency path (the agreement's butterfly on this MPI's point-to-point), and the stragglers, flight records and timeline. and elastic training under ULFM (`mpirun
-# --with-ft ulfm`: ranks SIGKILLed, the survivors go on; about 2 minutes, docs/elastic.md).
+# suites (agreement, engine, lifecycle, torch), the seeded fuzz (NumPy collectives and the torch backend), the
+# latency path (the agreement's butterfly on this MPI's point-to-point), the stragglers, flight records and timeline
+# (docs/observe.md), and elastic training under ULFM (`mpirun --with-ft ulfm`: ranks SIGKILLed, the survivors go
+# on; about 2 minutes, docs/elastic.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
