@@ -71,17 +71,18 @@ class FastPath:
             digest = state.agreement.fingerprint(layout, digest, name)
         if state.core_timeout_s != settings.timeout_s:  # set_core_timeout's own test, spelled out: the latency path
             state.set_core_timeout(settings.timeout_s)
-        try:  # the agreement and the collective in one call into the core
-            outcome = state.core.allreduce_array(array, array.size, code, op_code, options, digest)
-        except DdlfastConsistentError:
-            raise
-        except BaseException as error:
-            if not isinstance(error, Exception) and not state.core.broken:
-                # Ctrl-C (a signal handler's exception) that Python raised once the one call into the core had
-                # returned: the collective completed on every rank, and stands; the core abandons it itself
-                # (the context is then broken) when the signal comes during a wait.
+        while True:
+            try:  # the agreement and the collective in one call into the core
+                outcome = state.core.allreduce_array(array, array.size, code, op_code, options, digest)
+            except DdlfastConsistentError:
                 raise
-            state.raise_after_failure(error)
-        if outcome == 0:
-            state.agreement.disagreed(layout, name)
-        return outcome > 0
+            except BaseException as error:
+                if not isinstance(error, Exception) and not state.core.broken:
+                    # Ctrl-C (a signal handler's exception) that Python raised once the one call into the core had
+                    # returned: the collective completed on every rank, and stands; the core abandons it itself
+                    # (the context is then broken) when the signal comes during a wait.
+                    raise
+                state.raise_after_failure(error)
+            if outcome != 0:
+                return outcome > 0
+            state.agreement.disagreed(layout, name)  # returned: ranks inside join() take part now; again

@@ -174,14 +174,16 @@ class EngineState:
         """The agreement inside the collective's one call into the core: `action(fingerprint)` runs both and
         returns False, having written nothing, when the ranks disagree; every rank then raises the same error.
         A failure is handled as agreed()'s."""
-        try:
-            agreed = action(self.agreement.fingerprint(layout, None, self.agreement.name))
-        except DdlfastConsistentError:
-            raise
-        except BaseException as error:
-            self.raise_after_failure(error)
-        if not agreed:
-            self.agreement.disagreed(layout, self.agreement.name)
+        while True:
+            try:
+                agreed = action(self.agreement.fingerprint(layout, None, self.agreement.name))
+            except DdlfastConsistentError:
+                raise
+            except BaseException as error:
+                self.raise_after_failure(error)
+            if agreed:
+                return
+            self.agreement.disagreed(layout, self.agreement.name)  # returned: joined ranks take part; again
 
     def raise_after_failure(self, error: BaseException) -> NoReturn:
         """Called in an `except` block: a collective failed here after its agreement, so the context is broken
