@@ -84,8 +84,8 @@ def command_for(argv: Sequence[str], mpiexec: str | None = None, flavour: str | 
                  else ["-launcher-exec", f"ssh -p {args.ssh_port}"])
     environment = dict(item.split("=", 1) if "=" in item else (item, os.environ.get(item, "")) for item in args.env)
     threshold = os.environ.get("HOROVOD_FUSION_THRESHOLD")
-    if threshold and "DDLFAST_BUCKET_BYTES" not in os.environ:
-        environment["DDLFAST_BUCKET_BYTES"] = threshold
+    if threshold:  # Horovod's fusion buffer is ddlfast's bucket
+        environment.setdefault("DDLFAST_BUCKET_BYTES", threshold)
     for name, value in environment.items():
         line += ["-x", f"{name}={value}"] if flavour == "openmpi" else ["-genv", name, value]
     return line + command

@@ -247,7 +247,7 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
     if not isinstance(process_set, ProcessSet):
         process_set = ProcessSet(process_set)
     world = MPI.COMM_WORLD.Get_size()
-    everyone = MPI.COMM_WORLD.allgather(process_set.ranks)
+    everyone = translated(lambda: ddlfast.allgather_object(process_set.ranks))  # stall-limited
     problem = None
     if any(ranks != everyone[0] for ranks in everyone):
         problem = f"ranks passed different process sets: {everyone}"
@@ -271,7 +271,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     _check_initialized()
     if process_set.process_set_id in (None, 0) or process_set.process_set_id not in _runtime.process_sets:
         return False
-    MPI.COMM_WORLD.Barrier()
+    translated(ddlfast.barrier)  # stall-limited
     del _runtime.process_sets[process_set.process_set_id]
     if process_set.comm is not None:
         process_set.comm.Free()
@@ -454,7 +454,8 @@ def barrier(process_set: ProcessSet | None = None) -> None:
 
 def broadcast_object(obj: object, root_rank: int = 0, name: str | None = None,
                      process_set: ProcessSet | None = None) -> object:
-    return translated(lambda: ddlfast.broadcast_object(obj, root=root_rank, comm=comm_of(process_set)))
+    return translated(lambda: ddlfast.broadcast_object(obj, root=root_in(process_set, root_rank),
+                                                       comm=comm_of(process_set)))
 
 
 def allgather_object(obj: object, name: str | None = None, process_set: ProcessSet | None = None) -> list:
@@ -493,6 +494,13 @@ def _scaled(array: np.ndarray, factor: float) -> np.ndarray:
 def _divided(array: np.ndarray, count: int) -> np.ndarray:
     """Horovod's integer average: toward zero (ddlfast's own rounds toward minus infinity)."""
     return (np.sign(array) * (np.abs(array) // count)).astype(array.dtype)
+
+
+def root_in(process_set: ProcessSet | None, root_rank: int) -> int:
+    """Horovod names a process set's root by its rank in the job; ddlfast by its rank in the set's communicator."""
+    if process_set is None or process_set.process_set_id == 0 or root_rank not in process_set.ranks:
+        return root_rank  # ddlfast refuses a root outside the set, on every rank of it
+    return process_set.ranks.index(root_rank)
 
 
 def _group_size(process_set: ProcessSet | None) -> int:
@@ -620,7 +628,8 @@ def broadcast_async(array: np.ndarray, root_rank: int, name: str | None = None,
                     process_set: ProcessSet = global_process_set, inplace: bool = False) -> int:
     comm = comm_of(process_set)
     target = array if inplace else np.array(array, copy=True)
-    return submit(name, lambda: ddlfast.broadcast_async(target, root=root_rank, comm=comm), lambda r: r, process_set)
+    root = root_in(process_set, root_rank)
+    return submit(name, lambda: ddlfast.broadcast_async(target, root=root, comm=comm), lambda r: r, process_set)
 
 
 def broadcast(array: np.ndarray, root_rank: int, name: str | None = None,

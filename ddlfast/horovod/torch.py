@@ -386,7 +386,8 @@ def _broadcast_entry(tensor: torch.Tensor, root_rank: int, name: str | None, pro
             back.copy_(_tensor(target))
         return tensor
 
-    return _hvd.submit(name, lambda: ddlfast.broadcast_async(target, root=root_rank, comm=comm), done, process_set)
+    root = _hvd.root_in(process_set, root_rank)
+    return _hvd.submit(name, lambda: ddlfast.broadcast_async(target, root=root, comm=comm), done, process_set)
 
 
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
@@ -409,7 +410,7 @@ class _Broadcast(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
         reduced = allreduce(grad, op=Average, process_set=ctx.process_set)
-        if ctx.process_set.rank() != ctx.root_rank:
+        if rank() != ctx.root_rank:
             reduced = reduced * 0
         return reduced, None, None, None
 
