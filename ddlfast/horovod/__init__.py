@@ -5,9 +5,11 @@ differs from Horovod.
 
 Names. Horovod matches tensors across ranks by name, so ranks may submit named asynchronous calls in different
 orders. Here a named asynchronous call on the global process set is held until a handle of one is waited for
-(synchronize, poll, join, DistributedOptimizer.step); the ranks then negotiate (two small allreduces: which ranks
-take part, then every rank's pending names as 63-bit hashes) and submit the names every active rank holds, in
-one order (sorted by hash), to ddlfast. A rank inside join() takes part in those allreduces with zeros, so the
+(synchronize, poll, join, DistributedOptimizer.step); the ranks then negotiate: one small allreduce says which
+ranks take part, how many names each holds and a digest of them; where every active rank holds the same names
+(the steady state of a training loop) that is all, else a second allreduce carries every rank's names as 63-bit
+hashes. The names every active rank holds then go to ddlfast in one order (sorted by hash). A rank inside join()
+takes part in those allreduces with zeros, so the
 others go on without it. A name already held or in flight on this rank raises ValueError at once; a name some
 ranks never submit stays held, and waiting for it ends at the stall limit (DDLFAST_TIMEOUT_S) with a DdlfastError
 naming it. Unnamed calls go to ddlfast at once, in call order, as Horovod's unnamed calls pair by order too.
@@ -362,31 +364,71 @@ def negotiate() -> None:
     world, me = MPI.COMM_WORLD.Get_size(), MPI.COMM_WORLD.Get_rank()
     with _runtime.lock:
         mine = {name_hash(name): name for name in _runtime.held}
-    head = np.zeros(2 * world, np.int64)
-    head[2 * me], head[2 * me + 1] = 1, len(mine)
+    # Per rank: taking part (a joined rank's zeros say no), how many names it holds, and a digest of them.
+    head = np.zeros(3 * world, np.int64)
+    head[3 * me:3 * me + 3] = 1, len(mine), name_hash(",".join(map(str, sorted(mine))))
     translated(lambda: ddlfast.allreduce(head, op="sum"))
-    active, counts = head[0::2], head[1::2]
+    active, counts, digests = head[0::3], head[1::3], head[2::3]
     widest = int(counts.max(initial=0))
     if widest == 0:
+        return
+    if len({int(d) for d, a in zip(digests, active, strict=True) if a}) == 1:
+        common: set[int] | None = set(mine)  # the steady state: every active rank holds the same names
+        _submit_held(mine, common)
         return
     table = np.zeros(world * widest, np.int64)
     table[me * widest:me * widest + len(mine)] = sorted(mine)
     translated(lambda: ddlfast.allreduce(table, op="sum"))
-    common: set[int] | None = None
+    common = None
     for r in range(world):
         if active[r]:
             theirs = set(table[r * widest:r * widest + int(counts[r])].tolist())
             common = theirs if common is None else common & theirs
-    for key in sorted(common or ()):
+    _submit_held(mine, common or set())
+
+
+def _submit_held(mine: dict[int, str], common: set[int]) -> None:
+    """Give ddlfast the held calls every active rank holds, in one order on every rank (by hash); allreduces of
+    one op on one communicator go as one fused allreduce (a DistributedOptimizer's gradients: one call)."""
+    entries = []
+    for key in sorted(common):
         name = mine[key]
         with _runtime.lock:
             handle = _runtime.held.pop(name)
             _runtime.flying[name] = handle
-            entry = _runtime.entries[handle]
+            entries.append(_runtime.entries[handle])
+    groups: dict[tuple, list[_Entry]] = {}
+    for entry in entries:  # the same grouping on every rank: the same calls, in the same order
+        fusion = getattr(entry.submit, "fusion", None)
+        groups.setdefault(fusion[:2] if fusion else (id(entry),), []).append(entry)
+    for group in groups.values():
+        fusion = getattr(group[0].submit, "fusion", None)
         try:
-            entry.handle = translated(entry.submit)
-        except BaseException as error:
-            entry.handle = _Failed(error)
+            if fusion is None or len(group) == 1:
+                group[0].handle = translated(group[0].submit)
+                continue
+            ddl_op, _, comm, _ = fusion
+            works = [e.submit.fusion[3] for e in group]  # type: ignore[attr-defined]
+            fused = translated(lambda works=works, op=ddl_op, comm=comm:
+                               ddlfast.fused_allreduce_async(works, op=op, comm=comm))
+            for index, entry in enumerate(group):
+                entry.handle = _Part(fused, index)
+        except BaseException as error:  # noqa: BLE001 - waiting for these calls raises it
+            for entry in group:
+                entry.handle = _Failed(error)
+
+
+class _Part:
+    """One array's share of a fused ddlfast handle."""
+
+    def __init__(self, handle: Any, index: int) -> None:
+        self.handle, self.index = handle, index
+
+    def wait(self) -> Any:
+        return self.handle.wait()[self.index]
+
+    def done(self) -> bool:
+        return bool(self.handle.done())
 
 
 class _Failed:
@@ -532,6 +574,8 @@ def allreduce_parts(array: np.ndarray, op: int, prescale_factor: float, postscal
     def start() -> Any:
         return ddlfast.allreduce_async(work, op=ddl_op, comm=comm)
 
+    start.fusion = (ddl_op, id(comm), comm, work)  # type: ignore[attr-defined]  # negotiated calls fuse by this
+
     def finish(result: np.ndarray) -> np.ndarray:
         if integer_average:
             result = _divided(result, members)
@@ -652,8 +696,10 @@ def alltoall_async(array: np.ndarray, splits: Any = None, name: str | None = Non
 
 
 def alltoall(array: np.ndarray, splits: Any = None, name: str | None = None,
-             process_set: ProcessSet = global_process_set) -> tuple[np.ndarray, np.ndarray]:
-    return synchronize(alltoall_async(array, splits, name, process_set))
+             process_set: ProcessSet = global_process_set) -> Any:
+    """(received, received splits as int32); without splits, as Horovod: the received rows alone."""
+    received, received_splits = synchronize(alltoall_async(array, splits, name, process_set))
+    return received if splits is None else (received, received_splits)
 
 
 def reducescatter_counts(shape: tuple[int, ...], members: int) -> list[int]:

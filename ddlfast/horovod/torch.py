@@ -459,10 +459,11 @@ class _Alltoall(torch.autograd.Function):
 
 
 def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
-             process_set: ProcessSet = global_process_set) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows [sum(splits[:d]), sum(splits[:d+1])) to rank d (equal blocks without splits); returns (the received
-    rows in rank order, the rows received from each rank as int32)."""
-    return _Alltoall.apply(tensor, splits, name, process_set)
+             process_set: ProcessSet = global_process_set) -> Any:
+    """Rows [sum(splits[:d]), sum(splits[:d+1])) to rank d; returns (the received rows in rank order, the rows
+    received from each rank as int32). Without splits (equal blocks), as Horovod: the received rows alone."""
+    output, received = _Alltoall.apply(tensor, splits, name, process_set)
+    return output if splits is None else (output, received)
 
 
 # -- reducescatter -----------------------------------------------------------------------------------------------------
@@ -566,43 +567,46 @@ def broadcast_parameters(params: Any, root_rank: int) -> None:
 
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, model: Any = None) -> None:
-    """Root's optimizer state (and its hyperparameters) on every rank: state tensors are broadcast in place,
-    everything else as a pickled object."""
+    """Root's optimizer state and hyperparameters on every rank. A rank whose optimizer has no state yet makes it
+    first with one local step on zero gradients (as Horovod does); root's state then decides which tensors there
+    are: each is broadcast in place where this rank has it with root's dtype and shape, into a new tensor
+    otherwise, and everything else comes as a pickled object."""
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
     state_dict = optimizer.state_dict()
-    if not state_dict["state"]:  # no state yet (no step): make it, as Horovod does, with zero gradients
+    if not state_dict["state"]:
         for group in optimizer.param_groups:
             for p in group["params"]:
-                if p.requires_grad and id(p) not in {id(q) for q in ()}:
-                    if p.grad is None:
-                        p.grad = p.data.new(p.size()).zero_()
-        if isinstance(optimizer, _DistributedOptimizerMixin):
-            super(optimizer.__class__, optimizer).step()
+                if p.requires_grad and p.grad is None:
+                    p.grad = p.data.new(p.size()).zero_()
+        if isinstance(optimizer, _DistributedOptimizerMixin):  # its step() would allreduce: a local step only
+            super(_DistributedOptimizerMixin, optimizer).step()
         else:
             optimizer.step()
         state_dict = optimizer.state_dict()
     tensors, others = {}, {}
     for index, state in state_dict["state"].items():
         for key, value in state.items():
-            if torch.is_tensor(value):
-                tensors[f"{index}.{key}"] = value
-            else:
-                others[f"{index}.{key}"] = value
+            (tensors if torch.is_tensor(value) else others)[(index, key)] = value
     groups = [{k: v for k, v in g.items() if k != "params"} for g in state_dict["param_groups"]]
-    received = broadcast_object((sorted(tensors), others, groups), root_rank)
-    names, root_others, root_groups = received
-    if names != sorted(tensors):
-        raise HorovodInternalError(f"rank {rank()}: the optimizer state's tensors differ from root's")
-    broadcast_parameters({n: tensors[n] for n in names}, root_rank)
-    for name, value in root_others.items():
-        index, key = name.split(".", 1)
-        state_dict["state"][int(index)][key] = value
+    layout = {k: (str(v.dtype).removeprefix("torch."), tuple(v.shape)) for k, v in tensors.items()}
+    root_layout, root_others, root_groups = broadcast_object((layout, others, groups), root_rank)
+    handles, received = [], {}
+    for key in sorted(root_layout, key=repr):
+        dtype, shape = root_layout[key]
+        tensor = tensors.get(key)
+        if tensor is None or layout[key] != (dtype, shape) or not tensor.is_contiguous():
+            tensor = torch.zeros(shape, dtype=getattr(torch, dtype))
+        received[key] = tensor
+        handles.append(broadcast_async_(tensor, root_rank))
+    for handle in handles:
+        synchronize(handle)
+    state_dict["state"] = {}
+    for (index, key), value in [*received.items(), *root_others.items()]:
+        state_dict["state"].setdefault(index, {})[key] = value
     for group, root_group in zip(state_dict["param_groups"], root_groups, strict=True):
         group.update(root_group)
     optimizer.load_state_dict(state_dict)
-    for group, root_group in zip(optimizer.param_groups, root_groups, strict=True):
-        group.update(root_group)
 
 
 # -- DistributedOptimizer ----------------------------------------------------------------------------------------------

@@ -91,6 +91,11 @@ def main() -> int:
             for test in batch:
                 alone = run_batch(path, [test], args.ranks, args.timeout)
                 outcomes[test] = alone[test] if alone else ("timeout", f"did not finish in {args.timeout:.0f} s")
+        failed = [t for t in batch if outcomes[t][0] == "failed"]
+        if len(failed) > 1:  # a failure can leave the ranks at different collectives: the rest of the batch then
+            for test in failed[1:]:  # fails with it, so each later failure is run again on its own
+                alone = run_batch(path, [test], args.ranks, args.timeout)
+                outcomes[test] = alone[test] if alone else ("timeout", f"did not finish in {args.timeout:.0f} s")
         for test in batch:
             outcome, detail = outcomes[test]
             totals[outcome] = totals.get(outcome, 0) + 1
