@@ -122,7 +122,10 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> 
     if comm is not None and not (isinstance(comm, MPI.Comm) and comm == MPI.COMM_WORLD) and comm != []:
         raise HorovodInternalError("ddlfast.horovod.init(comm=...) supports MPI.COMM_WORLD only; use process "
                                    "sets for subsets of ranks")
+    translated(ddlfast.default_context)  # collective once: every rank's hvd.init() meets here, as in Horovod
+    _local_comm()  # collective too: local_rank() and cross_rank() must not be (a joined rank calls local_rank())
     _runtime.initialized = True
+    _cross_comm()
     for process_set in process_sets or ():
         if process_set.process_set_id is None:
             add_process_set(process_set)
@@ -483,10 +486,12 @@ def flush_held() -> None:
 
 
 def join(device: int = -1) -> int:
-    """Horovod's join(): submits what the ranks hold in common, then ddlfast.join(): this rank takes part in the
-    others' allreduces with zeros until every rank has joined. Returns the last rank to join."""
+    """Horovod's join(): this rank's held named calls are negotiated first, then ddlfast.join(): this rank takes
+    part in the others' allreduces (and their negotiations) with zeros until every rank has joined. Returns the
+    last rank to join."""
     _check_initialized()
-    negotiate()
+    while _runtime.held:  # this rank's held named calls first (the others negotiate them in synchronize)
+        negotiate()
     return int(translated(ddlfast.join))
 
 
