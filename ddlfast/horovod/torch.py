@@ -645,6 +645,7 @@ class _DistributedOptimizerMixin:
             raise ValueError("named_parameters was specified, but one or more model parameters were not named. "
                              "Python object ids: " + ", ".join(str(i) for i in sorted(missing)))
         self._names = {id(p): n for n, p in named_parameters}
+        self._parameter_names = {p: n for n, p in named_parameters}  # Horovod's attribute of the same name
         self._groups = None
         if isinstance(groups, int) and groups > 0:
             params = [p for group in self.param_groups for p in group["params"]]
