@@ -657,7 +657,7 @@ class _DistributedOptimizerMixin:
         self._hooks = []
         self._synchronized = False
         self._should_synchronize = True
-        if size() > 1 or True:
+        if process_set.included():  # a rank outside the set steps on its own gradients, as in Horovod
             self._register_hooks()
 
     def _register_hooks(self) -> None:
@@ -683,11 +683,14 @@ class _DistributedOptimizerMixin:
         name = self._names.get(id(p))
         grad = p.grad
         if grad.is_sparse:
-            if self._sparse_as_dense:
-                grad = grad.to_dense()
-                p.grad = grad
-            else:
+            if not self._sparse_as_dense:
                 return _sparse_allreduce(grad, name, self._op, self._process_set)
+            # Reduced dense, handed back sparse: the optimizer (SparseAdam, say) may take sparse gradients only.
+            dense = grad.to_dense()
+            handle = allreduce_async_(dense, name=name, op=self._op, process_set=self._process_set)
+            entry = _hvd._runtime.entries[handle]
+            entry.finish = lambda result, finish=entry.finish: finish(result).to_sparse()
+            return handle
         pre = post = 1.0
         if self._op == Average:
             pre, post = 1.0 / self._predivide, self._predivide
@@ -707,6 +710,9 @@ class _DistributedOptimizerMixin:
 
     def synchronize(self) -> None:
         """Wait for every parameter's allreduce (submitting those whose hook did not run, e.g. unused ones)."""
+        if not self._process_set.included():
+            self._synchronized = True
+            return
         for group in self.param_groups:
             for p in group["params"]:
                 if not p.requires_grad:
