@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -27,6 +28,7 @@ import numpy as np
 from mpi4py import MPI
 
 import ddlfast
+from ddlfast.config import load_settings
 from ddlfast.errors import DdlfastError
 
 # Horovod's op constants (horovod.common.basics), the same values.
@@ -362,32 +364,48 @@ def name_hash(name: str) -> int:
     return value or 1
 
 
-def negotiate() -> None:
-    """Collective over the job: submit the held names every active rank holds (the module docstring)."""
+def negotiate(giving_up: bool = False) -> None:
+    """Collective over the job: submit the held names every active rank holds (the module docstring). A rank
+    `giving_up` (it has waited past the stall limit for a name) makes every rank raise, each naming its own held
+    names and the ranks that never submitted them; those calls then fail."""
     world, me = MPI.COMM_WORLD.Get_size(), MPI.COMM_WORLD.Get_rank()
     with _runtime.lock:
         mine = {name_hash(name): name for name in _runtime.held}
-    # Per rank: taking part (a joined rank's zeros say no), how many names it holds, and a digest of them.
-    head = np.zeros(3 * world, np.int64)
-    head[3 * me:3 * me + 3] = 1, len(mine), name_hash(",".join(map(str, sorted(mine))))
+    # Per rank: taking part (a joined rank's zeros say no), how many names it holds, a digest of them, giving up.
+    head = np.zeros(4 * world, np.int64)
+    head[4 * me:4 * me + 4] = 1, len(mine), name_hash(",".join(map(str, sorted(mine)))), int(giving_up)
     translated(lambda: ddlfast.allreduce(head, op="sum"))
-    active, counts, digests = head[0::3], head[1::3], head[2::3]
+    active, counts, digests, quitting = head[0::4], head[1::4], head[2::4], head[3::4]
     widest = int(counts.max(initial=0))
     if widest == 0:
         return
-    if len({int(d) for d, a in zip(digests, active, strict=True) if a}) == 1:
-        common: set[int] | None = set(mine)  # the steady state: every active rank holds the same names
-        _submit_held(mine, common)
+    if not quitting.any() and len({int(d) for d, a in zip(digests, active, strict=True) if a}) == 1:
+        _submit_held(mine, set(mine))  # the steady state: every active rank holds the same names
         return
     table = np.zeros(world * widest, np.int64)
     table[me * widest:me * widest + len(mine)] = sorted(mine)
     translated(lambda: ddlfast.allreduce(table, op="sum"))
-    common = None
-    for r in range(world):
-        if active[r]:
-            theirs = set(table[r * widest:r * widest + int(counts[r])].tolist())
-            common = theirs if common is None else common & theirs
-    _submit_held(mine, common or set())
+    held_by = {r: set(table[r * widest:r * widest + int(counts[r])].tolist()) for r in range(world) if active[r]}
+    common = set.intersection(*held_by.values()) if held_by else set()
+    _submit_held(mine, common)
+    if quitting.any():
+        _give_up(mine, common, held_by, [r for r in range(world) if quitting[r]])
+
+
+def _give_up(mine: dict[int, str], common: set[int], held_by: dict[int, set[int]], quitting: list[int]) -> None:
+    """Every rank raises at the same negotiation: the calls this rank holds that some rank never submitted fail."""
+    unmatched = {key: [r for r, keys in held_by.items() if key not in keys] for key in mine if key not in common}
+    what = "; ".join(f"{mine[key]!r} (not submitted by rank{'s' if len(m) > 1 else ''} {','.join(map(str, m))})"
+                     for key, m in sorted(unmatched.items(), key=lambda kv: mine[kv[0]]))
+    error = HorovodInternalError(
+        f"rank {MPI.COMM_WORLD.Get_rank()}: named calls were not submitted on every rank within the stall limit "
+        f"(DDLFAST_TIMEOUT_S; rank{'s' if len(quitting) > 1 else ''} {','.join(map(str, quitting))} stopped "
+        f"waiting): {what or 'none held here'}")
+    with _runtime.lock:
+        for key in unmatched:
+            handle = _runtime.held.pop(mine[key])
+            _runtime.entries[handle].handle = _Failed(error)
+    raise error
 
 
 def _submit_held(mine: dict[int, str], common: set[int]) -> None:
@@ -470,8 +488,10 @@ def synchronize(handle: int) -> Any:
     if entry.done:
         _forget(handle)
         return entry.output
-    while entry.handle is None:
-        negotiate()
+    started = time.monotonic()
+    while entry.handle is None:  # every round is collective; past the stall limit this rank gives up, with all
+        limit = load_settings().timeout_s
+        negotiate(giving_up=limit > 0 and time.monotonic() - started > limit)
     try:
         result = translated(entry.handle.wait)
         entry.output, entry.done = entry.finish(result), True
@@ -490,8 +510,10 @@ def join(device: int = -1) -> int:
     part in the others' allreduces (and their negotiations) with zeros until every rank has joined. Returns the
     last rank to join."""
     _check_initialized()
+    started = time.monotonic()
     while _runtime.held:  # this rank's held named calls first (the others negotiate them in synchronize)
-        negotiate()
+        limit = load_settings().timeout_s
+        negotiate(giving_up=limit > 0 and time.monotonic() - started > limit)
     return int(translated(ddlfast.join))
 
 

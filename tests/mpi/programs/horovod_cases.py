@@ -10,6 +10,7 @@ and broadcast_optimizer_state; sizes above DDLFAST_SMALL_BYTES. Prints "N cases 
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
@@ -105,6 +106,18 @@ def main() -> int:
                           RuntimeError)
         raises_everywhere("alltoall splits of float", lambda: hvd.alltoall(torch.ones(size),
                                                                           torch.ones(size)), ValueError)
+        # A name each rank submits alone: every rank raises once it waited past the stall limit, naming it.
+        saved = os.environ.get("DDLFAST_TIMEOUT_S")
+        os.environ["DDLFAST_TIMEOUT_S"] = "3"
+        try:
+            lonely = hvd.allreduce_async(torch.ones(3), name=f"lonely.{rank}")
+            raises_everywhere("names never matched", lambda: hvd.synchronize(lonely), RuntimeError)
+        finally:
+            if saved is None:
+                del os.environ["DDLFAST_TIMEOUT_S"]
+            else:
+                os.environ["DDLFAST_TIMEOUT_S"] = saved
+        check("the context is usable after it", torch.all(hvd.allreduce(torch.ones(3), op=hvd.Sum) == size).item())
     splits = torch.tensor([r + 1 for r in range(size)], dtype=torch.int32)
     sent = torch.cat([torch.full((r + 1, 2), float(rank)) for r in range(size)])
     received, received_splits = hvd.alltoall(sent, splits)
