@@ -11,6 +11,7 @@ every result is compared across ranks where it must be identical. Prints "N case
 
 from __future__ import annotations
 
+import os
 import sys
 
 import numpy as np
@@ -133,6 +134,19 @@ def cases_join() -> None:
                 lasts = comm.allgather(last)
                 check(f"join last rank first {first}", len(set(lasts)) == 1
                       and (world == 1 or lasts[0] != first), f"{lasts}")
+        # several buckets (the agreement before the buckets, not inside one core call), and an async fused call
+        os.environ["DDLFAST_BUCKET_BYTES"] = "16384"
+        try:
+            if rank == first:
+                ddlfast.join()
+            else:
+                a, b = np.full((40, 300), 2.0), np.full((10, 300), 3.0, np.float32)
+                ddlfast.fused_allreduce_async([a, b], op="sum").wait()
+                ddlfast.join()
+                check(f"join with several buckets first {first}", np.all(a == 2.0 * (world - 1))
+                      and np.all(b == 3.0 * (world - 1)), f"{a.flat[0]} {b.flat[0]}")
+        finally:
+            del os.environ["DDLFAST_BUCKET_BYTES"]
         # any other collective while a rank is inside join(): an error on the others; the joined rank waits on
         if world > 1:
             if rank == first:
