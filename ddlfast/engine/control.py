@@ -101,8 +101,8 @@ class Control:
 
     def allgatherv_into(self, send: np.ndarray, lengths: np.ndarray, target: np.ndarray, what: str) -> None:
         """MPI_Allgatherv of bytes: rank r's `send` (uint8, lengths[r] bytes; every rank passes the same lengths)
-        into `target` (uint8, sum(lengths) bytes) in rank order. `target` is written only once every piece has
-        arrived (an allgatherv abandoned after a stall writes into a staging copy, never the caller's array)."""
+        into `target` (uint8, sum(lengths) bytes, a buffer of ddlfast's own: MPI may write it directly, and
+        complete() keeps it alive if the collective is abandoned after a stall) in rank order."""
         lengths = np.asarray(lengths, dtype=np.int64)
         # Round k carries bytes [k*share, (k+1)*share) of every rank's payload, so no count and no displacement
         # of a round passes MAX_MESSAGE_BYTES; one round when everything fits.
@@ -114,12 +114,14 @@ class Control:
         for k in range(rounds):
             counts = np.clip(lengths - k * share, 0, share)
             displacements = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
-            gathered = np.empty(int(counts.sum()), dtype=np.uint8)
+            gathered = target if rounds == 1 else np.empty(int(counts.sum()), dtype=np.uint8)
             piece = send[k * share:k * share + int(counts[self.rank])]
             requests.append(self.comm.Iallgatherv(piece, [gathered, (counts.tolist(), displacements.tolist()),
                                                           MPI.BYTE]))
             received.append((gathered, counts.tolist(), displacements.tolist()))
         self.complete(requests, (send, received), what)
+        if rounds == 1:
+            return  # one round wrote `target` in rank order itself
         starts = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
         for k, (gathered, c, d) in enumerate(received):
             for r in range(self.size):
@@ -129,7 +131,8 @@ class Control:
     def alltoallv_into(self, send: np.ndarray, send_counts: np.ndarray, target: np.ndarray,
                        receive_counts: np.ndarray, pair_bytes: np.ndarray, what: str) -> None:
         """MPI_Alltoallv of bytes: `send` holds this rank's blocks for ranks 0..P-1 back to back (send_counts
-        bytes each), `target` receives the blocks from ranks 0..P-1 back to back (receive_counts bytes each).
+        bytes each), `target` (a buffer of ddlfast's own: MPI may write it directly) receives the blocks from ranks
+        0..P-1 back to back (receive_counts bytes each).
         `pair_bytes[s, d]` (the same matrix on every rank) sizes every block, so all ranks cut the exchange into
         the same rounds of at most MAX_MESSAGE_BYTES per count and displacement."""
         share = max(1, MAX_MESSAGE_BYTES // self.size)
@@ -149,13 +152,17 @@ class Control:
             else:
                 outgoing = np.concatenate([send[send_starts[d] + k * share:send_starts[d] + k * share + out_counts[d]]
                                            for d in range(self.size)])
-            incoming = np.empty(int(in_counts.sum()), dtype=np.uint8)
+            # One round: straight into `target` (the caller's staging buffer, never a user's array: kept alive by
+            # complete() if the exchange is abandoned); several: a piece buffer per round.
+            incoming = target if rounds == 1 else np.empty(int(in_counts.sum()), dtype=np.uint8)
             out_offsets = np.concatenate(([0], np.cumsum(out_counts)[:-1])).astype(np.int64)
             in_offsets = np.concatenate(([0], np.cumsum(in_counts)[:-1])).astype(np.int64)
             requests.append(self.comm.Ialltoallv([outgoing, (out_counts.tolist(), out_offsets.tolist()), MPI.BYTE],
                                                  [incoming, (in_counts.tolist(), in_offsets.tolist()), MPI.BYTE]))
             pieces.append((outgoing, incoming, in_counts, in_offsets))
         self.complete(requests, (send, pieces), what)
+        if rounds == 1:
+            return
         for k, (_, incoming, in_counts, in_offsets) in enumerate(pieces):
             for s in range(self.size):
                 n = int(in_counts[s])
