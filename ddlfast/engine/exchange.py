@@ -122,7 +122,8 @@ def prepare(state: EngineState, kind: str, arrays: object, splits: object, expec
         if splits is not None or expected is not None:
             raise DdlfastError(f"{name} on rank {rank} takes no splits: every rank gives all its rows")
         chosen, wanted = [(_rows(v),) for v in views], [None] * len(views)
-    outs, out_originals = [], _per_array(out, len(views), "out", single, rank)
+    outs: list[np.ndarray | None] = []
+    out_originals = _per_array(out, len(views), "out", single, rank)
     for i, o in enumerate(out_originals):
         if o is None:
             outs.append(None)
@@ -132,12 +133,13 @@ def prepare(state: EngineState, kind: str, arrays: object, splits: object, expec
                 or not target.flags.writeable):
             raise DdlfastError(f"out {i} of {name} on rank {rank} must be a C-contiguous writable array of "
                                f"{views[i].dtype}")
-        if wanted[i] is None:  # the result's size is known before the exchange only from the receivers' splits
+        expected_rows = wanted[i]
+        if expected_rows is None:  # the result's size is known before the exchange only from the receivers' splits
             raise DdlfastError(f"out {i} of {name} on rank {rank} needs receive_splits= (the rows expected from "
                                "each rank), which size it")
-        if target.nbytes != sum(wanted[i]) * _row_bytes(views[i]):
+        if target.nbytes != sum(expected_rows) * _row_bytes(views[i]):
             raise DdlfastError(f"out {i} of {name} on rank {rank} has {target.nbytes} bytes; receive_splits="
-                               f"{list(wanted[i])} make {sum(wanted[i]) * _row_bytes(views[i])}")
+                               f"{list(expected_rows)} make {sum(expected_rows) * _row_bytes(views[i])}")
         outs.append(target)
     # What every rank must share: per array the dtype and the shape after the first dimension; and whether the
     # receivers name their block sizes (then a block whose sender and receiver disagree is an error everywhere).

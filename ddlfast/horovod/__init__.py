@@ -17,6 +17,7 @@ naming it. Unnamed calls go to ddlfast at once, in call order, as Horovod's unna
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import threading
@@ -430,8 +431,7 @@ def _submit_held(mine: dict[int, str], common: set[int]) -> None:
                 continue
             ddl_op, _, comm, _ = fusion
             works = [e.submit.fusion[3] for e in group]  # type: ignore[attr-defined]
-            fused = translated(lambda works=works, op=ddl_op, comm=comm:
-                               ddlfast.fused_allreduce_async(works, op=op, comm=comm))
+            fused = translated(functools.partial(ddlfast.fused_allreduce_async, works, op=ddl_op, comm=comm))
             for index, entry in enumerate(group):
                 entry.handle = _Part(fused, index)
         except BaseException as error:  # noqa: BLE001 - waiting for these calls raises it

@@ -580,18 +580,21 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
                 if p.requires_grad and p.grad is None:
                     p.grad = p.data.new(p.size()).zero_()
         if isinstance(optimizer, _DistributedOptimizerMixin):  # its step() would allreduce: a local step only
-            super(_DistributedOptimizerMixin, optimizer).step()
+            super(_DistributedOptimizerMixin, optimizer).step()  # type: ignore[misc]
         else:
             optimizer.step()
         state_dict = optimizer.state_dict()
-    tensors, others = {}, {}
+    tensors: dict[tuple, torch.Tensor] = {}
+    others: dict[tuple, Any] = {}
     for index, state in state_dict["state"].items():
         for key, value in state.items():
             (tensors if torch.is_tensor(value) else others)[(index, key)] = value
     groups = [{k: v for k, v in g.items() if k != "params"} for g in state_dict["param_groups"]]
     layout = {k: (str(v.dtype).removeprefix("torch."), tuple(v.shape)) for k, v in tensors.items()}
-    root_layout, root_others, root_groups = broadcast_object((layout, others, groups), root_rank)
-    handles, received = [], {}
+    received_object: Any = broadcast_object((layout, others, groups), root_rank)
+    root_layout, root_others, root_groups = received_object
+    handles: list[int] = []
+    received: dict[tuple, torch.Tensor] = {}
     for key in sorted(root_layout, key=repr):
         dtype, shape = root_layout[key]
         tensor = tensors.get(key)
@@ -615,6 +618,8 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
 class _DistributedOptimizerMixin:
     """Gradients are allreduced as backward produces them (a hook per parameter, named by parameter), and step()
     waits for them (Horovod's DistributedOptimizer)."""
+
+    param_groups: list[dict[str, Any]]  # the torch optimizer's, beside this class in the made class's bases
 
     def _hvd_setup(self, named_parameters: Any, compression: Any, backward_passes_per_step: int, op: int,
                    gradient_predivide_factor: float, groups: Any, sparse_as_dense: bool,
@@ -653,8 +658,8 @@ class _DistributedOptimizerMixin:
         elif isinstance(groups, list):
             self._groups = [list(g) for g in groups]
         self._handles: dict[int, tuple[int | None, Any]] = {}
-        self._delay = collections.defaultdict(lambda: backward_passes_per_step)
-        self._hooks = []
+        self._delay: collections.defaultdict[int, int] = collections.defaultdict(lambda: backward_passes_per_step)
+        self._hooks: list[Any] = []
         self._synchronized = False
         self._should_synchronize = True
         if process_set.included():  # a rank outside the set steps on its own gradients, as in Horovod
@@ -689,7 +694,7 @@ class _DistributedOptimizerMixin:
             dense = grad.to_dense()
             handle = allreduce_async_(dense, name=name, op=self._op, process_set=self._process_set)
             entry = _hvd._runtime.entries[handle]
-            entry.finish = lambda result, finish=entry.finish: finish(result).to_sparse()
+            entry.finish = lambda result, finish=entry.finish: finish(result).to_sparse()  # type: ignore[misc]
             return handle
         pre = post = 1.0
         if self._op == Average:
@@ -724,7 +729,7 @@ class _DistributedOptimizerMixin:
                     self._handles[key] = (self._reduce_async(p), None)
         pending = list(self._handles.items())
         for key, (handle, _) in pending:
-            output = synchronize(handle)
+            output = synchronize(handle) if handle is not None else None
             if isinstance(output, torch.Tensor) and output.is_sparse:
                 for group in self.param_groups:
                     for p in group["params"]:
@@ -771,7 +776,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if op == Adasum:
         raise HorovodInternalError("op=Adasum is not supported by ddlfast.horovod (docs/horovod.md)")
-    cls = type(optimizer.__class__.__name__, (_DistributedOptimizerMixin, optimizer.__class__), {})
+    cls: Any = type(optimizer.__class__.__name__, (_DistributedOptimizerMixin, optimizer.__class__), {})
     distributed = cls.__new__(cls)
     distributed.__dict__.update(optimizer.__dict__)
     distributed._hvd_setup(named_parameters, compression, backward_passes_per_step, op, gradient_predivide_factor,
