@@ -20,6 +20,11 @@ FAST_SUBSET = ("test_horovod_allreduce_async_fused$|test_horovod_allreduce_dupli
                "test_horovod_allgather_variable_size|test_horovod_broadcast_rank_error|test_horovod_alltoall$|"
                "test_horovod_join_allreduce|test_horovod_allreduce_process_sets|test_force_allreduce|"
                "test_horovod_grouped_reducescatter$")
+# Failures that are the test file's, not the drop-in's (docs/horovod.md): torch 2.13's torch.optim.Muon, which the
+# tests pick up from Optimizer.__subclasses__(), takes 2-D parameters only (Horovod itself fails alike); and a
+# wall-clock assertion that a barrier took at least 5 s on every rank (it can take 5 s less the few milliseconds by
+# which a rank left the previous allreduce later).
+KNOWN = "test_broadcast_state,test_broadcast_state_options,test_force_allreduce,test_global_barrier_op"
 
 
 @pytest.mark.mpi
@@ -36,6 +41,6 @@ def test_horovods_own_tests(ranks: int) -> None:
     if not path or not Path(path).is_file():
         pytest.skip("DDLFAST_HOROVOD_TESTS does not name a local copy of Horovod's test/parallel/test_torch.py")
     subset = [] if os.environ.get("DDLFAST_HOROVOD_TESTS_ALL") == "1" else ["-k", FAST_SUBSET]
-    result = subprocess.run([sys.executable, str(RUNNER), path, "-n", str(ranks), *subset], capture_output=True,
-                            text=True, timeout=3600)
+    result = subprocess.run([sys.executable, str(RUNNER), path, "-n", str(ranks), "--known", KNOWN, *subset],
+                            capture_output=True, text=True, timeout=3600)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
