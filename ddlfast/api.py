@@ -235,6 +235,70 @@ def fused_allgather_async(arrays: Sequence[Any], *, dims: object = None, comm: M
                                                     stream=stream, name=name)
 
 
+def alltoall(array: Any, splits: Sequence[int] | None = None, *, comm: MPI.Comm | None = None,
+             receive_splits: Sequence[int] | None = None, out: Any = None,
+             name: Name = None) -> tuple[Any, list[int]]:
+    """MPI_Alltoallv along the first dimension: rank r sends its rows [sum(splits[:d]), sum(splits[:d+1])) to rank
+    d (splits=None: equal blocks, the first dimension a multiple of the world size). Returns (received, splits
+    received): the blocks from ranks 0..P-1 concatenated along the first dimension, and the rows that came from
+    each rank. Any fixed-size dtype, NumPy or torch CPU; every rank passes the same dtype and trailing shape.
+    receive_splits= (the rows expected from each rank) makes a block whose sender and receiver disagree an error on
+    every rank, and sizes out= (C-contiguous, writable, the input's dtype), which then receives the result."""
+    return _context_for(comm).alltoall(array, splits, receive_splits=receive_splits, out=out, name=name)
+
+
+def fused_alltoall(arrays: Sequence[Any], splits: Sequence[Sequence[int] | None] | None = None, *,
+                   comm: MPI.Comm | None = None, receive_splits: Sequence[Sequence[int] | None] | None = None,
+                   out: Sequence[Any] | None = None, name: Name = None) -> tuple[list, list[list[int]]]:
+    """alltoall of many arrays in one exchange; splits=, receive_splits= and out= take one entry per array.
+    Returns (the received arrays, their received splits)."""
+    return _context_for(comm).fused_alltoall(arrays, splits, receive_splits=receive_splits, out=out, name=name)
+
+
+def alltoall_async(array: Any, splits: Sequence[int] | None = None, *, comm: MPI.Comm | None = None,
+                   receive_splits: Sequence[int] | None = None, out: Any = None, name: Name = None) -> Handle:
+    """Like alltoall, on the context's communication thread; handle.wait() returns (received, splits)."""
+    return _context_for(comm).alltoall_async(array, splits, receive_splits=receive_splits, out=out, name=name)
+
+
+def fused_alltoall_async(arrays: Sequence[Any], splits: Sequence[Sequence[int] | None] | None = None, *,
+                         comm: MPI.Comm | None = None, receive_splits: Sequence[Sequence[int] | None] | None = None,
+                         out: Sequence[Any] | None = None, name: Name = None) -> Handle:
+    """Like fused_alltoall, asynchronously."""
+    return _context_for(comm).fused_alltoall_async(arrays, splits, receive_splits=receive_splits, out=out,
+                                                   name=name)
+
+
+def allgatherv(array: Any, *, comm: MPI.Comm | None = None, name: Name = None) -> Any:
+    """The ranks' arrays concatenated along the first dimension in rank order, where the first dimension may differ
+    per rank (MPI_Allgatherv; Horovod's allgather). Every rank passes the same dtype and trailing shape."""
+    return _context_for(comm).allgatherv(array, name=name)
+
+
+def fused_allgatherv(arrays: Sequence[Any], *, comm: MPI.Comm | None = None, name: Name = None) -> list:
+    """allgatherv of many arrays in one exchange."""
+    return _context_for(comm).fused_allgatherv(arrays, name=name)
+
+
+def allgatherv_async(array: Any, *, comm: MPI.Comm | None = None, name: Name = None) -> Handle:
+    """Like allgatherv, asynchronously; handle.wait() returns the result."""
+    return _context_for(comm).allgatherv_async(array, name=name)
+
+
+def fused_allgatherv_async(arrays: Sequence[Any], *, comm: MPI.Comm | None = None, name: Name = None) -> Handle:
+    """Like fused_allgatherv, asynchronously; handle.wait() returns the list."""
+    return _context_for(comm).fused_allgatherv_async(arrays, name=name)
+
+
+def join(comm: MPI.Comm | None = None) -> int:
+    """This rank has run out of data (Horovod's hvd.join(), DDP's Join): until every rank has called join(), it
+    takes part in the other ranks' allreduces (sum or average, host arrays) with zeros, so theirs complete (an
+    average still divides by the whole world); any other collective the others call meanwhile raises DdlfastError
+    on them. Returns the last rank to join, the same on every rank. Stall-limited like every wait: the others must
+    reach a collective within DDLFAST_TIMEOUT_S."""
+    return _context_for(comm).join()
+
+
 def broadcast(array: np.ndarray, root: int = 0, comm: MPI.Comm | None = None, name: Name = None) -> np.ndarray:
     """Overwrite every rank's array with root's, in place (same shape and dtype on all ranks).
 

@@ -27,7 +27,7 @@ from mpi4py import MPI
 
 from ddlfast import _core, config, launch, process, ulfm
 from ddlfast.config import MAX_LATENCY_BYTES, check_environment, format_size, load_settings, with_reproducible
-from ddlfast.engine import halves, requests, small
+from ddlfast.engine import exchange, halves, join, requests, small
 from ddlfast.engine.agreement import Name, check_name, creation_layout
 from ddlfast.engine.control import Control
 from ddlfast.engine.fast_path import FastPath
@@ -657,6 +657,67 @@ class Context:
         if queued:  # wait() returns what the blocking call returns
             return self._queued(prepare, lambda: f"{kind} of {len(arrays)} arrays", name)
         return self._now(prepare, kind, name)
+
+    # -- all-to-all and allgather of per-rank first dimensions (ddlfast/engine/exchange.py) ---------------------------
+
+    @traced("alltoall")
+    def alltoall(self, array: Any, splits: Sequence[int] | None = None, *, receive_splits: Sequence[int] | None = None,
+                 out: Any = None, name: Name = None) -> tuple[Any, list[int]]:
+        """Rank r sends rows [sum(splits[:d]), sum(splits[:d+1])) of `array` to rank d (equal blocks without
+        splits=); returns (the received blocks concatenated in rank order, the rows received from each rank)."""
+        return self._exchange(exchange.ALLTOALL, array, splits, receive_splits, out, True, False, name)
+
+    @traced("fused_alltoall")
+    def fused_alltoall(self, arrays: Sequence[Any], splits: Sequence[Sequence[int] | None] | None = None, *,
+                       receive_splits: Sequence[Sequence[int] | None] | None = None, out: Sequence[Any] | None = None,
+                       name: Name = None) -> tuple[list, list[list[int]]]:
+        return self._exchange(exchange.ALLTOALL, arrays, splits, receive_splits, out, False, False, name)
+
+    @traced("alltoall_async")
+    def alltoall_async(self, array: Any, splits: Sequence[int] | None = None, *,
+                       receive_splits: Sequence[int] | None = None, out: Any = None, name: Name = None) -> Handle:
+        return self._exchange(exchange.ALLTOALL, array, splits, receive_splits, out, True, True, name)
+
+    @traced("fused_alltoall_async")
+    def fused_alltoall_async(self, arrays: Sequence[Any], splits: Sequence[Sequence[int] | None] | None = None, *,
+                             receive_splits: Sequence[Sequence[int] | None] | None = None,
+                             out: Sequence[Any] | None = None, name: Name = None) -> Handle:
+        return self._exchange(exchange.ALLTOALL, arrays, splits, receive_splits, out, False, True, name)
+
+    @traced("allgatherv")
+    def allgatherv(self, array: Any, *, name: Name = None) -> Any:
+        """The ranks' arrays concatenated along axis 0 in rank order; first dimensions may differ per rank."""
+        return self._exchange(exchange.ALLGATHERV, array, None, None, None, True, False, name)
+
+    @traced("fused_allgatherv")
+    def fused_allgatherv(self, arrays: Sequence[Any], *, name: Name = None) -> list:
+        return self._exchange(exchange.ALLGATHERV, arrays, None, None, None, False, False, name)
+
+    @traced("allgatherv_async")
+    def allgatherv_async(self, array: Any, *, name: Name = None) -> Handle:
+        return self._exchange(exchange.ALLGATHERV, array, None, None, None, True, True, name)
+
+    @traced("fused_allgatherv_async")
+    def fused_allgatherv_async(self, arrays: Sequence[Any], *, name: Name = None) -> Handle:
+        return self._exchange(exchange.ALLGATHERV, arrays, None, None, None, False, True, name)
+
+    def _exchange(self, kind: str, arrays: Any, splits: object, expected: object, out: object, single: bool,
+                  queued: bool, name: object) -> Any:
+        state = self._state
+
+        def prepare() -> Work:
+            request = exchange.prepare(state, kind, arrays, splits, expected, out, single)
+            return lambda: exchange.execute(state, request)
+
+        if queued:  # wait() returns what the blocking call returns
+            return self._queued(prepare, lambda: kind, name)
+        return self._now(prepare, kind, name)
+
+    @traced("join")
+    def join(self) -> int:
+        """This rank has no more data: take part in the others' allreduces with zeros until every rank has joined
+        (ddlfast/engine/join.py); returns the last rank to join, the same on every rank."""
+        return self._now(lambda: join.join(self._state), "join")
 
     # -- the small collectives (ddlfast/engine/small.py) --------------------------------------------------------------
 

@@ -124,31 +124,48 @@ class Agreement:
         """Collective: returns when every rank passed the same layout in the same collective; otherwise every
         rank raises the same DdlfastError naming who passed what."""
         flight = self.flight
-        if flight is None:
-            agreed = self._core.agree(self.fingerprint(layout, digest, self.name))
-        else:
-            self._core.set_flight_site(flight.site())
-            try:
+        while True:
+            if flight is None:
                 agreed = self._core.agree(self.fingerprint(layout, digest, self.name))
-            except BaseException as error:
-                flight.failed(error)
-                raise
-        if self.warn_stragglers and self._core.straggler_warning_pending:
-            warn_straggler(self._core)
-        if not agreed:
-            self.disagreed(layout, self.name)
+            else:
+                self._core.set_flight_site(flight.site())
+                try:
+                    agreed = self._core.agree(self.fingerprint(layout, digest, self.name))
+                except BaseException as error:
+                    flight.failed(error)
+                    raise
+            if self.warn_stragglers and self._core.straggler_warning_pending:
+                warn_straggler(self._core)
+            if agreed:
+                return
+            self.disagreed(layout, self.name)  # returned: ranks that joined take part now, so agree again
 
     def disagreed(self, layout: tuple, name: Name = None) -> None:
         """After an agreement that failed on every rank (here, or inside a core call that runs it itself, as
         the latency path does): exchange descriptions, raise the same error everywhere. The descriptions
-        travel as JSON and are validated (`readable`): a peer's bytes are never unpickled here."""
-        mine = describe(layout, self._core.sequence, name)
-        received = self._control.allgather_values(mine, "the description of every rank's collective")
-        error = DdlfastConsistentError(disagreement_message([readable(d, r) for r, d in enumerate(received)]))
+        travel as JSON and are validated (`readable`): a peer's bytes are never unpickled here.
+
+        Returns instead, on every rank alike, when the only difference is ranks inside ddlfast.join() and the
+        collective is one they can take part in with zeros (join_problem): they then run it, and the caller
+        runs its agreement (with its collective) again."""
+        descriptions = self.exchange(layout, name)
+        if any(d["kind"] == "join" for d in descriptions):
+            problem = join_problem(descriptions)
+            if problem is None:
+                return
+            error = DdlfastConsistentError(problem)
+        else:
+            error = DdlfastConsistentError(disagreement_message(descriptions))
         error.rank, error.size = self._core.rank, self._core.size  # the same on every rank: printed once
         if self.flight is not None:
-            self.flight.failed(error, received)
+            self.flight.failed(error, descriptions)
         raise error
+
+    def exchange(self, layout: tuple, name: Name) -> list[dict]:
+        """Every rank's description of the collective it is at, in rank order (after a failed agreement)."""
+        mine = describe(layout, self._core.sequence, name)
+        received = self._control.allgather_values(mine, "the description of every rank's collective")
+        return [readable(d, r) for r, d in enumerate(received)]
 
     def refuse(self, error: DdlfastError) -> DdlfastError:
         """This rank cannot take part (its input is bad): take part in the agreement with the error, so every
@@ -245,6 +262,33 @@ def describe(layout: tuple, sequence: int, name: str | int | None = None) -> dic
     else:
         description["details"] = fields
     return description
+
+
+# What a rank inside ddlfast.join() agrees on, round after round, until every rank has joined.
+JOIN_LAYOUT = ("join",)
+
+
+def join_problem(descriptions: list[dict]) -> str | None:
+    """Some ranks are inside ddlfast.join(): None when the others' collective is one the joined ranks take part in
+    with zeros (an allreduce of host arrays, sum or average, as in Horovod and DDP's Join), else the error every
+    rank that is not inside join() raises."""
+    joined = [r for r, d in enumerate(descriptions) if d["kind"] == "join"]
+    others = [d for d in descriptions if d["kind"] != "join"]
+    who = f"rank{'s' if len(joined) > 1 else ''} {','.join(map(str, joined))}"
+    if len({repr({k: v for k, v in d.items() if k != "sequence"}) for d in others}) > 1:
+        return f"{disagreement_message(others)} (and {who} called join())"
+    call = others[0]
+    if call["kind"] == "error":
+        return f"{disagreement_message(others)} (and {who} called join())"
+    if call["kind"] != "allreduce":
+        return (f"{call['kind']} cannot run while {who} called join(): a rank that joined takes part only in "
+                "allreduce (sum or average), with zeros")
+    if call["op"] not in ("sum", "average") or call.get("error_feedback"):
+        return (f"allreduce with op={call['op']}{' and error feedback' if call.get('error_feedback') else ''} "
+                f"cannot run while {who} called join(): a joined rank's zeros stand in only for sum and average")
+    if any(dtype.startswith("cuda ") for dtype, _ in call["arrays"]):
+        return f"an allreduce of GPU arrays cannot run while {who} called join() (host arrays only)"
+    return None
 
 
 def _tuples(value: object) -> object:

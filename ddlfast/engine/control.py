@@ -94,6 +94,16 @@ class Control:
         lengths = np.zeros(self.size, dtype=np.int64)
         self.complete(self.comm.Iallgather(mine, lengths), (mine, lengths), what)
         send = np.frombuffer(payload, dtype=np.uint8).copy()
+        gathered = np.empty(int(lengths.sum()), dtype=np.uint8)
+        self.allgatherv_into(send, lengths, gathered, what)
+        starts = np.concatenate(([0], np.cumsum(lengths))).tolist()
+        return [gathered[starts[r]:starts[r + 1]].tobytes() for r in range(self.size)]
+
+    def allgatherv_into(self, send: np.ndarray, lengths: np.ndarray, target: np.ndarray, what: str) -> None:
+        """MPI_Allgatherv of bytes: rank r's `send` (uint8, lengths[r] bytes; every rank passes the same lengths)
+        into `target` (uint8, sum(lengths) bytes, a buffer of ddlfast's own: MPI may write it directly, and
+        complete() keeps it alive if the collective is abandoned after a stall) in rank order."""
+        lengths = np.asarray(lengths, dtype=np.int64)
         # Round k carries bytes [k*share, (k+1)*share) of every rank's payload, so no count and no displacement
         # of a round passes MAX_MESSAGE_BYTES; one round when everything fits.
         share = max(1, MAX_MESSAGE_BYTES // self.size)
@@ -104,14 +114,61 @@ class Control:
         for k in range(rounds):
             counts = np.clip(lengths - k * share, 0, share)
             displacements = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
-            gathered = np.empty(int(counts.sum()), dtype=np.uint8)
+            gathered = target if rounds == 1 else np.empty(int(counts.sum()), dtype=np.uint8)
             piece = send[k * share:k * share + int(counts[self.rank])]
             requests.append(self.comm.Iallgatherv(piece, [gathered, (counts.tolist(), displacements.tolist()),
                                                           MPI.BYTE]))
             received.append((gathered, counts.tolist(), displacements.tolist()))
         self.complete(requests, (send, received), what)
-        return [b"".join(gathered[d[r]:d[r] + c[r]].tobytes() for gathered, c, d in received)
-                for r in range(self.size)]
+        if rounds == 1:
+            return  # one round wrote `target` in rank order itself
+        starts = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+        for k, (gathered, c, d) in enumerate(received):
+            for r in range(self.size):
+                if c[r]:
+                    target[starts[r] + k * share:starts[r] + k * share + c[r]] = gathered[d[r]:d[r] + c[r]]
+
+    def alltoallv_into(self, send: np.ndarray, send_counts: np.ndarray, target: np.ndarray,
+                       receive_counts: np.ndarray, pair_bytes: np.ndarray, what: str) -> None:
+        """MPI_Alltoallv of bytes: `send` holds this rank's blocks for ranks 0..P-1 back to back (send_counts
+        bytes each), `target` (a buffer of ddlfast's own: MPI may write it directly) receives the blocks from ranks
+        0..P-1 back to back (receive_counts bytes each).
+        `pair_bytes[s, d]` (the same matrix on every rank) sizes every block, so all ranks cut the exchange into
+        the same rounds of at most MAX_MESSAGE_BYTES per count and displacement."""
+        share = max(1, MAX_MESSAGE_BYTES // self.size)
+        largest = int(pair_bytes.max(initial=0))
+        heaviest = int(max(pair_bytes.sum(axis=1).max(initial=0), pair_bytes.sum(axis=0).max(initial=0)))
+        rounds = max(1, -(-largest // share)) if heaviest > MAX_MESSAGE_BYTES else 1
+        if rounds == 1:
+            share = max(largest, 1)
+        send_starts = np.concatenate(([0], np.cumsum(send_counts)[:-1])).astype(np.int64)
+        receive_starts = np.concatenate(([0], np.cumsum(receive_counts)[:-1])).astype(np.int64)
+        requests, pieces = [], []
+        for k in range(rounds):
+            out_counts = np.clip(np.asarray(send_counts, np.int64) - k * share, 0, share)
+            in_counts = np.clip(np.asarray(receive_counts, np.int64) - k * share, 0, share)
+            if rounds == 1:
+                outgoing = send
+            else:
+                outgoing = np.concatenate([send[send_starts[d] + k * share:send_starts[d] + k * share + out_counts[d]]
+                                           for d in range(self.size)])
+            # One round: straight into `target` (the caller's staging buffer, never a user's array: kept alive by
+            # complete() if the exchange is abandoned); several: a piece buffer per round.
+            incoming = target if rounds == 1 else np.empty(int(in_counts.sum()), dtype=np.uint8)
+            out_offsets = np.concatenate(([0], np.cumsum(out_counts)[:-1])).astype(np.int64)
+            in_offsets = np.concatenate(([0], np.cumsum(in_counts)[:-1])).astype(np.int64)
+            requests.append(self.comm.Ialltoallv([outgoing, (out_counts.tolist(), out_offsets.tolist()), MPI.BYTE],
+                                                 [incoming, (in_counts.tolist(), in_offsets.tolist()), MPI.BYTE]))
+            pieces.append((outgoing, incoming, in_counts, in_offsets))
+        self.complete(requests, (send, pieces), what)
+        if rounds == 1:
+            return
+        for k, (_, incoming, in_counts, in_offsets) in enumerate(pieces):
+            for s in range(self.size):
+                n = int(in_counts[s])
+                if n:
+                    start = receive_starts[s] + k * share
+                    target[start:start + n] = incoming[in_offsets[s]:in_offsets[s] + n]
 
     def allgather_values(self, value: object, what: str) -> list:
         """Every rank's plain value (JSON: str, int, float, bool, None, lists, str-keyed dicts), in rank order.

@@ -87,20 +87,21 @@ class FastPath:
             state.set_core_timeout(settings.timeout_s)
         core = state.core
         flight = state.flight
-        try:  # the agreement and the collective in one call into the core (which keeps its flight entry)
-            outcome = core.allreduce_array(array, array.size, plan.dtype_code, plan.op_code, plan.options, digest,
-                                           -1 if flight is None else flight.call_sites.site())
-        except DdlfastConsistentError:
-            raise
-        except BaseException as error:
-            if not isinstance(error, Exception) and not state.core.broken:
-                # Ctrl-C (a signal handler's exception) that Python raised once the one call into the core had
-                # returned: the collective completed on every rank, and stands; the core abandons it itself
-                # (the context is then broken) when the signal comes during a wait.
+        while True:
+            try:  # the agreement and the collective in one call into the core (which keeps its flight entry)
+                outcome = core.allreduce_array(array, array.size, plan.dtype_code, plan.op_code, plan.options,
+                                               digest, -1 if flight is None else flight.call_sites.site())
+            except DdlfastConsistentError:
                 raise
-            state.raise_after_failure(error)
-        if outcome == 0:
-            state.agreement.disagreed(layout, name)
-        if state.agreement.warn_stragglers and core.straggler_warning_pending:
-            warn_straggler(core)
-        return outcome > 0
+            except BaseException as error:
+                if not isinstance(error, Exception) and not state.core.broken:
+                    # Ctrl-C (a signal handler's exception) that Python raised once the one call into the core had
+                    # returned: the collective completed on every rank, and stands; the core abandons it itself
+                    # (the context is then broken) when the signal comes during a wait.
+                    raise
+                state.raise_after_failure(error)
+            if state.agreement.warn_stragglers and core.straggler_warning_pending:
+                warn_straggler(core)
+            if outcome != 0:
+                return outcome > 0
+            state.agreement.disagreed(layout, name)  # returned: ranks inside join() take part now; again

@@ -245,16 +245,18 @@ class EngineState:
         A failure is handled as agreed()'s."""
         if self.flight is not None:
             self.core.set_flight_site(self.flight.site())
-        try:
-            agreed = action(self.agreement.fingerprint(layout, None, self.agreement.name))
-        except DdlfastConsistentError:
-            raise
-        except BaseException as error:
-            self.raise_after_failure(error)
-        if self.agreement.warn_stragglers and self.core.straggler_warning_pending:
-            warn_straggler(self.core)
-        if not agreed:
-            self.agreement.disagreed(layout, self.agreement.name)
+        while True:
+            try:
+                agreed = action(self.agreement.fingerprint(layout, None, self.agreement.name))
+            except DdlfastConsistentError:
+                raise
+            except BaseException as error:
+                self.raise_after_failure(error)
+            if self.agreement.warn_stragglers and self.core.straggler_warning_pending:
+                warn_straggler(self.core)
+            if agreed:
+                break
+            self.agreement.disagreed(layout, self.agreement.name)  # returned: joined ranks take part; again
         if self.flight is not None:
             self.finished()
 

@@ -762,31 +762,16 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
 
     def _alltoallv(self, send: torch.Tensor, send_counts: list[int], receive: torch.Tensor, recv_counts: list[int],
                    finish: Callable[[], None] | None, result: list[torch.Tensor], what: str) -> DdlfastWork:
-        """MPI_Ialltoallv of elements; the ranks first check that every block's sender and receiver agree on
-        its size (else every rank raises, naming the pairs), so MPI never truncates or waits forever."""
-        mpi, rank, item = self._mpi, self.rank(), send.element_size()
-        send_bytes, receive_bytes = _flat_bytes(send), _flat_bytes(receive)
+        """ddlfast.alltoall of elements: the receivers name their block sizes, so a block whose sender and
+        receiver disagree raises on every rank (MPI never truncates or waits forever)."""
 
         def run() -> None:
-            sent_to_me = np.zeros(self.size(), np.int64)
-            mine = np.array(send_counts, np.int64)
-            mpi.complete(mpi.comm.Ialltoall(mine, sent_to_me), (mine, sent_to_me), f"the block sizes of {what}")
-            wrong = [(int(s), rank, int(sent_to_me[s]), recv_counts[s]) for s in range(self.size())
-                     if sent_to_me[s] != recv_counts[s]]
-            everyone = [w for rows in mpi.allgather_values(wrong, f"the block checks of {what}") for w in rows]
-            if everyone:
-                pairs = "; ".join(f"rank {s} sends {n} elements to rank {r}, which expects {e}"
-                                  for s, r, n, e in everyone[:6])
-                raise DdlfastConsistentError(f"{what}: block sizes disagree ({pairs})")
-            counts = [c * item for c in send_counts], [c * item for c in recv_counts]
-            offsets = [np.concatenate(([0], np.cumsum(c)[:-1])).astype(np.int64).tolist() for c in counts]
-            request = mpi.comm.Ialltoallv([send_bytes, (counts[0], offsets[0]), MPI.BYTE],
-                                          [receive_bytes, (counts[1], offsets[1]), MPI.BYTE])
-            mpi.complete(request, (send_bytes, receive_bytes, send, receive), what)
+            self._context.alltoall(numpy_view(send), send_counts, receive_splits=recv_counts,
+                                   out=numpy_view(receive))
             if finish is not None:
                 finish()
 
-        return self._agreed_work((str(send.dtype),), run, what, result)
+        return DdlfastWork(self._context.submit_collective(run, what), result)
 
     def gather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
                opts: Any = None) -> DdlfastWork:
