@@ -16,8 +16,9 @@ import sys
 
 import numpy as np
 import torch
+from harness import report_results
 from mpi4py import MPI
-from ops_cases import expect_error, report
+from ops_cases import expect_error
 
 import ddlfast
 from ddlfast.engine import control
@@ -195,7 +196,7 @@ def main() -> int:
     cases_allgatherv()
     cases_join()
     cases_bad_input()
-    return report(comm, results)
+    return report_results(comm, results)
 
 
 if __name__ == "__main__":

@@ -14,8 +14,8 @@ import os
 import sys
 
 import torch
+from harness import report_results
 from mpi4py import MPI
-from ops_cases import report
 
 import ddlfast.horovod.torch as hvd
 
@@ -170,7 +170,7 @@ def main() -> int:
         check(f"optimizer step {n}", torch.allclose(p.detach().double(), before[n].double() - 0.1 * mean, atol=1e-5))
     digests = comm.allgather(b"".join(p.detach().numpy().tobytes() for p in model.parameters()))
     check("parameters identical on every rank", len(set(digests)) == 1)
-    return report(comm, results)
+    return report_results(comm, results)
 
 
 if __name__ == "__main__":
