@@ -92,6 +92,7 @@ def planner(platform_names: list[str], ranks_list: list[int], sizes: list[int], 
     latency path) beside the simulated time, for auto's pick at every size and for any --dims given."""
     lines = ["| platform | ranks | size | dims | simulated ms | planner ms | planner/simulated |",
              "|---|---|---|---|---|---|---|"]
+    series: dict[str, list[tuple[int, float]]] = {}
     for name in platform_names:
         platform = simulate.load_platform(name)
         for ranks in ranks_list:
@@ -104,7 +105,31 @@ def planner(platform_names: list[str], ranks_list: list[int], sizes: list[int], 
                                  f"{'' if shape else ' (auto)'} | {row['ddlfast_s'] * 1e3:.3f} | "
                                  f"{row['planner_s'] * 1e3:.3f} | {row['planner_s'] / row['ddlfast_s']:.2f} |")
                     print(lines[-1], flush=True)
-    _write("planner.md", "\n".join(lines) + "\n")
+                    label = f"{name}, {ranks} ranks" + ("" if shape is None else f", {row['dims']}")
+                    series.setdefault(label, []).append((row["size_bytes"], row["planner_s"] / row["ddlfast_s"]))
+    _write(f"planner-{'-'.join(platform_names)}.md", "\n".join(lines) + "\n")
+    _plot_planner(series, f"planner-{'-'.join(platform_names)}.png")
+
+
+def _plot_planner(series: dict[str, list[tuple[int, float]]], name: str) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot")
+        return
+    figure, axis = plt.subplots(figsize=(7, 4))
+    for label, points in series.items():
+        axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
+    axis.axhspan(0.9, 1.1, color="grey", alpha=0.2, label="within 10 %")
+    axis.set_xscale("log", base=2)
+    axis.set_xlabel("bytes per allreduce")
+    axis.set_ylabel("planner / simulated time")
+    axis.legend(fontsize=7)
+    figure.suptitle("ddlfast.plan's cost model against SimGrid SMPI")
+    figure.tight_layout()
+    figure.savefig(OUT / name, dpi=100)
 
 
 def resnet50_buckets() -> list[int]:
