@@ -19,7 +19,9 @@ from ddlfast.api import topology
 from ddlfast.config import format_size
 from ddlfast.topology.cost_model import (
     MAX_DIMS,
+    SMPI_FACTORS,
     Cluster,
+    MessageFactors,
     PlanError,
     choose_algorithm,
     format_rate,
@@ -53,6 +55,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--compute-ms", type=float, default=0.0, help="compute per step, for scaling efficiency")
     parser.add_argument("--overlap", type=float, default=0.0,
                         help="fraction of compute that communication can hide behind (0: none, 1: all of backward)")
+    parser.add_argument("--smpi-factors", action="store_true",
+                        help="scale each message's latency and rate by its size as SimGrid SMPI's network model does "
+                             "(the factors python -m ddlfast.simulate gives the planner; docs/scale.md)")
     parser.add_argument("--max-dims", type=int, default=MAX_DIMS, help="longest shape considered")
     parser.add_argument("--top", type=int, default=12, help="rows listed (fastest first; flat and the pick always)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -64,6 +69,7 @@ def described_cluster(args: argparse.Namespace) -> Cluster:
         hosts=args.hosts, ranks_per_host=args.ranks_per_host, intra=parse_link(args.intra),
         inter=parse_link(args.inter), gamma=1 / parse_rate(args.reduce_rate), hosts_per_group=args.hosts_per_group,
         group=parse_link(args.group) if args.group else None,
+        factors=SMPI_FACTORS if args.smpi_factors else MessageFactors(),
     )
 
 

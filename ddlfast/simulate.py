@@ -26,7 +26,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddlfast.config import DEFAULT_CHUNK_BYTES, DEFAULT_SMALL_BYTES
-from ddlfast.topology.cost_model import Cluster, PlanError, parse_bytes, parse_link, plan, predict
+from ddlfast.topology.cost_model import (
+    SMPI_FACTORS,
+    Cluster,
+    PlanError,
+    parse_bytes,
+    parse_link,
+    plan,
+    predict_call,
+)
 
 PLATFORMS = Path(__file__).resolve().parent / "platforms"
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -73,7 +81,10 @@ class Platform:
     def cluster(self, ranks: int) -> Cluster:
         """The planner's description of the hosts `ranks` use (ddlfast:* properties; defaults where absent)."""
         hosts, per_host = self.placement(ranks)
-        kwargs = {"hosts": hosts, "ranks_per_host": per_host, "gamma": 1 / FREE_REDUCTION}
+        # SMPI scales every message's latency and rate by its size (smpi/lat-factor, smpi/bw-factor): the
+        # planner is told so, as it would be told a real network's per-message costs.
+        kwargs = {"hosts": hosts, "ranks_per_host": per_host, "gamma": 1 / FREE_REDUCTION, "factors": SMPI_FACTORS,
+                  "chunk_bytes": DEFAULT_CHUNK_BYTES}
         try:
             if "ddlfast:intra" in self.props:
                 kwargs["intra"] = parse_link(self.props["ddlfast:intra"])
@@ -220,7 +231,7 @@ def simulate(platform: Platform, ranks: int, sizes: Sequence[int], dims: tuple[i
     chosen = {}
     for size in sizes:
         shape = dims if dims is not None else plan(cluster, size)[0].dims
-        chosen[size] = (shape, predict(cluster, shape, size).seconds)
+        chosen[size] = (shape, predict_call(cluster, shape, size, DEFAULT_SMALL_BYTES))
     simulation = Simulation(platform, ranks, compute)
     common = ["--iters", str(iters), "--check-bytes", str(CHECK_BYTES)]
     cases = [arg for size in sizes for arg in ("--case", f"{size}:{'x'.join(map(str, chosen[size][0]))}")]

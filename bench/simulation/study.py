@@ -3,6 +3,7 @@
 
     nice -n 10 .venv/bin/python bench/simulation/study.py sweep --platform fattree-8gpu --ranks 16,64,256
     nice -n 10 .venv/bin/python bench/simulation/study.py resnet50 --ranks 8,16,32,64,128,256
+    nice -n 10 .venv/bin/python bench/simulation/study.py planner --platform ddl-64x4,ethernet-10g --ranks 16,32
 
 One simulation at a time (each is one process on one core).
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -85,6 +87,51 @@ def _plot(platform_name: str, results: list[dict]) -> None:
     figure.savefig(OUT / f"sweep-{platform_name}.png", dpi=100)
 
 
+def planner(platform_names: list[str], ranks_list: list[int], sizes: list[int], dims: list[str]) -> None:
+    """The planner's prediction of a whole call (cost_model.predict_call: the agreement and the ring, or the
+    latency path) beside the simulated time, for auto's pick at every size and for any --dims given."""
+    lines = ["| platform | ranks | size | dims | simulated ms | planner ms | planner/simulated |",
+             "|---|---|---|---|---|---|---|"]
+    series: dict[str, list[tuple[int, float]]] = {}
+    for name in platform_names:
+        platform = simulate.load_platform(name)
+        for ranks in ranks_list:
+            shapes = [None] + [tuple(int(d) for d in text.split("x")) for text in dims
+                               if math.prod(int(d) for d in text.split("x")) == ranks]
+            for shape in shapes:
+                data = simulate.simulate(platform, ranks, sizes, shape, builtins=[], iters=1)
+                for row in data["rows"]:
+                    lines.append(f"| {name} | {ranks} | {simulate._size_text(row['size_bytes'])} | {row['dims']}"
+                                 f"{'' if shape else ' (auto)'} | {row['ddlfast_s'] * 1e3:.3f} | "
+                                 f"{row['planner_s'] * 1e3:.3f} | {row['planner_s'] / row['ddlfast_s']:.2f} |")
+                    print(lines[-1], flush=True)
+                    label = f"{name}, {ranks} ranks" + ("" if shape is None else f", {row['dims']}")
+                    series.setdefault(label, []).append((row["size_bytes"], row["planner_s"] / row["ddlfast_s"]))
+    _write(f"planner-{'-'.join(platform_names)}.md", "\n".join(lines) + "\n")
+    _plot_planner(series, f"planner-{'-'.join(platform_names)}.png")
+
+
+def _plot_planner(series: dict[str, list[tuple[int, float]]], name: str) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot")
+        return
+    figure, axis = plt.subplots(figsize=(7, 4))
+    for label, points in series.items():
+        axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
+    axis.axhspan(0.9, 1.1, color="grey", alpha=0.2, label="within 10 %")
+    axis.set_xscale("log", base=2)
+    axis.set_xlabel("bytes per allreduce")
+    axis.set_ylabel("planner / simulated time")
+    axis.legend(fontsize=7)
+    figure.suptitle("ddlfast.plan's cost model against SimGrid SMPI")
+    figure.tight_layout()
+    figure.savefig(OUT / name, dpi=100)
+
+
 def resnet50_buckets() -> list[int]:
     """ResNet-50's gradient buckets in bytes as ddlfast fuses them (assign_buckets walks the parameters last to
     first, as backward produces their gradients)."""
@@ -119,16 +166,20 @@ def resnet50(ranks_list: list[int]) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=("sweep", "resnet50"))
+    parser.add_argument("what", choices=("sweep", "resnet50", "planner"))
     parser.add_argument("--platform", default="fattree-8gpu")
     parser.add_argument("--ranks", default="16,64")
     parser.add_argument("--sizes", default="4KiB,256KiB,16MiB,256MiB")
     parser.add_argument("--builtins", default=",".join(simulate.BUILTINS))
+    parser.add_argument("--dims", default="", help="planner: shapes to simulate beside auto's pick, e.g. 64,4x16")
     args = parser.parse_args()
     ranks = [int(r) for r in args.ranks.split(",")]
     simulate.require_simgrid()
     simulate.build_driver()
-    if args.what == "sweep":
+    if args.what == "planner":
+        dims = [text for text in args.dims.split(",") if text]
+        planner(args.platform.split(","), ranks, simulate.parse_sizes(args.sizes), dims)
+    elif args.what == "sweep":
         sweep(args.platform, ranks, simulate.parse_sizes(args.sizes), args.builtins.split(","))
     else:
         resnet50(ranks)

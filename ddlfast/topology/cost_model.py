@@ -13,6 +13,18 @@ A step costs the latency of the slowest tier its edges cross, plus the slowest o
 plus `block * gamma` for the reduction in reduce-scatter steps. With one tier this is exactly the classic
 `2(p-1)a + 2(p-1)/p S b + (p-1)/p S g`; with a slow host link shared by a host's ranks it charges a flat ring
 `2(p-1)/p * S` per host link crossing and the host-aligned 2D ring `2(h-1)/h * S` per host.
+
+A step costs the slowest tier's latency plus transfer (the edges run at once, each at its own tier's cost). Real
+MPI messages cost more than `alpha + bytes * beta` by an amount that depends on their size (the eager/rendezvous
+switch, per-message software overhead): `Cluster.factors` scales a tier's latency and rate per message size
+(piecewise, as SMPI's `smpi/lat-factor` and `smpi/bw-factor` do; SMPI_FACTORS are SimGrid's defaults, calibrated
+on a real cluster). A ring step sends blocks of up to `chunk_bytes`, so a 1 MiB block pays a large message's
+latency once per step: a shape with many steps (the flat ring across many hosts) pays it most, which is what
+made the flat 64-rank ring simulate at twice the host-aligned 4x16 one (docs/scale.md). Without factors (the
+default) every message costs `alpha + bytes * beta`.
+
+A whole call (`predict_call`) adds the per-call agreement (a butterfly of small headers, `butterfly_seconds`)
+to the ring, or, at or below the small-message limit, is the latency path (the same butterfly carrying the data).
 """
 
 from __future__ import annotations
@@ -25,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from ddlfast import config
+from ddlfast.config import DEFAULT_CHUNK_BYTES
 from ddlfast.errors import DdlfastError
 
 # Defaults where nothing was measured or described (DDLFAST_PROBE=0): shared memory and a 10 Gbit/s network.
@@ -123,6 +136,60 @@ def format_rate(bytes_per_s: float) -> str:
 
 
 @dataclass(frozen=True)
+class MessageFactors:
+    """Per-message-size multipliers of a link's latency and rate: (from_bytes, factor) pairs, ascending; a
+    message of n bytes takes the factor of the last pair with from_bytes <= n (1 where none)."""
+
+    latency: tuple[tuple[int, float], ...] = ()
+    bandwidth: tuple[tuple[int, float], ...] = ()
+
+    @staticmethod
+    def _lookup(table: tuple[tuple[int, float], ...], nbytes: float) -> float:
+        factor = 1.0
+        for start, value in table:
+            if nbytes >= start:
+                factor = value
+        return factor
+
+    def latency_factor(self, nbytes: float) -> float:
+        return self._lookup(self.latency, nbytes)
+
+    def bandwidth_factor(self, nbytes: float) -> float:
+        return self._lookup(self.bandwidth, nbytes)
+
+    def message(self, link: Link, nbytes: float, load: float = 1.0) -> float:
+        """Seconds for `load` messages of `nbytes` sharing `link` (one latency: they travel at once)."""
+        return link.alpha * self.latency_factor(nbytes) + load * nbytes * link.beta / self.bandwidth_factor(nbytes)
+
+
+def parse_factors(text: str) -> tuple[tuple[int, float], ...]:
+    """SMPI's syntax, '65472:11.6;15424:3.5;0:2.0' (any order) -> ((0, 2.0), (15424, 3.5), (65472, 11.6))."""
+    pairs = []
+    for part in str(text).split(";"):
+        if not part.strip():
+            continue
+        start, sep, value = part.partition(":")
+        try:
+            if not sep:
+                raise ValueError
+            pairs.append((int(start), float(value)))
+        except ValueError:
+            raise PlanError(f"factors: cannot read {part!r}; use e.g. 65472:11.6;0:2.0") from None
+        if pairs[-1][0] < 0 or pairs[-1][1] <= 0:
+            raise PlanError(f"factors: {part!r}: sizes must be >= 0 and factors > 0")
+    return tuple(sorted(pairs))
+
+
+# SimGrid 3.32's default smpi/lat-factor and smpi/bw-factor (SMPI's network model, fitted on a real InfiniBand
+# cluster by SimGrid's authors): what `python -m ddlfast.simulate` tells the planner about every platform.
+SMPI_FACTORS = MessageFactors(
+    latency=parse_factors("65472:11.6436;15424:3.48845;9376:2.59299;5776:2.18796;3484:1.88101;1426:1.61075;"
+                          "732:1.9503;257:1.95341;0:2.01467"),
+    bandwidth=parse_factors("65472:0.940694;15424:0.697866;9376:0.58729;5776:1.08739;3484:0.77493;1426:0.608902;"
+                            "732:0.341987;257:0.338112;0:0.812084"))
+
+
+@dataclass(frozen=True)
 class Cluster:
     """A regular placement: `hosts` hosts of `ranks_per_host` ranks, optionally grouped into racks."""
 
@@ -133,6 +200,8 @@ class Cluster:
     gamma: float = DEFAULT_GAMMA
     hosts_per_group: int = 1  # 1: no group tier
     group: Link | None = None  # a group's uplink, shared by its hosts; None: no limit beyond the host links
+    factors: MessageFactors = MessageFactors()  # per-message-size latency and rate multipliers (none: 1)
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES  # the largest message a ring step sends (DDLFAST_CHUNK_BYTES)
 
     def __post_init__(self) -> None:
         if self.hosts < 1 or self.ranks_per_host < 1:
@@ -218,20 +287,62 @@ def predict(cluster: Cluster, dims: Sequence[int], nbytes: float, direct: Sequen
 def _step_cost(cluster: Cluster, block: float, sent: int, edges_out: Any, before: int, size: int, rph: int,
                group_size: int) -> tuple[float, float]:
     """(latency, transfer seconds) of one step of a dimension in which each rank sends `sent` blocks and
-    `edges_out` counts the blocks that leave each unit of a tier."""
+    `edges_out` counts the blocks that leave each unit of a tier: the slowest tier's latency plus transfer (each
+    tier's edges run at once), split as that tier's two parts."""
+    message = min(block, cluster.chunk_bytes)
+    factors = cluster.factors
+    lat_factor, rate_factor = factors.latency_factor(message), factors.bandwidth_factor(message)
     intra_edges, host_out = edges_out(before, size, cluster.ranks, rph)
-    alpha, transfer = 0.0, 0.0
+    tiers = []
     if intra_edges:
-        alpha, transfer = cluster.intra.alpha, sent * block * cluster.intra.beta
+        tiers.append((cluster.intra.alpha * lat_factor, sent * block * cluster.intra.beta / rate_factor))
     if host_out:
-        alpha = max(alpha, cluster.inter.alpha)
-        transfer = max(transfer, host_out * block * cluster.inter.beta)
+        tiers.append((cluster.inter.alpha * lat_factor, host_out * block * cluster.inter.beta / rate_factor))
     if cluster.group is not None and cluster.groups > 1:
         _, group_out = edges_out(before, size, cluster.ranks, group_size)
         if group_out:
-            alpha = max(alpha, cluster.group.alpha)
-            transfer = max(transfer, group_out * block * cluster.group.beta)
-    return alpha, transfer
+            tiers.append((cluster.group.alpha * lat_factor, group_out * block * cluster.group.beta / rate_factor))
+    return max(tiers, key=sum, default=(0.0, 0.0))
+
+
+def _butterfly_tier(cluster: Cluster, distance: int) -> Link:
+    """The slowest link between ranks `distance` apart in a butterfly step (host-contiguous placement)."""
+    group_ranks = cluster.ranks_per_host * cluster.hosts_per_group
+    if cluster.group is not None and cluster.groups > 1 and distance >= group_ranks:
+        return cluster.group
+    return cluster.inter if distance >= cluster.ranks_per_host else cluster.intra
+
+
+def butterfly_seconds(cluster: Cluster, nbytes: float) -> float:
+    """Seconds of a butterfly (recursive doubling, src/algo/butterfly.h) carrying `nbytes` per message: log2(P)
+    exchange steps at distance 1, 2, 4, ...; a rank count that is no power of two folds the extra ranks in
+    first and hands them the result last (two more steps). The per-call agreement is this with a small header;
+    the latency path (sizes <= DDLFAST_SMALL_BYTES) is this with the data."""
+    ranks = cluster.ranks
+    if ranks == 1:
+        return 0.0
+    power = 1 << (ranks.bit_length() - 1)
+    total, distance = 0.0, 1
+    while distance < power:
+        total += cluster.factors.message(_butterfly_tier(cluster, distance), nbytes)
+        distance *= 2
+    if power != ranks:
+        total += 2 * cluster.factors.message(_butterfly_tier(cluster, power), nbytes)
+    total += (power.bit_length() - 1) * nbytes * cluster.gamma
+    return total
+
+
+# The agreement's header: 32 bytes of digest and flags per rank's message (src/transport/agreement_exchange.cc).
+AGREEMENT_BYTES = 32
+
+
+def predict_call(cluster: Cluster, dims: Sequence[int], nbytes: float,
+                 small_bytes: int = config.DEFAULT_SMALL_BYTES) -> float:
+    """Predicted seconds of one ddlfast allreduce call as ddlfast.allreduce runs it: at or below `small_bytes`
+    the latency path (the agreement's butterfly carrying the data), above it the agreement and then the ring."""
+    if nbytes <= small_bytes:
+        return butterfly_seconds(cluster, AGREEMENT_BYTES + nbytes)
+    return butterfly_seconds(cluster, AGREEMENT_BYTES) + predict(cluster, dims, nbytes).seconds
 
 
 def factorizations(n: int, max_factors: int) -> list[tuple[int, ...]]:

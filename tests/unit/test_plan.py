@@ -199,3 +199,71 @@ def test_algorithm_names_read_as_the_plan_prints_them() -> None:
     assert str(cost_model.Algorithm("direct", (4, 2), (1, 0))) == "ring 4x2, direct reduce-scatter in dim 1"
     assert str(cost_model.Algorithm("direct", (5,), (1,))) == "direct 5"
     assert str(cost_model.Algorithm("rabenseifner", (2, 2))) == "rabenseifner 2x2"
+
+
+# ---------------------------------------------------------------- per-message costs (issue 23)
+
+
+def test_message_factors_read_as_smpi_writes_them() -> None:
+    factors = cost_model.MessageFactors(latency=cost_model.parse_factors("65472:11.6;0:2.0;1426:1.6"))
+    assert factors.latency == ((0, 2.0), (1426, 1.6), (65472, 11.6))
+    assert [factors.latency_factor(n) for n in (1, 1426, 65471, 1 << 20)] == [2.0, 1.6, 1.6, 11.6]
+    assert factors.bandwidth_factor(1 << 20) == 1.0  # no table: the link's own rate
+    for bad in ("65472", "x:1", "10:-1", "-1:2"):
+        with pytest.raises(PlanError):
+            cost_model.parse_factors(bad)
+
+
+def test_without_factors_a_step_costs_the_slowest_tiers_latency_plus_transfer() -> None:
+    """Two tiers: the host link's edge (slow latency, slow rate) sets the step, not max(alpha) + max(transfer)."""
+    cluster = Cluster(hosts=2, ranks_per_host=2, intra=Link(10e-6, 1e-12), inter=Link(2e-6, 1e-9), gamma=0.0)
+    block = S / 4
+    assert predict(cluster, (4,), S).seconds == pytest.approx(6 * (2e-6 + block * 1e-9))
+
+
+# Simulated ms of one call on ddl-64x4 (SimGrid 3.32 SMPI, docs/scale.md "The planner against the simulation";
+# deterministic): (ranks, bytes, dims) -> ms.
+DDL_SIMULATED_MS = {(16, 1 << 20, (16,)): 1.784, (16, 16 << 20, (16,)): 3.347, (16, 16 << 20, (4, 4)): 3.139,
+                    (32, 32 << 20, (32,)): 6.892, (32, 32 << 20, (4, 8)): 7.015, (64, 64 << 20, (4, 16)): 15.669}
+
+
+@pytest.mark.parametrize(("ranks", "nbytes", "dims"), sorted(DDL_SIMULATED_MS))
+def test_per_message_factors_predict_the_simulated_ring(ranks: int, nbytes: int, dims: tuple[int, ...]) -> None:
+    """docs/scale.md: without per-message costs the model charged a 1 MiB ring step `alpha + bytes * beta`, and
+    the simulation (SMPI's size factors: 11.6 x the latency above 64 KiB) took up to 6x that. With the factors
+    the whole call (agreement + ring) is within 10 % of the simulated time."""
+    intra, inter = cost_model.parse_link("40GB/s,5us"), cost_model.parse_link("12.5GB/s,2us")
+    cluster = Cluster(hosts=ranks // 4, ranks_per_host=4, intra=intra, inter=inter, gamma=0.0,
+                      factors=cost_model.SMPI_FACTORS)
+    simulated = DDL_SIMULATED_MS[(ranks, nbytes, dims)] * 1e-3
+    assert cost_model.predict_call(cluster, dims, nbytes) == pytest.approx(simulated, rel=0.10)
+    plain = Cluster(hosts=ranks // 4, ranks_per_host=4, intra=intra, inter=inter, gamma=0.0)
+    if dims == (16,) and nbytes == 1 << 20:
+        assert cost_model.predict_call(plain, dims, nbytes) < simulated / 4  # the defect the factors fix
+
+
+def test_a_call_is_the_agreement_and_the_ring_or_the_latency_path() -> None:
+    cluster = Cluster(hosts=4, ranks_per_host=4, intra=Link(1e-6, 1e-11), inter=Link(5e-6, 1e-10), gamma=0.0)
+    # butterfly over 16 ranks: distances 1, 2 inside a host, 4, 8 across hosts
+    assert cost_model.butterfly_seconds(cluster, 0) == pytest.approx(2 * 1e-6 + 2 * 5e-6)
+    agreement = cost_model.butterfly_seconds(cluster, cost_model.AGREEMENT_BYTES)
+    assert cost_model.predict_call(cluster, (4, 4), S) == pytest.approx(agreement + predict(cluster, (4, 4), S).seconds)
+    small = cost_model.predict_call(cluster, (4, 4), 4096, small_bytes=8192)
+    assert small == pytest.approx(cost_model.butterfly_seconds(cluster, cost_model.AGREEMENT_BYTES + 4096))
+    # 12 ranks: 8 in the butterfly, 4 folded in and out (two more steps across hosts)
+    twelve = Cluster(hosts=3, ranks_per_host=4, intra=Link(1e-6, 0.0), inter=Link(5e-6, 0.0), gamma=0.0)
+    assert cost_model.butterfly_seconds(twelve, 8) == pytest.approx(2 * 1e-6 + 5e-6 + 2 * 5e-6)
+    assert cost_model.butterfly_seconds(Cluster(hosts=1, ranks_per_host=1), 8) == 0.0
+
+
+def test_cli_smpi_factors_change_the_prediction(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--hosts", "16", "--ranks-per-host", "4", "--intra", "40GB/s,5us", "--inter", "12.5GB/s,2us",
+            "--bytes", "1MiB", "--json"]
+    assert plan.main(argv) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert plan.main([*argv, "--smpi-factors"]) == 0
+    factored = json.loads(capsys.readouterr().out)
+    flat = {name: [c["seconds"] for c in data["candidates"] if c["dims"] == "64"]
+            for name, data in (("plain", plain), ("factored", factored))}
+    # 126 steps of 16 KiB blocks: SMPI's factors charge each 3.5 x the latency and 1/0.7 x the transfer
+    assert flat["plain"] and flat["factored"][0] > 2 * flat["plain"][0]

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from ddlfast import simulate
+from ddlfast.topology.cost_model import SMPI_FACTORS
 
 ROOT = Path(__file__).resolve().parents[2]
 needs_simgrid = pytest.mark.skipif(shutil.which("smpirun") is None or shutil.which("smpicxx") is None,
@@ -51,12 +52,13 @@ def test_missing_simgrid_says_how_to_install(tmp_path: Path) -> None:
 
 def test_shipped_platforms_describe_their_hosts_to_the_planner() -> None:
     expected = {"ddl-64x4": (64, 4), "fattree-8gpu": (128, 8), "ethernet-1g": (256, 4), "ethernet-10g": (256, 4),
-                "two-rail": (64, 8)}
+                "two-rail": (64, 8), "emulation-1g": (4, 2)}
     for name, (hosts, per_host) in expected.items():
         platform = simulate.load_platform(name)
         assert (len(platform.hosts), platform.ranks_per_host) == (hosts, per_host), name
         cluster = platform.cluster(hosts * per_host)
         assert (cluster.hosts, cluster.ranks_per_host) == (hosts, per_host)
+        assert cluster.factors == SMPI_FACTORS, "the planner is told SMPI's per-message costs"
     # Two leaves of the fat tree: the planner sees the oversubscribed leaf uplinks as a group tier.
     fat = simulate.load_platform("fattree-8gpu").cluster(256)
     assert fat.hosts_per_group == 16 and fat.group is not None and fat.group.rate == pytest.approx(200e9)
