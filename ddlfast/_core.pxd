@@ -201,10 +201,10 @@ cdef extern from "transport/fault_tolerance.h" nogil:
     const int DDLFAST_HAVE_ULFM
 
 
-cdef extern from "engine/context.h" namespace "ddlfast" nogil:
-    cdef cppclass Context:
+cdef extern from "engine/core.h" namespace "ddlfast" nogil:
+    cdef cppclass CoreCpp "ddlfast::Core":
         @staticmethod
-        Status create(MPI_Comm comm, double timeout_s, size_t agreement_capacity, unique_ptr[Context]* out) except +
+        Status create(MPI_Comm comm, double timeout_s, size_t agreement_capacity, unique_ptr[CoreCpp]* out) except +
         int rank()
         int size()
         MpiTransport& transport()
@@ -234,16 +234,16 @@ cdef class CallOptions:
     cdef vector[int] order
 
 
-# The Python face of the C++ Context (ddlfast/_core.pyx), declared here so that the other modules can take it.
-cdef class Engine:
-    cdef unique_ptr[Context] context
+# The Python face of the C++ Core (ddlfast/_core.pyx), declared here so that the other modules can take it.
+cdef class Core:
+    cdef unique_ptr[CoreCpp] context
     cdef vector[PhaseEvent] events
     cdef public bint record_events
-    cdef Context* get(self) except NULL
+    cdef CoreCpp* get(self) except NULL
     cdef bint _run(self, const vector[char*]& bases, const vector[size_t]& sizes, int dtype, int op,
                    CallOptions options, bint agree=*, uint64_t digest=*) except -1
     cdef bint _run_segments(self, const SegmentedBuffer& data, int dtype, int op, CallOptions options,
                             bint agree, uint64_t digest) except -1
     cdef EngineOptions _with_events(self, CallOptions options)
-    cdef int _half(self, bint reduce, list in_pointers, list in_counts, list out_pointers, list out_counts, counts,
+    cdef int _shard(self, bint reduce, list in_pointers, list in_counts, list out_pointers, list out_counts, counts,
                    size_t element_size, int dtype, int op, CallOptions options) except -1

@@ -20,7 +20,7 @@ from mpi4py cimport MPI
 from mpi4py.libmpi cimport MPI_Comm
 
 from ddlfast._core cimport (
-    Context, DType, EngineOptions, KernelTable, PhaseEvent, ReduceOp, SegmentedBuffer, Status, avx2_kernels,
+    CoreCpp, DType, EngineOptions, KernelTable, PhaseEvent, ReduceOp, SegmentedBuffer, Status, avx2_kernels,
     best_kernels, cuda_compiled, cuda_version_string, dtype_valid, element_size, mpi_library_version, pack,
     scalar_kernels, unpack,
 )
@@ -115,7 +115,7 @@ cdef class CallSites:
 # Python runs signal handlers on the main thread only; a wait on any other thread never asks.
 cdef unsigned long _main_thread = threading.main_thread().ident
 # Signal handlers that raised after a core call had completed (main thread): raised once the collective is done
-# (Context._locked, Engine.allreduce_array), so a completed collective is never abandoned for them.
+# (Context._locked, Core.allreduce_array), so a completed collective is never abandoned for them.
 deferred_interrupts = []
 
 
@@ -225,8 +225,8 @@ cdef class CallOptions:
         return self.options.small_bytes
 
 
-cdef class Engine:
-    """Owns the C++ Context: a private duplicate of `comm` and its engines."""
+cdef class Core:
+    """Owns the C++ Core: a private duplicate of `comm` and its engines."""
 
     def __cinit__(self, MPI.Comm comm not None, double timeout_s=0, size_t agreement_capacity=0):
         """agreement_capacity: the bytes of a small allreduce each agreement message may carry (the latency
@@ -236,13 +236,13 @@ cdef class Engine:
         cdef Status status
         cdef MPI_Comm handle = comm.ob_mpi
         with nogil:
-            status = Context.create(handle, timeout_s, agreement_capacity, &self.context)
+            status = CoreCpp.create(handle, timeout_s, agreement_capacity, &self.context)
         raise_on_error(status)
         self.context.get().transport().set_interrupt_check(check_signals)
         if spin_us is not None:  # else the transport's automatic choice
             self.context.get().transport().set_spin_us(spin_us)
 
-    cdef Context* get(self) except NULL:
+    cdef CoreCpp* get(self) except NULL:
         if not self.context:
             raise DdlfastError("this ddlfast context is closed")
         return self.context.get()
@@ -268,7 +268,7 @@ cdef class Engine:
         same collective. Stall-limited; raises when the context is broken."""
         cdef bool agreed = False
         cdef Status status
-        cdef Context* context = self.get()
+        cdef CoreCpp* context = self.get()
         with nogil:
             status = context.transport().agree(digest, &agreed, NULL)
         finish_call(status)
@@ -331,7 +331,7 @@ cdef class Engine:
         stall census then reports as such."""
         cdef MPI.Request request
         cdef Status status
-        cdef Context* context = self.get()
+        cdef CoreCpp* context = self.get()
         cdef bytes what_bytes = what.encode()
         cdef const char* what_text = what_bytes
         cdef int64_t kind = 0
@@ -352,14 +352,14 @@ cdef class Engine:
         """A collective failed here after it had started: refuse all later work and tell the other ranks
         (they fail at once instead of at their stall limit; `interrupted`: they say this rank was interrupted)."""
         cdef string text = reason.encode()
-        cdef Context* context = self.get()
+        cdef CoreCpp* context = self.get()
         with nogil:
             context.transport().abandon_and_tell(text, interrupted)
 
     def revoke(self) -> None:
         """ULFM (MPI's fault tolerance, ddlfast/ulfm.py): revoke the transport's communicators, so every rank's
         pending and later operations on them fail at once; a no-op where the MPI has no such extension."""
-        cdef Context* context = self.get()
+        cdef CoreCpp* context = self.get()
         with nogil:
             context.transport().revoke_communicators()
 
@@ -395,7 +395,7 @@ cdef class Engine:
                            agreement=None) -> bool:
         """Allreduce several same-dtype buffers as one logical buffer, each in place (no packing).
 
-        agreement: a fingerprint to run the per-call agreement on in the same call (Context::agreed_allreduce;
+        agreement: a fingerprint to run the per-call agreement on in the same call (Core::agreed_allreduce;
         uncompressed only); returns False, having written nothing, when the ranks disagree."""
         cdef unique_ptr[SegmentedBuffer] data
         to_segments(pointers, counts, dtype_size(dtype), &data)
@@ -413,12 +413,12 @@ cdef class Engine:
     cdef bint _run_segments(self, const SegmentedBuffer& data, int dtype, int op, CallOptions options,
                             bint agree, uint64_t digest) except -1:
         """The allreduce; with `agree`, the per-call agreement on `digest` in the same call
-        (Context::agreed_allreduce): False when the ranks disagree, having written nothing."""
+        (Core::agreed_allreduce): False when the ranks disagree, having written nothing."""
         check_op(op)
         cdef EngineOptions engine_options = self._with_events(options)
         cdef Status status
         cdef bool agreed = True
-        cdef Context* context = self.get()
+        cdef CoreCpp* context = self.get()
         with nogil:
             if agree:
                 status = context.agreed_allreduce(digest, &agreed, data, <DType>dtype, <ReduceOp>op, options.dims,
@@ -444,7 +444,7 @@ cdef class Engine:
         segments. The caller validated everything."""
         cdef size_t element_size = dtype_size(dtype)
         check_op(op)
-        self._half(True, in_pointers, in_counts, out_pointers, out_counts, counts, element_size, dtype, op, options)
+        self._shard(True, in_pointers, in_counts, out_pointers, out_counts, counts, element_size, dtype, op, options)
 
     def allgather_segments(self, list in_pointers, list in_counts, list out_pointers, list out_counts, counts,
                            size_t element_size, bint float32, CallOptions options not None) -> None:
@@ -453,10 +453,10 @@ cdef class Engine:
         The options' wire compresses only float32 elements."""
         if element_size == 0:
             raise DdlfastError("element_size must be at least 1")
-        self._half(False, in_pointers, in_counts, out_pointers, out_counts, counts, element_size,
+        self._shard(False, in_pointers, in_counts, out_pointers, out_counts, counts, element_size,
                    0 if float32 else -1, 0, options)
 
-    cdef int _half(self, bint reduce, list in_pointers, list in_counts, list out_pointers, list out_counts, counts,
+    cdef int _shard(self, bint reduce, list in_pointers, list in_counts, list out_pointers, list out_counts, counts,
                    size_t element_size, int dtype, int op, CallOptions options) except -1:
         """dtype: allgather passes 0 for float32 (the wire may compress it), -1 for opaque elements."""
         cdef unique_ptr[SegmentedBuffer] source
@@ -466,7 +466,7 @@ cdef class Engine:
         cdef vector[size_t] blocks = to_sizes(counts)
         cdef EngineOptions engine_options = self._with_events(options)
         cdef Status status
-        cdef Context* context = self.get()
+        cdef CoreCpp* context = self.get()
         with nogil:
             if reduce:
                 status = context.reduce_scatter(source.get()[0], target.get()[0], blocks, <DType>dtype,
@@ -480,7 +480,7 @@ cdef class Engine:
     def allreduce_array(self, array, size_t count, int dtype, int op, CallOptions options not None,
                         uint64_t digest, int64_t site=-1):
         """allreduce() for one array, with the per-call agreement on `digest` in the same call (one crossing
-        into the core, Context::agreed_allreduce): a buffer of at most the options' small_bytes rides in the
+        into the core, Core::agreed_allreduce): a buffer of at most the options' small_bytes rides in the
         agreement's own messages (the latency path).
 
         Returns 1 when done; 0, having written nothing, when the ranks disagree; -1, having done nothing (not

@@ -7,7 +7,7 @@ from libcpp cimport bool
 from libcpp.string cimport string
 from libcpp.vector cimport vector
 
-from ddlfast._core cimport Context, DType, EngineOptions, ReduceOp, SegmentedBuffer, Status
+from ddlfast._core cimport CoreCpp, DType, EngineOptions, ReduceOp, SegmentedBuffer, Status
 
 
 cdef extern from "cuda_runtime_api.h" nogil:
@@ -84,7 +84,7 @@ cdef extern from "engine/device_ring_allreduce.h" namespace "ddlfast" nogil:
 cdef extern from "engine/cuda/device_runtime.h" namespace "ddlfast" nogil:
     bool mpi_cuda_aware(string* how)
     cdef cppclass DeviceRuntime:
-        DeviceRuntime(Context& context)
+        DeviceRuntime(CoreCpp& context)
         Status wait_for(int device, const Fence& fence)
         Status bucket(int device, DType dtype, size_t nbytes, char** out)
         Status copy_batch(int device, const vector[CopySpec]& specs)

@@ -1,7 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 # distutils: language = c++
 """Bindings over the CUDA side of the core (built only where nvcc was found):
-device facts, fences, pinned memory, and DeviceEngine, which runs collectives on
+device facts, fences, pinned memory, and DeviceCore, which runs collectives on
 device memory. Pointers and streams arrive as integers; ddlfast/buffers/device.py adapts
 user arrays to them. Every call into CUDA returns a Status, raised here as
 DdlfastError. The test-only entries (kernels one by one, device memory, the
@@ -17,7 +17,7 @@ from libcpp.vector cimport vector
 from mpi4py cimport MPI
 
 from ddlfast._core cimport (
-    CallOptions, DType, Engine, EngineOptions, PhaseEvent, ReduceOp, SegmentedBuffer, Status, cuda_version_string,
+    CallOptions, DType, Core, EngineOptions, PhaseEvent, ReduceOp, SegmentedBuffer, Status, cuda_version_string,
     dtype_valid,
     element_size,
 )
@@ -154,16 +154,16 @@ cdef class StreamFence:
 
 # ---------------------------------------------------------------- the context
 
-cdef class DeviceEngine:
-    """The GPU side of a ddlfast Engine: per-device streams, staging slots and fused buckets; its collectives
-    run on the Engine's one transport with the Engine's GPU ring executors. Not collective to create."""
+cdef class DeviceCore:
+    """The GPU side of a ddlfast Core: per-device streams, staging slots and fused buckets; its collectives
+    run on the Core's one transport with the Core's GPU ring executors. Not collective to create."""
 
     cdef unique_ptr[DeviceRuntime] runtime
-    cdef Engine engine  # the runtime borrows its C++ context: keep it alive
+    cdef Core engine  # the runtime borrows its C++ context: keep it alive
     cdef vector[PhaseEvent] events
     cdef public bint record_events
 
-    def __cinit__(self, Engine engine not None):
+    def __cinit__(self, Core engine not None):
         self.runtime.reset(new DeviceRuntime(engine.get()[0]))
         self.engine = engine
 
@@ -171,7 +171,7 @@ cdef class DeviceEngine:
         if not self.runtime:
             raise DdlfastError("this ddlfast context is closed")
         engine = self.engine
-        engine.get()  # raises when the Engine was closed
+        engine.get()  # raises when the Core was closed
         return self.runtime.get()
 
     def set_timeout(self, double seconds) -> None:

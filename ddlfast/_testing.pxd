@@ -3,11 +3,11 @@ from libc.stddef cimport size_t
 from libc.stdint cimport uint64_t
 from libcpp cimport bool
 from libcpp.vector cimport vector
-from ddlfast._core cimport Context, DType, EngineOptions, ReduceOp, Status
+from ddlfast._core cimport CoreCpp, DType, EngineOptions, ReduceOp, Status
 
 
 cdef extern from "testing/emulated_lanes.h" namespace "ddlfast" nogil:
-    Status emulated_device_allreduce(Context& context, const vector[char*]& bases, const vector[size_t]& counts,
+    Status emulated_device_allreduce(CoreCpp& context, const vector[char*]& bases, const vector[size_t]& counts,
                                      DType dtype, ReduceOp op, const vector[int]& dims, const vector[int]& order,
                                      const EngineOptions& options, bool direct, uint64_t seed)
 

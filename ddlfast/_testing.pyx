@@ -10,7 +10,7 @@ from libcpp.vector cimport vector
 from mpi4py cimport MPI
 
 from ddlfast._core cimport (
-    Butterfly, CallOptions, Context, DType, Engine, ElementRange, EngineOptions, KernelTable, PhaseKind, ReduceOp, RingPhase, RingSchedule, RingStep,
+    Butterfly, CallOptions, CoreCpp, DType, Core, ElementRange, EngineOptions, KernelTable, PhaseKind, ReduceOp, RingPhase, RingSchedule, RingStep,
     Status, Torus, build_ring_schedule, butterfly, dtype_valid, element_size, positions_in_block_order,
 )
 from ddlfast._testing cimport InProcessExecutor, InProcessRun, emulated_device_allreduce, in_process_allreduce as run_in_process
@@ -181,10 +181,10 @@ def block_order(dims):
 
 # ---------------------------------------------------------------- the GPU executor on emulated lanes
 
-def emulated_allreduce(Engine engine not None, list pointers, list counts, int dtype, int op,
+def emulated_allreduce(Core engine not None, list pointers, list counts, int dtype, int op,
                        CallOptions options not None, bint direct=False, uint64_t seed=0) -> None:
     """The Engine's GPU ring executor over host memory on emulated lanes (work deferred and interleaved at
-    random): checks the executor's ordering on machines without a GPU. Collective over the Engine's ranks.
+    random): checks the executor's ordering on machines without a GPU. Collective over the Core's ranks.
     direct: CUDA-aware transfers (MPI reads and writes device memory); the options' direct per ring dimension
     runs the direct reduce-scatter (engine/direct_phase.h)."""
     cdef vector[char*] bases
@@ -193,7 +193,7 @@ def emulated_allreduce(Engine engine not None, list pointers, list counts, int d
         raise DdlfastError(f"{len(pointers)} pointers but {len(counts)} counts")
     dtype_size(dtype)
     check_op(op)
-    cdef Context* context = engine.get()
+    cdef CoreCpp* context = engine.get()
     for pointer in pointers:
         bases.push_back(<char*><uintptr_t>pointer)
     cdef Status status

@@ -147,8 +147,8 @@ def busbw_factor(world: int, collective: str = "allreduce") -> float:
     """nccl-tests' factors: what each rank's link carries relative to the buffer size."""
     if collective == "broadcast":
         return 1.0
-    halves = 2.0 if collective == "allreduce" else 1.0
-    return halves * (world - 1) / world
+    passes = 2.0 if collective == "allreduce" else 1.0
+    return passes * (world - 1) / world
 
 
 # -- inputs and the correctness check -------------------------------------------------------------------------------
@@ -357,7 +357,7 @@ def run_bench(
                 "chunk_bytes": settings.chunk_bytes,
                 "small_bytes": settings.small_bytes,
                 # Buffers <= DDLFAST_SMALL_BYTES: an allreduce rides in the agreement's butterfly (the latency
-                # path; MPI's allreduce with DDLFAST_ALGORITHM=mpi), the halves go to MPI's own collective; above,
+                # path; MPI's allreduce with DDLFAST_ALGORITHM=mpi), the passes go to MPI's own collective; above,
                 # DDLFAST_ALGORITHM chooses (the name here, the shape in "algorithm").
                 "path": ("local" if world == 1 else "mpi-bcast" if collective == "broadcast"
                          else algorithm.name if nbytes > settings.small_bytes

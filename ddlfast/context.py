@@ -27,7 +27,7 @@ from mpi4py import MPI
 
 from ddlfast import _core, config, launch, process, ulfm
 from ddlfast.config import MAX_LATENCY_BYTES, check_environment, format_size, load_settings, with_reproducible
-from ddlfast.engine import exchange, halves, join, requests, small
+from ddlfast.engine import exchange, join, requests, shards, small
 from ddlfast.engine.agreement import Name, check_name, creation_layout
 from ddlfast.engine.control import Control
 from ddlfast.engine.fast_path import FastPath
@@ -101,7 +101,7 @@ class Context:
         """The compiled core and the control collectives on `comm` (collective over it)."""
         # A private duplicate: the one transport. Its agreement messages can carry the latency path's data (the
         # same capacity on every rank, whatever DDLFAST_SMALL_BYTES says now or later).
-        core = _core.Engine(comm, settings.timeout_s, 2 * MAX_LATENCY_BYTES)
+        core = _core.Core(comm, settings.timeout_s, 2 * MAX_LATENCY_BYTES)
         control, created = comm.Idup()  # agreement descriptions and Python-side collectives
         core.wait_requests([created], "the other ranks to create their ddlfast context")
         return core, Control(control, core)
@@ -588,14 +588,14 @@ class Context:
         return self.fused_allreduce_async([array], op=op, dims=dims, compression=compression, result=array,
                                           stream=stream, name=name, reproducible=reproducible)
 
-    # -- reduce-scatter and allgather (ddlfast/engine/halves.py) -----------------------------------------------------
+    # -- reduce-scatter and allgather (ddlfast/engine/shards.py) -----------------------------------------------------
 
     @traced("reduce_scatter")
     def reduce_scatter(self, array: Any, *, op: str = "sum", dims: object = None, counts: Sequence[int] | None = None,
                        out: Any = None, compression: object = None, stream: object = None, name: Name = None,
                        reproducible: bool | None = None) -> Any:
         """Rank r gets block r of the reduced array (MPI_Reduce_scatter); the input stays unchanged."""
-        return self._half(halves.REDUCE_SCATTER, [array], op, dims, counts, out, compression, stream, True, name=name,
+        return self._shard(shards.REDUCE_SCATTER, [array], op, dims, counts, out, compression, stream, True, name=name,
                           reproducible=reproducible)
 
     @traced("fused_reduce_scatter")
@@ -604,25 +604,25 @@ class Context:
                              compression: object = None, stream: object = None, name: Name = None,
                              reproducible: bool | None = None) -> list:
         """reduce_scatter of many arrays in one collective; counts= and out= give one entry per array."""
-        return self._half(halves.REDUCE_SCATTER, arrays, op, dims, counts, out, compression, stream, False, name=name,
+        return self._shard(shards.REDUCE_SCATTER, arrays, op, dims, counts, out, compression, stream, False, name=name,
                           reproducible=reproducible)
 
     @traced("allgather")
     def allgather(self, array: Any, *, dims: object = None, out: Any = None, compression: object = None,
                   stream: object = None, name: Name = None) -> Any:
         """The ranks' arrays concatenated along axis 0 in rank order (MPI_Allgather)."""
-        return self._half(halves.ALLGATHER, [array], "sum", dims, None, out, compression, stream, True, name=name)
+        return self._shard(shards.ALLGATHER, [array], "sum", dims, None, out, compression, stream, True, name=name)
 
     @traced("fused_allgather")
     def fused_allgather(self, arrays: Sequence[Any], *, dims: object = None, out: Sequence[Any] | None = None,
                         compression: object = None, stream: object = None, name: Name = None) -> list:
-        return self._half(halves.ALLGATHER, arrays, "sum", dims, None, out, compression, stream, False, name=name)
+        return self._shard(shards.ALLGATHER, arrays, "sum", dims, None, out, compression, stream, False, name=name)
 
     @traced("reduce_scatter_async")
     def reduce_scatter_async(self, array: Any, *, op: str = "sum", dims: object = None,
                              counts: Sequence[int] | None = None, out: Any = None, compression: object = None,
                              stream: object = None, name: Name = None, reproducible: bool | None = None) -> Handle:
-        return self._half(halves.REDUCE_SCATTER, [array], op, dims, counts, out, compression, stream, True, True,
+        return self._shard(shards.REDUCE_SCATTER, [array], op, dims, counts, out, compression, stream, True, True,
                           name=name, reproducible=reproducible)
 
     @traced("fused_reduce_scatter_async")
@@ -631,28 +631,30 @@ class Context:
                                    out: Sequence[Any] | None = None, compression: object = None,
                                    stream: object = None, name: Name = None,
                                    reproducible: bool | None = None) -> Handle:
-        return self._half(halves.REDUCE_SCATTER, arrays, op, dims, counts, out, compression, stream, False, True,
+        return self._shard(shards.REDUCE_SCATTER, arrays, op, dims, counts, out, compression, stream, False, True,
                           name=name, reproducible=reproducible)
 
     @traced("allgather_async")
     def allgather_async(self, array: Any, *, dims: object = None, out: Any = None, compression: object = None,
                         stream: object = None, name: Name = None) -> Handle:
-        return self._half(halves.ALLGATHER, [array], "sum", dims, None, out, compression, stream, True, True, name=name)
+        return self._shard(shards.ALLGATHER, [array], "sum", dims, None, out, compression, stream, True, True,
+                           name=name)
 
     @traced("fused_allgather_async")
     def fused_allgather_async(self, arrays: Sequence[Any], *, dims: object = None, out: Sequence[Any] | None = None,
                               compression: object = None, stream: object = None, name: Name = None) -> Handle:
-        return self._half(halves.ALLGATHER, arrays, "sum", dims, None, out, compression, stream, False, True, name=name)
+        return self._shard(shards.ALLGATHER, arrays, "sum", dims, None, out, compression, stream, False, True,
+                           name=name)
 
-    def _half(self, kind: str, arrays: Any, op: str, dims: object, counts: object, out: object,
+    def _shard(self, kind: str, arrays: Any, op: str, dims: object, counts: object, out: object,
               compression: object, stream: object, single: bool, queued: bool = False, name: object = None,
               reproducible: bool | None = None) -> Any:
         state = self._state
 
         def prepare() -> Work:
-            request = halves.prepare(state, kind, arrays, op, dims, counts, out, compression, stream, single,
+            request = shards.prepare(state, kind, arrays, op, dims, counts, out, compression, stream, single,
                                      reproducible)
-            return lambda: halves.execute(state, request)
+            return lambda: shards.execute(state, request)
 
         if queued:  # wait() returns what the blocking call returns
             return self._queued(prepare, lambda: f"{kind} of {len(arrays)} arrays", name)

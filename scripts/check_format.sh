@@ -13,8 +13,8 @@ not_yet_formatted="
   src/common/cuda/cuda_device.h
   src/common/half.h
   src/common/status.h
-  src/engine/context.cc
-  src/engine/context.h
+  src/engine/core.cc
+  src/engine/core.h
   src/engine/cuda/device_runtime.cc
   src/engine/cuda/fence.cc
   src/engine/device_ring_allreduce.cc

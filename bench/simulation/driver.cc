@@ -36,7 +36,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/context.h"
+#include "engine/core.h"
 
 double ddlfast_sim_wait_start = -1.0;  // smpi_compat.h: when this rank's current wait began
 
@@ -179,7 +179,7 @@ long first_wrong(const float* data, std::size_t count, std::size_t offset, Expec
 }
 
 struct Runner {
-  ddlfast::Context& context;
+  ddlfast::Core& context;
   const Options& options;
   int rank;
   int size;
@@ -318,11 +318,11 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   const Options options = parse(argc, argv, rank, size);
-  std::unique_ptr<ddlfast::Context> context;
+  std::unique_ptr<ddlfast::Core> context;
   // The agreement's capacity as ddlfast/context.py gives it (2 x config.MAX_LATENCY_BYTES), so the latency path
   // takes the same calls.
   constexpr std::size_t kAgreementCapacity = 2 * 64 * 1024;
-  const ddlfast::Status created = ddlfast::Context::create(MPI_COMM_WORLD, options.timeout_s, kAgreementCapacity,
+  const ddlfast::Status created = ddlfast::Core::create(MPI_COMM_WORLD, options.timeout_s, kAgreementCapacity,
                                                            &context);
   if (!created.is_ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, created.message().c_str());

@@ -74,7 +74,7 @@ class Agreement:
     """The per-call check of one context: `check(layout)` before every collective (see the module doc)."""
 
     def __init__(self, core: Any, control: Any, flight: Any = None, warn_stragglers: bool = False) -> None:
-        self._core = core  # ddlfast._core.Engine: agree() is the butterfly of headers, and counts them
+        self._core = core  # ddlfast._core.Core: agree() is the butterfly of headers, and counts them
         self._control = control  # ddlfast.engine.control.Control: descriptions on a mismatch
         self.flight = flight  # ddlfast.engine.flight.FlightRecorder, or None (DDLFAST_FLIGHT_RECORDS=0)
         self.warn_stragglers = warn_stragglers  # DDLFAST_STRAGGLER_WARN_S, on rank 0

@@ -70,7 +70,7 @@ def decode_value(payload: bytes, peer: int) -> object:
 
 
 class Control:
-    """Stall-limited collectives over `comm`, waited for by `core` (a ddlfast._core.Engine)."""
+    """Stall-limited collectives over `comm`, waited for by `core` (a ddlfast._core.Core)."""
 
     def __init__(self, comm: MPI.Intracomm, core: Any) -> None:
         self.comm = comm

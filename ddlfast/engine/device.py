@@ -75,7 +75,7 @@ class DeviceExecutor:
         cuda = cuda_module()
         if cuda is None:
             raise DdlfastError("this ddlfast build has no CUDA support")
-        self._gpu = cuda.DeviceEngine(core)
+        self._gpu = cuda.DeviceCore(core)
         self._pinned: Any = None  # _cuda.PinnedMemory for the host path, grown as needed
         self.mpi_reports_cuda, self.mpi_cuda_query = cuda.mpi_cuda_support()
 

@@ -2,7 +2,7 @@
 per rank, so no rank can know them from its own arguments (MPI_Alltoallv, MPI_Allgatherv; Horovod's alltoall
 and allgather).
 
-Like reduce_scatter and allgather (halves.py), a call is validated on the caller's thread (bad input raises where
+Like reduce_scatter and allgather (shards.py), a call is validated on the caller's thread (bad input raises where
 it was passed, and joins the agreement as an error on every rank), then passes the per-call agreement on what
 every rank must share: the kind, and per array its dtype and its shape after the first dimension. The block sizes
 are then exchanged (one small allgather of every rank's counts, so every rank knows the whole matrix and cuts the
@@ -22,7 +22,7 @@ import numpy as np
 
 from ddlfast.buffers.device import any_device_array
 from ddlfast.buffers.host import host_view
-from ddlfast.engine.halves import _like
+from ddlfast.engine.shards import _like
 from ddlfast.engine.state import EngineState
 from ddlfast.errors import DdlfastConsistentError, DdlfastError
 

@@ -42,7 +42,7 @@ struct RingPhase {
 
 struct RingSchedule {
   std::vector<RingPhase> phases;
-  // The slice this rank holds fully reduced between the two halves.
+  // The slice this rank holds fully reduced between the two passes.
   ElementRange owned;
 };
 

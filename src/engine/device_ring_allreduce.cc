@@ -219,7 +219,7 @@ Status DeviceRingAllreduce::run(const SegmentedBuffer& data, DType dtype, Reduce
   }
   DDLFAST_RETURN_IF_ERROR(check_direct(options.direct_by_dim, ring_.torus.num_dims()));
   return run_ring_schedule(
-      data, build_rank_schedule(ring_, count, options.direct_by_dim), RingHalves::kBoth, divisor, chunk_elems,
+      data, build_rank_schedule(ring_, count, options.direct_by_dim), RingPasses::kBoth, divisor, chunk_elems,
       options.events, [&](const RingPhase& phase, const PhaseChunks& chunks, int tag_base, int final_divisor) {
         DeviceSteps steps(data, phase, dtype, run.transfer, lanes, staging);
         DDLFAST_RETURN_IF_ERROR(steps.begin());

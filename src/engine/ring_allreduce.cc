@@ -94,7 +94,7 @@ Status RingAllreduce::reduce(const SegmentedBuffer& data, DType dtype, ReduceOp 
   bool compressed = false;
   DDLFAST_RETURN_IF_ERROR(prepare_wire(data, dtype == DType::kFloat32, op, options, &divisor, &compressed));
   return run_phases(data, build_rank_schedule(ring_, count, options.direct_by_dim), dtype, op, divisor, compressed,
-                    options, RingHalves::kBoth);
+                    options, RingPasses::kBoth);
 }
 
 Status RingAllreduce::prepare_wire(const SegmentedBuffer& data, bool float32, ReduceOp op,
@@ -122,7 +122,7 @@ Status RingAllreduce::prepare_wire(const SegmentedBuffer& data, bool float32, Re
 // Every phase runs the one loop (engine/ring_phases.h): the host step policy with the plain wire, or with fp16/bf16
 // on the wire where options compress that phase's dimension.
 Status RingAllreduce::run_phases(const SegmentedBuffer& data, const RingSchedule& schedule, DType dtype, ReduceOp op,
-                                 int divisor, bool compressed, const EngineOptions& options, RingHalves halves) {
+                                 int divisor, bool compressed, const EngineOptions& options, RingPasses halves) {
   const std::size_t chunk_elems = std::max<std::size_t>(1, options.chunk_bytes / data.element_size());
   const int slots = std::max(2, options.receives_in_flight);
   return run_ring_schedule(
@@ -239,10 +239,10 @@ Status RingAllreduce::reduce_scatter(const SegmentedBuffer& input, const Segment
     bool compressed = false;
     DDLFAST_RETURN_IF_ERROR(prepare_wire(data, dtype == DType::kFloat32, kernel_op, options, &divisor, &compressed));
     DDLFAST_RETURN_IF_ERROR(run_phases(data, build_rank_schedule(ring_, block_counts, options.direct_by_dim), dtype,
-                                       kernel_op, divisor, compressed, options, RingHalves::kReduceScatter));
+                                       kernel_op, divisor, compressed, options, RingPasses::kReduceScatter));
   }
   if (dtype == DType::kFloat16 || dtype == DType::kBFloat16) {
-    return finish_half_reduce_scatter(input, output, counts, dtype, op);
+    return finish_fp16_bf16_reduce_scatter(input, output, counts, dtype, op);
   }
   return exact_.after(transport_);
 }
@@ -279,7 +279,7 @@ Status RingAllreduce::reduce_scatter_small(const SegmentedBuffer& data, const st
   return Status::ok();
 }
 
-Status RingAllreduce::finish_half_reduce_scatter(const SegmentedBuffer& input, const SegmentedBuffer& output,
+Status RingAllreduce::finish_fp16_bf16_reduce_scatter(const SegmentedBuffer& input, const SegmentedBuffer& output,
                                                  const std::vector<std::size_t>& counts, DType dtype, ReduceOp op) {
   const std::uint16_t exponent = dtype == DType::kFloat16 ? 0x7c00 : 0x7f80;
   auto bits_at = [](const SegmentedBuffer& data, std::size_t element) {
@@ -350,7 +350,7 @@ Status RingAllreduce::allgather(const SegmentedBuffer& input, const SegmentedBuf
   DDLFAST_RETURN_IF_ERROR(
       prepare_wire(ordered, float32 && esize == sizeof(float), ReduceOp::kSum, options, &divisor, &compressed));
   return run_phases(ordered, build_rank_schedule(ring_, counts_by_position(counts)), DType::kFloat32, ReduceOp::kSum,
-                    1, compressed, options, RingHalves::kAllgather);
+                    1, compressed, options, RingPasses::kAllgather);
 }
 
 }  // namespace ddlfast

@@ -2,7 +2,7 @@
 // loop (engine/ring_phases.h) with the host step policy and its wire codecs
 // (engine/host_steps.h), or a dimension's direct reduce-scatter
 // (engine/direct_phase.h) where EngineOptions::direct_by_dim asks, plus the
-// small-message path and the two halves on their own. Its GPU twin is DeviceRingAllreduce, over the same Transport.
+// small-message path and the two passes on their own. Its GPU twin is DeviceRingAllreduce, over the same Transport.
 #pragma once
 
 #include <cstddef>
@@ -63,7 +63,7 @@ class RingAllreduce {
   // Executes the schedule's phases of `halves` through the one phase loop; `op` reaches the reduce kernel as it
   // is (divisor: average's, on the last reduce-scatter step).
   Status run_phases(const SegmentedBuffer& data, const RingSchedule& schedule, DType dtype, ReduceOp op, int divisor,
-                    bool compressed, const EngineOptions& options, RingHalves halves);
+                    bool compressed, const EngineOptions& options, RingPasses halves);
   // A rank-order buffer (block q: counts[q] elements) seen in the schedule's block order, and the owned-block
   // size of each torus position.
   SegmentedBuffer in_block_order(const SegmentedBuffer& rank_ordered, const std::vector<std::size_t>& counts) const;
@@ -73,7 +73,7 @@ class RingAllreduce {
                               DType dtype, ReduceOp op, int divisor, const EngineOptions& options);
   // float16/bfloat16 reduce-scatter: the overflow check (engine/exact_arithmetic.h) for results that differ
   // per rank, so the ranks agree on what they found before any branch that communicates.
-  Status finish_half_reduce_scatter(const SegmentedBuffer& input, const SegmentedBuffer& output,
+  Status finish_fp16_bf16_reduce_scatter(const SegmentedBuffer& input, const SegmentedBuffer& output,
                                     const std::vector<std::size_t>& counts, DType dtype, ReduceOp op);
 
   RingAllreduce(Transport& transport, RankedTorus ring) : transport_(transport), ring_(std::move(ring)) {}

@@ -270,7 +270,7 @@ Status run_ring_phase(Transport& transport, const RingPhase& phase, const PhaseC
 }
 
 // Which halves of the schedule to run: allreduce both, reduce_scatter and allgather one each.
-enum class RingHalves { kBoth, kReduceScatter, kAllgather };
+enum class RingPasses { kBoth, kReduceScatter, kAllgather };
 
 // Runs the schedule's phases of `halves` in order, each as
 // run_phase(phase, chunks, tag_base, final_divisor) (chunks empty for a direct
@@ -279,13 +279,13 @@ enum class RingHalves { kBoth, kReduceScatter, kAllgather };
 // band of tags, so a fast rank's next phase never matches a slow rank's
 // current one. One timeline event per phase when `events` is set.
 template <class RunPhase>
-Status run_ring_schedule(const SegmentedBuffer& data, const RingSchedule& schedule, RingHalves halves, int divisor,
+Status run_ring_schedule(const SegmentedBuffer& data, const RingSchedule& schedule, RingPasses halves, int divisor,
                          std::size_t chunk_elems, std::vector<PhaseEvent>* events, RunPhase&& run_phase) {
   const int last_reduce_scatter = last_reduce_scatter_phase(schedule);
   for (int i = 0; i < static_cast<int>(schedule.phases.size()); ++i) {
     const RingPhase& phase = schedule.phases[i];
     const bool reduces = phase.kind == PhaseKind::kReduceScatter;
-    if ((halves == RingHalves::kReduceScatter && !reduces) || (halves == RingHalves::kAllgather && reduces)) continue;
+    if ((halves == RingPasses::kReduceScatter && !reduces) || (halves == RingPasses::kAllgather && reduces)) continue;
     const double start = monotonic_seconds();
     // A direct phase (engine/direct_phase.h) cuts its own chunks; it has no ring steps.
     const PhaseChunks chunks = phase.direct ? PhaseChunks{} : phase_chunks(data, phase, chunk_elems);

@@ -126,9 +126,8 @@ EmulatedStaging::EmulatedStaging(const EngineOptions& options) {
   staging.device_recv = aligned(memory_[2]);
 }
 
-Status emulated_device_allreduce(Context& context, const std::vector<char*>& bases,
-                                 const std::vector<std::size_t>& counts, DType dtype, ReduceOp op,
-                                 const std::vector<int>& dims, const std::vector<int>& order,
+Status emulated_device_allreduce(Core& context, const std::vector<char*>& bases, const std::vector<std::size_t>& counts,
+                                 DType dtype, ReduceOp op, const std::vector<int>& dims, const std::vector<int>& order,
                                  const EngineOptions& options, bool direct, std::uint64_t seed) {
   const EmulatedStaging staging(options);
   EmulatedLanes lanes(seed);

@@ -15,7 +15,7 @@
 #include <random>
 #include <vector>
 
-#include "engine/context.h"
+#include "engine/core.h"
 #include "engine/device_lanes.h"
 #include "engine/ring_allreduce.h"
 
@@ -79,7 +79,7 @@ struct EmulatedStaging {
 
 // Test entry: allreduces host arrays with the context's GPU engine on
 // emulated lanes, staged (pinned-copy path) or direct.
-Status emulated_device_allreduce(Context& context, const std::vector<char*>& bases,
+Status emulated_device_allreduce(Core& context, const std::vector<char*>& bases,
                                  const std::vector<std::size_t>& counts, DType dtype, ReduceOp op,
                                  const std::vector<int>& dims, const std::vector<int>& order,
                                  const EngineOptions& options, bool direct, std::uint64_t seed);

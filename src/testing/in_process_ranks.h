@@ -1,7 +1,7 @@
 // Test entry: one collective at P ranks as threads of this process over InProcessTransport, through the
 // engine's own classes: the host executor (RingAllreduce, with the direct reduce-scatter where the options ask),
 // the GPU executor on emulated lanes (DeviceRingAllreduce, staged or direct transfers), or the latency path
-// (LatencyAllreduce). Every rank first agrees on its layout digest, as Context::agreed_allreduce does; faults
+// (LatencyAllreduce). Every rank first agrees on its layout digest, as Core::agreed_allreduce does; faults
 // are injected by giving ranks different digests or counts, or by one rank that never joins.
 #pragma once
 

@@ -59,7 +59,7 @@ class _PinnedMemory(bytearray):
         return len(self)
 
 
-class _DeviceEngine:
+class _DeviceCore:
     def __init__(self, core) -> None:
         from ddlfast import _testing
 
@@ -111,7 +111,7 @@ class _DeviceEngine:
 class _Module:
     StreamFence = _StreamFence
     PinnedMemory = _PinnedMemory
-    DeviceEngine = _DeviceEngine
+    DeviceCore = _DeviceCore
 
     def device_count(self) -> int:
         return 1

@@ -64,7 +64,7 @@ def test_cuda_failures_are_ddlfast_errors_with_a_hint() -> None:
 def test_a_gpu_context_without_a_device_fails_cleanly_at_first_use() -> None:
     from ddlfast import _core, _cuda
 
-    context = _cuda.DeviceEngine(_core.Engine(MPI.COMM_SELF))  # creating it touches no device
+    context = _cuda.DeviceCore(_core.Core(MPI.COMM_SELF))  # creating it touches no device
     with pytest.raises(DdlfastError, match="CUDA error"):
         context.allreduce_segments(0, [0x1000], [4], 0, 0, _core.CallOptions((1,), 1 << 20, 4, 0))
     with pytest.raises(DdlfastError, match="CUDA error"):
@@ -107,7 +107,7 @@ def test_cuda_path_on_empty_arrays_does_nothing() -> None:
         pytest.skip("built without CUDA")
     from ddlfast import _core
 
-    path = gpu_executor.DeviceExecutor(_core.Engine(MPI.COMM_SELF))
+    path = gpu_executor.DeviceExecutor(_core.Core(MPI.COMM_SELF))
     submission = gpu_executor.Submission([], None, [], [])
     path.run(submission, "sum", (1,), settings=None)  # no device touched, no settings read
     path.close()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ddlfast.engine import control
-from ddlfast.engine.halves import _check_outputs_apart
+from ddlfast.engine.shards import _check_outputs_apart
 from ddlfast.errors import DdlfastError
 from tests.mpi.launcher import run_mpi
 
@@ -23,21 +23,21 @@ def run_cases(ranks: int, *sections: str, env: dict | None = None) -> None:
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("ranks", [2, 3, 4])
-def test_fused_halves_above_the_small_limit(ranks: int) -> None:
+def test_fused_shards_above_the_small_limit(ranks: int) -> None:
     """Several arrays of one dtype, mixed dtypes, uneven counts=, out=, async, fp16/bf16 on the wire: each rank
     cuts the ring's messages where the others do (they used to fail with 'Message truncated')."""
-    run_cases(ranks, "halves")
+    run_cases(ranks, "shards")
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("ranks", [3])
-def test_fused_halves_with_many_chunks(ranks: int) -> None:
-    run_cases(ranks, "halves", env=SMALL_CHUNKS)
+def test_fused_shards_with_many_chunks(ranks: int) -> None:
+    run_cases(ranks, "shards", env=SMALL_CHUNKS)
 
 
 @pytest.mark.mpi
-def test_fused_halves_on_a_2x2_torus() -> None:
-    run_cases(4, "halves", env={"DDLFAST_RING_DIMS": "2x2"})
+def test_fused_shards_on_a_2x2_torus() -> None:
+    run_cases(4, "shards", env={"DDLFAST_RING_DIMS": "2x2"})
 
 
 @pytest.mark.mpi

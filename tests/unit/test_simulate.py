@@ -92,7 +92,7 @@ def test_the_driver_refuses_wrong_numbers(collective: str) -> None:
 
 @needs_simgrid
 @pytest.mark.parametrize("collective", ["reduce_scatter", "allgather"])
-def test_the_halves_run_checked_with_given_dims(collective: str) -> None:
+def test_the_passes_run_checked_with_given_dims(collective: str) -> None:
     result = _cli("--platform", "ethernet-10g", "--ranks", "8", "--sizes", "4KiB,64KiB", "--dims", "4x2",
                   "--collective", collective, "--iters", "1", "--json")
     assert result.returncode == 0, result.stderr

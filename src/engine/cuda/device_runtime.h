@@ -1,6 +1,6 @@
 // The GPU side of one ddlfast context, per device: ddlfast's two streams
 // (CudaLanes; the inbound one is "ddlfast's stream"), the staging slots and
-// one fused bucket per dtype. It borrows the context (engine/context.h), whose
+// one fused bucket per dtype. It borrows the context (engine/core.h), whose
 // one transport and GPU engines run its collectives. Every method makes its
 // device current for the call and restores the caller's. Not thread-safe: the
 // Python context runs one collective at a time.
@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/context.h"
+#include "engine/core.h"
 #include "engine/cuda/cuda_lanes.h"
 #include "engine/cuda/fence.h"
 #include "engine/device_ring_allreduce.h"
@@ -29,7 +29,7 @@ bool mpi_cuda_aware(std::string* how);
 class DeviceRuntime {
  public:
   // `context` must outlive the runtime. Not collective: device state is made at first use.
-  explicit DeviceRuntime(Context& context) : context_(context) {}
+  explicit DeviceRuntime(Core& context) : context_(context) {}
 
   // Work ddlfast enqueues on `device` from now on waits for `fence`.
   Status wait_for(int device, const Fence& fence);
@@ -63,7 +63,7 @@ class DeviceRuntime {
   Status state_for(int device, DeviceState** out);
   Status ensure_staging(DeviceState* state, int slots, std::size_t slot_bytes, bool direct);
 
-  Context& context_;
+  Core& context_;
   std::map<int, std::unique_ptr<DeviceState>> devices_;
 };
 

@@ -19,7 +19,7 @@ comm = MPI.COMM_WORLD
 rank, world = comm.Get_rank(), comm.Get_size()
 cp.cuda.Device(rank % cp.cuda.runtime.getDeviceCount()).use()
 failures: list[str] = []
-path = gpu_executor.DeviceExecutor(_core.Engine(comm, 120.0))
+path = gpu_executor.DeviceExecutor(_core.Core(comm, 120.0))
 stream = cp.cuda.Stream(non_blocking=True)
 for repeat in range(5):
     with stream:

@@ -34,8 +34,8 @@ def values(dtype: str, n: int, rng: np.random.Generator) -> np.ndarray:
     return (rng.standard_normal(n) * 10).astype(dtype)
 
 
-host = _core.Engine(comm, 120.0)
-gpu = _cuda.DeviceEngine(host)
+host = _core.Core(comm, 120.0)
+gpu = _cuda.DeviceCore(host)
 modes = [False] + ([True] if _cuda.mpi_cuda_support()[0] else [])
 case_rng = np.random.default_rng(99)
 shapes, dtypes = shapes_for(world), tuple(SIZES)

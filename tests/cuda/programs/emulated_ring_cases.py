@@ -45,7 +45,7 @@ def storage(dtype: str) -> np.dtype:
 # A hang anywhere (not only in the executor, which has its own stall limit) prints every thread's stack and
 # ends this rank, so the test fails with a trace instead of running into pytest's timeout.
 faulthandler.dump_traceback_later(120, exit=True)
-host = _core.Engine(comm, 60.0)
+host = _core.Core(comm, 60.0)
 host.set_timeout(60.0)
 case_rng = np.random.default_rng(1234)  # the same cases on every rank
 mask_rng = np.random.default_rng(4321)  # which dimensions reduce-scatter directly (engine/direct_phase.h)

@@ -69,7 +69,7 @@ def check(case: int, op: str, got: list[np.ndarray], label: str) -> None:
         failures.append(f"rank {rank} {label}: ranks hold different bits")
 
 
-host = _core.Engine(comm, 120.0)
+host = _core.Core(comm, 120.0)
 path = gpu_executor.DeviceExecutor(host)
 settings_list = [("64KiB", "4KiB"), ("1MiB", "64KiB"), ("64MiB", "512KiB"), ("300000", "5000")]
 for case in range(12):

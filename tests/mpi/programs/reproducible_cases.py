@@ -220,7 +220,7 @@ def device_executor_cases() -> None:
     """The GPU executor (DeviceRingAllreduce on emulated lanes: every device operation deferred and interleaved
     at random) with the options reproducible=True runs on (EngineState.reproducible_options): the canonical bits,
     whatever the chunk size and transfer mode. What it cannot check: the CUDA kernels themselves."""
-    engine = _core.Engine(comm, 60.0)
+    engine = _core.Core(comm, 60.0)
     try:
         for case, (dtype_name, op) in enumerate([("float32", "sum"), ("float32", "average"), ("float64", "sum")]):
             dtype = np.dtype(dtype_name).type

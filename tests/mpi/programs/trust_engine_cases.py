@@ -1,6 +1,6 @@
 """Runs on every rank: the engine's trust cases (issue 22), one section per run (argv[1]):
 
-  halves   fused_reduce_scatter / fused_allgather and their async forms above DDLFAST_SMALL_BYTES: several arrays
+  shards   fused_reduce_scatter / fused_allgather and their async forms above DDLFAST_SMALL_BYTES: several arrays
            of one dtype, mixed dtypes, uneven counts= (empty blocks too), out=, fp16/bf16 on the wire
   many     20,000 tiny arrays through fused_reduce_scatter and fused_allgather (validation is n log n)
   pieces   broadcast(_async), broadcast_object, allgather_object, a codec's allgather and the agreement's
@@ -105,7 +105,7 @@ def uneven(total: int, case: int) -> list[int]:
     return counts
 
 
-# -- halves ------------------------------------------------------------------------------------------------------
+# -- shards ------------------------------------------------------------------------------------------------------
 
 
 def reduce_scatter_call(label: str, specs: list[tuple[str, int, bool]], op: str, compression: str | None,
@@ -154,7 +154,7 @@ def allgather_call(label: str, specs: list[tuple[str, int]], compression: str | 
         same_on_every_rank(f"{name} array {i}", result)
 
 
-def halves() -> None:
+def shards() -> None:
     case = 1000
     one_dtype = [("float32", BIG, False), ("float32", BIG // 2, False), ("float32", WORLD, False)]
     mixed = [("float32", BIG, True), ("float64", BIG // 2, False), ("float32", BIG + 3, True),
@@ -404,7 +404,7 @@ def faults() -> None:
     allgather_call("faults ag after errors", [("float32", BIG // WORLD), ("float32", 5)], "fp16", True, False, 9500)
 
 
-SECTIONS = {"halves": halves, "many": many, "pieces": pieces, "zeros": zeros, "gpu": zeros_on_gpu_arrays,
+SECTIONS = {"shards": shards, "many": many, "pieces": pieces, "zeros": zeros, "gpu": zeros_on_gpu_arrays,
             "faults": faults}
 
 if __name__ == "__main__":

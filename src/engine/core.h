@@ -16,11 +16,11 @@
 
 namespace ddlfast {
 
-class Context {
+class Core {
  public:
   // agreement_capacity: MpiTransport::create's.
   static Status create(MPI_Comm comm, double timeout_s, std::size_t agreement_capacity,
-                       std::unique_ptr<Context>* out);
+                       std::unique_ptr<Core>* out);
 
   int rank() const { return transport_->rank(); }
   int size() const { return transport_->size(); }

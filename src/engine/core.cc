@@ -1,10 +1,10 @@
-#include "engine/context.h"
+#include "engine/core.h"
 
 namespace ddlfast {
 
-Status Context::create(MPI_Comm comm, double timeout_s, std::size_t agreement_capacity,
-                       std::unique_ptr<Context>* out) {
-  std::unique_ptr<Context> context(new Context());
+Status Core::create(MPI_Comm comm, double timeout_s, std::size_t agreement_capacity,
+                       std::unique_ptr<Core>* out) {
+  std::unique_ptr<Core> context(new Core());
   DDLFAST_RETURN_IF_ERROR(MpiTransport::create(comm, timeout_s, agreement_capacity, &context->transport_));
   context->latency_ = std::make_unique<LatencyAllreduce>(*context->transport_);
   *out = std::move(context);
@@ -31,28 +31,28 @@ Status cached_engine(std::map<std::pair<std::vector<int>, std::vector<int>>, std
 
 }  // namespace
 
-Status Context::engine_for(const std::vector<int>& dims, const std::vector<int>& order, RingAllreduce** out) {
+Status Core::engine_for(const std::vector<int>& dims, const std::vector<int>& order, RingAllreduce** out) {
   return cached_engine(engines_, *transport_, dims, order, out);
 }
 
-Status Context::device_engine_for(const std::vector<int>& dims, const std::vector<int>& order,
+Status Core::device_engine_for(const std::vector<int>& dims, const std::vector<int>& order,
                                   DeviceRingAllreduce** out) {
   return cached_engine(device_engines_, *transport_, dims, order, out);
 }
 
-Status Context::finish(const Status& status) {
+Status Core::finish(const Status& status) {
   if (!status.is_ok() && status.code() != StatusCode::kConsistent) transport_->abandon(status);
   return status;
 }
 
-Status Context::allreduce(const SegmentedBuffer& data, DType dtype, ReduceOp op, const std::vector<int>& dims,
+Status Core::allreduce(const SegmentedBuffer& data, DType dtype, ReduceOp op, const std::vector<int>& dims,
                           const std::vector<int>& order, const EngineOptions& options) {
   RingAllreduce* engine = nullptr;
   DDLFAST_RETURN_IF_ERROR(engine_for(dims, order, &engine));
   return finish(engine->run(data, dtype, op, options));
 }
 
-Status Context::agreed_allreduce(std::uint64_t digest, bool* agreed, const SegmentedBuffer& data, DType dtype,
+Status Core::agreed_allreduce(std::uint64_t digest, bool* agreed, const SegmentedBuffer& data, DType dtype,
                                  ReduceOp op, const std::vector<int>& dims, const std::vector<int>& order,
                                  const EngineOptions& options) {
   Status status;
@@ -66,7 +66,7 @@ Status Context::agreed_allreduce(std::uint64_t digest, bool* agreed, const Segme
   return status;
 }
 
-Status Context::reduce_scatter(const SegmentedBuffer& input, const SegmentedBuffer& output,
+Status Core::reduce_scatter(const SegmentedBuffer& input, const SegmentedBuffer& output,
                                const std::vector<std::size_t>& counts, DType dtype, ReduceOp op,
                                const std::vector<int>& dims, const std::vector<int>& order,
                                const EngineOptions& options) {
@@ -75,7 +75,7 @@ Status Context::reduce_scatter(const SegmentedBuffer& input, const SegmentedBuff
   return finish(engine->reduce_scatter(input, output, counts, dtype, op, options));
 }
 
-Status Context::allgather(const SegmentedBuffer& input, const SegmentedBuffer& output,
+Status Core::allgather(const SegmentedBuffer& input, const SegmentedBuffer& output,
                           const std::vector<std::size_t>& counts, bool float32, const std::vector<int>& dims,
                           const std::vector<int>& order, const EngineOptions& options) {
   RingAllreduce* engine = nullptr;
@@ -83,7 +83,7 @@ Status Context::allgather(const SegmentedBuffer& input, const SegmentedBuffer& o
   return finish(engine->allgather(input, output, counts, float32, options));
 }
 
-Status Context::device_allreduce(const SegmentedBuffer& data, DType dtype, ReduceOp op, const std::vector<int>& dims,
+Status Core::device_allreduce(const SegmentedBuffer& data, DType dtype, ReduceOp op, const std::vector<int>& dims,
                                  const std::vector<int>& order, const EngineOptions& options,
                                  const DeviceRunOptions& run, DeviceLanes* lanes, const DeviceStaging& staging) {
   DeviceRingAllreduce* engine = nullptr;

@@ -1,4 +1,4 @@
-"""Reduce-scatter and allgather: the two halves of the ring allreduce as collectives of their own (MPI's
+"""Reduce-scatter and allgather: the two passes of the ring allreduce as collectives of their own (MPI's
 MPI_Reduce_scatter(_block) and MPI_Allgather semantics), for sharded training (ZeRO/FSDP).
 
 This module validates a call on the caller's thread (so bad input raises where it was passed, and joins the
@@ -48,7 +48,7 @@ class Spec(NamedTuple):
     layout_dtype: object  # the dtype as it enters the layout ("cuda float32" for GPU arrays)
 
 
-class HalfRequest(NamedTuple):
+class ShardRequest(NamedTuple):
     """A validated reduce-scatter or allgather, ready to run on any thread."""
 
     kind: str
@@ -194,7 +194,7 @@ def _per_array(value: object, n: int, name: str, single: bool, rank: int) -> lis
 
 
 def prepare(state: EngineState, kind: str, arrays: Any, op: str, dims: object, counts: object, out: object,
-            compression: object, stream: object, single: bool, reproducible: object = None) -> HalfRequest:
+            compression: object, stream: object, single: bool, reproducible: object = None) -> ShardRequest:
     """Validate a call on the caller's thread, so bad input raises where it was passed."""
     if kind == REDUCE_SCATTER:
         op = check_op(op, state.rank)  # ddlfast's name (also for MPI.SUM, torch's ReduceOp.SUM, ...)
@@ -217,7 +217,7 @@ def prepare(state: EngineState, kind: str, arrays: Any, op: str, dims: object, c
     return request
 
 
-def execute(state: EngineState, request: HalfRequest) -> Any:
+def execute(state: EngineState, request: ShardRequest) -> Any:
     """The agreement, then the collective; returns what the call returns. A small host allgather rides in the
     agreement's own messages instead (_allgather_in_agreement)."""
     state.set_core_timeout(request.settings.timeout_s)
@@ -226,7 +226,7 @@ def execute(state: EngineState, request: HalfRequest) -> Any:
     return request.results[0] if request.single else request.results
 
 
-def _allgather_in_agreement(state: EngineState, request: HalfRequest) -> bool:
+def _allgather_in_agreement(state: EngineState, request: ShardRequest) -> bool:
     """An uncompressed host allgather whose result fits the small-message limit: each rank puts its blocks at
     its own place in a zeroed buffer of int64 words, and one latency-path sum inside the agreement
     (EngineState.carried_in_agreement) leaves every rank's bytes everywhere, exactly. False: not taken."""
@@ -261,7 +261,7 @@ def _allgather_in_agreement(state: EngineState, request: HalfRequest) -> bool:
     return True
 
 
-def _run(state: EngineState, request: HalfRequest) -> None:
+def _run(state: EngineState, request: ShardRequest) -> None:
     settings, dims = request.settings, request.dims
     gpu = device.executor(state) if request.gpu is not None else None
     if gpu is not None:
@@ -289,7 +289,7 @@ def _run(state: EngineState, request: HalfRequest) -> None:
 
 def _validate(kind: str, arrays: object, op: str, dims: tuple[int, ...], counts: object, out: object,
               codec: tuple[str, ...], settings: Any, rank: int, world: int, stream: object,
-              single: bool) -> HalfRequest:
+              single: bool) -> ShardRequest:
     """The call's arrays, counts and outputs into a request; raises DdlfastError naming the rank."""
     name = f"fused_{kind}" if not single else kind
     if isinstance(arrays, np.ndarray) or not isinstance(arrays, Sequence):
@@ -358,7 +358,7 @@ def _validate(kind: str, arrays: object, op: str, dims: tuple[int, ...], counts:
     layout_counts = None if all(c is None for c in explicit) else tuple(
         b if c is not None else None for b, c in zip(blocks, explicit, strict=True))
     layout = layout_of(kind, op if kind == REDUCE_SCATTER else "", dims, specs, layout_counts, codec, settings)
-    return HalfRequest(kind, op, dims, settings, codec, specs, blocks, outputs, copy_back, results, single, gpu,
+    return ShardRequest(kind, op, dims, settings, codec, specs, blocks, outputs, copy_back, results, single, gpu,
                        layout)
 
 
@@ -377,7 +377,7 @@ def _empty_device(array: object, shape: tuple[int, ...], index: int, rank: int) 
                        "result's size) for its result")
 
 
-def core_calls(request: HalfRequest, inputs: Sequence[np.ndarray], rank: int, world: int,
+def core_calls(request: ShardRequest, inputs: Sequence[np.ndarray], rank: int, world: int,
                compressed: bool) -> list[tuple[str, tuple, int]]:
     """The core calls that run a request: (method, arguments before the engine settings, bytes of the whole
     buffer it reduces or gathers). One per dtype for reduce-scatter; one for an allgather (opaque bytes, or
