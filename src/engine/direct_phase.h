@@ -101,7 +101,7 @@ class DirectHostSteps {
     slot_bytes_ = wire_.bytes(chunk_elems);
     if (scratch->receive_slots.size() < window_ * slot_bytes_) scratch->receive_slots.resize(window_ * slot_bytes_);
     receive_slots_ = scratch->receive_slots.data();
-    const std::size_t sum_doubles = (sum_bytes(chunk_elems) + sizeof(double) - 1) / sizeof(double);
+    const std::size_t sum_doubles = (chunk_elems * data.element_size() + sizeof(double) - 1) / sizeof(double);
     if (scratch->accumulator.size() < sum_doubles) scratch->accumulator.resize(sum_doubles);
     accumulator_ = reinterpret_cast<char*>(scratch->accumulator.data());
     if constexpr (!Wire::kInPlace) {
@@ -142,12 +142,7 @@ class DirectHostSteps {
   void begin_chunk(const ChunkItem& chunk, bool own_first) {
     // The own contribution is read only as such from here on: rounded to the wire type in place.
     wire_.round_through(data_.address(chunk.offset), own_stage_, chunk.count);
-    if constexpr (sum_in_scratch()) {
-      sum_ = accumulator_;  // the sum starts as the own values, in float32
-      if (own_first) wire_.load(sum_, reinterpret_cast<const unsigned char*>(data_.address(chunk.offset)), chunk.count);
-    } else {
-      sum_ = own_first ? data_.address(chunk.offset) : accumulator_;
-    }
+    sum_ = own_first ? data_.address(chunk.offset) : accumulator_;
   }
   Status load(std::size_t index, const ChunkItem& chunk) {
     wire_.load(sum_, slot(index), chunk.count);
@@ -161,33 +156,19 @@ class DirectHostSteps {
   // min, max and product commute: the bits of sum + own, without a copy of the sum back into the data).
   Status add_own(const ChunkItem& chunk, int divisor) {
     char* own = data_.address(chunk.offset);
-    if constexpr (sum_in_scratch()) {
-      wire_.reduce_values(sum_, own, chunk.count, divisor);
-    } else {
-      wire_.reduce_values(own, sum_, chunk.count, divisor);
-      sum_ = own;
-    }
+    wire_.reduce_values(own, sum_, chunk.count, divisor);
+    sum_ = own;
     return Status::ok();
   }
   Status finish_chunk(const ChunkItem& chunk) {
     char* target = data_.address(chunk.offset);
-    if constexpr (sum_in_scratch()) {
-      wire_.store(target, sum_, chunk.count);
-    } else if (sum_ != target) {
-      std::memcpy(target, sum_, chunk.count * data_.element_size());
-    }
+    if (sum_ != target) std::memcpy(target, sum_, chunk.count * data_.element_size());
     return Status::ok();
   }
   Status consumed(std::size_t) const { return Status::ok(); }
 
  private:
   unsigned char* slot(std::size_t index) const { return receive_slots_ + (index % window_) * slot_bytes_; }
-  // Whether the sum builds in float32 scratch whatever the order (HalfSum), and that scratch's size.
-  static constexpr bool sum_in_scratch() { return Wire::kSumInScratch; }
-  std::size_t sum_bytes(std::size_t count) const {
-    if constexpr (sum_in_scratch()) return wire_.sum_bytes(count);
-    return count * data_.element_size();
-  }
 
   const SegmentedBuffer& data_;
   Wire wire_;
