@@ -18,6 +18,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NoReturn
@@ -72,7 +73,10 @@ class Context:
         check_environment()  # every DDLFAST_* variable, also those read only later (ddlfast/config.py)
         launch.check_world()  # MPI alone where the launcher started several: how to launch, not a job of 1 rank
         settings = load_settings()
-        self._comm = comm  # the communicator the context runs on (the survivors' after ranks were lost)
+        # The communicator the context runs on, held weakly: ddlfast.api's table closes a context once its
+        # communicator is gone. After ranks were lost, the survivors' communicator (ddlfast's own), held here.
+        self._comm_ref = weakref.ref(comm)
+        self._survivors: MPI.Intracomm | None = None
         self._ulfm = ulfm.enabled()  # MPI's fault tolerance is on: survivors of a dead rank go on (_recovered)
         self._generation = 0  # how many times ranks were lost; work prepared before the last loss is refused
         self._last_loss: RanksLostError | None = None
@@ -135,7 +139,7 @@ class Context:
     def comm(self) -> MPI.Intracomm:
         """The communicator this context runs on: the one it was created with, or the survivors' after a
         RanksLostError."""
-        return self._comm
+        return self._survivors if self._survivors is not None else self._comm_ref()
 
     @property
     def rank(self) -> int:
@@ -353,7 +357,7 @@ class Context:
     def _recovered(self, failure: DdlfastError) -> RanksLostError:
         """A rank died (MPI reports it): revoke, shrink to the survivors, rebuild the engine there (ring dims
         planned anew for the new size, the probe cache reused), and return the RanksLostError to raise."""
-        before, old_state = self._comm, self._state
+        before, old_state = self.comm, self._state
         old_state.core.revoke()  # fails every survivor's waits at once (a no-op when done already)
         ulfm.revoke(old_state.control.comm)
         old_state.fused.clear()
@@ -375,7 +379,7 @@ class Context:
     def _lost(self, before: MPI.Intracomm, survivors: MPI.Intracomm, state: EngineState,
               failure: BaseException) -> RanksLostError:
         """Go on with `state` on `survivors`; the RanksLostError that says so."""
-        self._comm, self._state = survivors, state
+        self._survivors, self._state = survivors, state
         self._fast = FastPath(state)
         self._generation += 1
         lost = ulfm.lost_ranks(before, survivors)
