@@ -104,10 +104,11 @@ print('sanitize: testing', core.__file__, core.selected_kernel_path())"
 # --capture=sys: a sanitizer writes to file descriptor 2 and may abort the process; pytest's default fd capture
 # would swallow the report with the process.
 # The tests of the repository tree itself (the paths the docs name, the sdist's contents, the simulator's sources,
-# the rounding emulation in bench/) run in the main run: the stage holds only the package and the tests.
+# the rounding emulation in bench/, the layers of docs/architecture.md against src/) run in the main run: the stage
+# holds only the package and the tests.
 [ "$status" = 0 ] && step "$PYTHON" -m pytest tests/unit -q -p no:cacheprovider --capture=sys -x \
   --ignore tests/unit/test_doc_paths.py --ignore tests/unit/test_packaging.py --ignore tests/unit/test_simulate.py \
-  --ignore tests/unit/test_rounding_error.py "$@"
+  --ignore tests/unit/test_rounding_error.py --ignore tests/unit/test_architecture.py "$@"
 if [ "$status" = 0 ] && [ "${SANITIZE_MPI:-1}" != 0 ]; then
   # Every shape, dtype, compression and settings path on real ranks, kept short (ASan is ~3x slower).
   # SANITIZE_FUZZ_ARGS adds fuzz_cases.py options, e.g. "--misaligned 0".
