@@ -52,8 +52,14 @@ needs_ulfm = pytest.mark.skipif(not _core.ulfm_built or launcher_kind() != "prrt
                                 reason="needs ddlfast built against Open MPI 5 (its ULFM) and its mpirun")
 
 
+# A rank killed inside the recovery's sync() is killed by timing: in 1 CI run of 3 the second victim finished its
+# sync (and the job) before its kill landed. Off until the kill is tied to the sync itself (issue 28's note).
+_BY_TIMING = {"in_recovery_sync"}
+
+
 @needs_ulfm
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", [c if c not in _BY_TIMING else pytest.param(c, marks=pytest.mark.skip(
+    reason="the kill inside sync() lands by timing; off until it is tied to the sync")) for c in CASES])
 def test_survivors_finish_bit_identical(case: str, tmp_path) -> None:
     kills = CASES[case]
     victims = {int(spec.split(":")[0]) for spec in kills.split(",")}
