@@ -1,9 +1,12 @@
 # C++ declarations of the compiled core, in one place (as mpi4py's libmpi.pxd).
 from libc.stddef cimport size_t
-from libc.stdint cimport int64_t, uint64_t
+from libc.stdint cimport int64_t, uint64_t, uintptr_t
 from libcpp cimport bool
 from libcpp.memory cimport unique_ptr
+from libcpp.map cimport map as cpp_map
 from libcpp.string cimport string
+from libcpp.unordered_map cimport unordered_map
+from libcpp.utility cimport pair
 from libcpp.vector cimport vector
 from mpi4py.libmpi cimport MPI_Comm, MPI_Request
 
@@ -234,9 +237,28 @@ cdef class CallOptions:
     cdef vector[int] order
 
 
+# The flight recorder's call sites (ddlfast/_core.pyx), declared here so that Core can hold one.
+cdef class CallSites:
+    cdef unordered_map[uintptr_t, bool] internal
+    cdef cpp_map[pair[uintptr_t, int], int64_t] ids
+    cdef list sites
+    cdef list classified
+    cdef object classify
+    cdef size_t limit
+    cdef bint public_frames
+    cdef public int64_t submitted
+    cdef vector[uintptr_t] last_internal  # the codes the last walk went through, outermost last
+    cdef uintptr_t last_code
+    cdef int last_instruction
+    cdef int64_t last_site
+    cdef int64_t find(self) except -2
+    cdef int64_t _at(self, void* code, int instruction) except -3
+
+
 # The Python face of the C++ Core (ddlfast/_core.pyx), declared here so that the other modules can take it.
 cdef class Core:
     cdef unique_ptr[CoreCpp] context
+    cdef CallSites call_sites
     cdef vector[PhaseEvent] events
     cdef public bint record_events
     cdef CoreCpp* get(self) except NULL

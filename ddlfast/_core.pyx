@@ -4,6 +4,7 @@
 here; every loop that touches data runs in C++ with the GIL released."""
 
 from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.dict cimport PyDict_GetItem
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.ref cimport PyObject, Py_XDECREF, Py_XINCREF
 from cython.operator cimport dereference as deref
@@ -48,69 +49,173 @@ cdef extern from "Python.h":
     int PyFrame_GetLasti(PyFrameObject* frame)
 
 
+# The caller's stack read where CPython keeps it (3.11's interpreter frames), without making a frame object per
+# frame as PyEval_GetFrame/PyFrame_GetBack do (about 250 instructions each, on every latency-path call). Other
+# Pythons take the public calls (CallSites.find); the two walks give the same (code, offset) pairs.
+cdef extern from *:
+    """
+    #if PY_VERSION_HEX >= 0x030B00A6 && PY_VERSION_HEX < 0x030C0000 && !defined(PYPY_VERSION) && !defined(Py_LIMITED_API)
+      #ifndef Py_BUILD_CORE
+        #define Py_BUILD_CORE 1
+      #endif
+      #include "internal/pycore_frame.h"
+      #define DDLFAST_INTERPRETER_FRAMES 1
+      static inline _PyInterpreterFrame* ddlfast_complete_frame(_PyInterpreterFrame* frame) {
+          while (frame != NULL && _PyFrame_IsIncomplete(frame)) frame = frame->previous;
+          return frame;
+      }
+      static inline void* ddlfast_top_frame(void) {
+          return ddlfast_complete_frame(PyThreadState_GET()->cframe->current_frame);
+      }
+      static inline void* ddlfast_frame_back(void* frame) {
+          return ddlfast_complete_frame(((_PyInterpreterFrame*)frame)->previous);
+      }
+      static inline void* ddlfast_frame_code(void* frame) { return ((_PyInterpreterFrame*)frame)->f_code; }
+      static inline int ddlfast_frame_instruction(void* frame) {  /* as PyFrame_GetLasti */
+          int last = _PyInterpreterFrame_LASTI((_PyInterpreterFrame*)frame);
+          return last < 0 ? -1 : last * (int)sizeof(_Py_CODEUNIT);
+      }
+    #else
+      #define DDLFAST_INTERPRETER_FRAMES 0
+      static inline void* ddlfast_top_frame(void) { return NULL; }
+      static inline void* ddlfast_frame_back(void* frame) { (void)frame; return NULL; }
+      static inline void* ddlfast_frame_code(void* frame) { (void)frame; return NULL; }
+      static inline int ddlfast_frame_instruction(void* frame) { (void)frame; return -1; }
+    #endif
+    """
+    bint DDLFAST_INTERPRETER_FRAMES
+    void* ddlfast_top_frame()  # borrowed, as every pointer below: the stack does not change during the walk
+    void* ddlfast_frame_back(void* frame)
+    void* ddlfast_frame_code(void* frame)
+    int ddlfast_frame_instruction(void* frame)
+
+
 cdef class CallSites:
     """The flight recorder's call sites (ddlfast/engine/flight.py), found in C so that the latency path can
     afford one per call: the first frame of the caller's stack that `classify(code)` does not call internal,
     as a small id for its (code, instruction). Codes are classified once (by address, each kept alive so its
-    address stays its own); at most `limit` codes and sites are remembered, -1 past that."""
-    cdef unordered_map[uintptr_t, bool] internal
-    cdef cpp_map[pair[uintptr_t, int], int64_t] ids
-    cdef list sites  # id -> (code, instruction offset)
-    cdef list classified  # the code objects behind `internal`'s addresses
-    cdef object classify
-    cdef size_t limit
+    address stays its own); at most `limit` codes and sites are remembered, -1 past that. `submitted`, while it
+    is >= 0, is the site instead (asynchronous work, recorded where it was submitted). `public_frames` walks with
+    the public frame calls even where the interpreter's own frames can be read (the tests compare the two)."""
 
-    def __cinit__(self, classify, size_t limit):
+    def __cinit__(self, classify, size_t limit, bint public_frames=False):
         self.classify = classify
         self.limit = limit
         self.sites = []
         self.classified = []
+        self.public_frames = public_frames or not DDLFAST_INTERPRETER_FRAMES
+        self.submitted = -1
+        self.last_site = -1
 
     def site(self) -> int:
-        cdef PyFrameObject* frame = PyEval_GetFrame()
+        return self.find()
+
+    @property
+    def reads_interpreter_frames(self) -> bool:
+        return not self.public_frames
+
+    cdef int64_t find(self) except -2:
+        """The caller's site id; -1 for none."""
+        cdef void* frame
+        cdef PyFrameObject* public
         cdef PyFrameObject* back
-        cdef PyObject* code
-        cdef uintptr_t key
+        cdef PyCodeObject* code
+        cdef int64_t found = -2  # -2: only internal frames so far
+        cdef size_t depth = 0
+        cdef uintptr_t code_key
+        cdef int instruction
+        if self.submitted >= 0:
+            return self.submitted
+        if not self.public_frames:
+            # A loop calls from one line through the same ddlfast frames: those compare with the last walk's
+            # (a pointer each), and the site with the last site, before any table is looked at.
+            frame = ddlfast_top_frame()
+            while frame != NULL:
+                code_key = <uintptr_t>ddlfast_frame_code(frame)
+                if depth < self.last_internal.size() and self.last_internal[depth] == code_key:
+                    depth += 1
+                    frame = ddlfast_frame_back(frame)
+                    continue
+                instruction = ddlfast_frame_instruction(frame)
+                if code_key == self.last_code and instruction == self.last_instruction and self.last_site >= 0:
+                    self.last_internal.resize(depth)
+                    return self.last_site
+                found = self._at(<void*>code_key, instruction)
+                if found != -2:
+                    self.last_internal.resize(depth)
+                    self.last_code, self.last_instruction, self.last_site = code_key, instruction, found
+                    return found
+                self.last_internal.resize(depth)
+                self.last_internal.push_back(code_key)
+                depth += 1
+                frame = ddlfast_frame_back(frame)
+            return -1
+        public = PyEval_GetFrame()
+        Py_XINCREF(<PyObject*>public)
+        while public != NULL and found == -2:
+            code = PyFrame_GetCode(public)
+            try:
+                found = self._at(<void*>code, PyFrame_GetLasti(public))
+            finally:
+                Py_XDECREF(<PyObject*>code)
+            back = PyFrame_GetBack(public)
+            Py_XDECREF(<PyObject*>public)
+            public = back
+        Py_XDECREF(<PyObject*>public)
+        return -1 if found == -2 else found
+
+    cdef int64_t _at(self, void* code, int instruction) except -3:
+        """-2 (go on) for an internal frame's code; else the site id of (code, instruction), -1 past the limit
+        (as when a code cannot be classified any more)."""
+        cdef uintptr_t key = <uintptr_t>code
         cdef bool inside
-        cdef int64_t found = -1
         cdef pair[uintptr_t, int] where
-        cdef unordered_map[uintptr_t, bool].iterator entry
+        cdef unordered_map[uintptr_t, bool].iterator entry = self.internal.find(key)
         cdef cpp_map[pair[uintptr_t, int], int64_t].iterator known
-        Py_XINCREF(<PyObject*>frame)
-        while frame != NULL:
-            code = <PyObject*>PyFrame_GetCode(frame)
-            key = <uintptr_t>code
-            entry = self.internal.find(key)
-            if entry != self.internal.end():
-                inside = deref(entry).second
-            elif self.internal.size() >= self.limit:
-                Py_XDECREF(code)
-                break
-            else:
+        cdef int64_t found
+        if entry != self.internal.end():
+            inside = deref(entry).second
+        elif self.internal.size() >= self.limit:
+            return -1
+        else:
+            try:
                 inside = True if self.classify(<object>code) else False
-                self.classified.append(<object>code)
-                self.internal[key] = inside
-            if not inside:
-                where = pair[uintptr_t, int](key, PyFrame_GetLasti(frame))
-                known = self.ids.find(where)
-                if known != self.ids.end():
-                    found = deref(known).second
-                elif <size_t>len(self.sites) < self.limit:
-                    found = len(self.sites)
-                    self.ids[where] = found
-                    self.sites.append((<object>code, where.second))
-                Py_XDECREF(code)
-                break
-            back = PyFrame_GetBack(frame)
-            Py_XDECREF(code)
-            Py_XDECREF(<PyObject*>frame)
-            frame = back
-        Py_XDECREF(<PyObject*>frame)
+            except Exception:  # noqa: BLE001 - a site is a label: never a reason for one rank to fail its call
+                inside = False
+            self.classified.append(<object>code)
+            self.internal[key] = inside
+        if inside:
+            return -2
+        where = pair[uintptr_t, int](key, instruction)
+        known = self.ids.find(where)
+        if known != self.ids.end():
+            return deref(known).second
+        if <size_t>len(self.sites) >= self.limit:
+            return -1
+        found = len(self.sites)
+        self.ids[where] = found
+        self.sites.append((<object>code, instruction))
         return found
 
     def of(self, int64_t site):
         """(code, instruction offset) of a site id, or None."""
         return self.sites[site] if 0 <= site < len(self.sites) else None
+
+def same_values(dict environ, tuple keys, tuple values) -> bool:
+    """Whether environ[keys[i]] is values[i] (the very object; None where absent) for every i: config's test,
+    on every collective, that no DDLFAST_* variable changed (config.use_value_compare)."""
+    cdef Py_ssize_t i
+    cdef PyObject* found
+    if len(keys) != len(values):
+        return False
+    for i in range(len(keys)):
+        found = PyDict_GetItem(environ, keys[i])
+        if found != <PyObject*>values[i] and not (found == NULL and values[i] is None):
+            return False
+    return True
+
+
+config.use_value_compare(same_values)
 
 # Python runs signal handlers on the main thread only; a wait on any other thread never asks.
 cdef unsigned long _main_thread = threading.main_thread().ident
@@ -309,6 +414,10 @@ cdef class Core:
         """Keep the last `capacity` collectives' flight entries (transport/flight_log.h; 0: off)."""
         self.get().transport().flight().resize(capacity)
 
+    def use_call_sites(self, CallSites sites) -> None:
+        """Where allreduce_array(site=-2) finds its caller's call site (None: nowhere, the recorder is off)."""
+        self.call_sites = sites
+
     def set_flight_site(self, int64_t site) -> None:
         """The call-site id the next agreement's flight entry gets."""
         self.get().transport().flight().set_site(site)
@@ -486,7 +595,8 @@ cdef class Core:
         Returns 1 when done; 0, having written nothing, when the ranks disagree; -1, having done nothing (not
         even the agreement), when the array does not export a writable C-contiguous buffer of whole aligned
         elements: the caller then takes the general path, which says what is wrong on every rank. `site`: the
-        flight recorder's id of the caller's call site.
+        flight recorder's id of the caller's call site; -1: the one set before (set_flight_site) stands; -2: the
+        caller's, found here where the flight recorder is on (use_call_sites).
         """
         cdef Py_buffer view
         cdef vector[char*] bases
@@ -502,7 +612,9 @@ cdef class Core:
                 return -1
             bases.push_back(<char*>view.buf)
             sizes.push_back(count)
-            if site >= 0:  # else the site set before (set_flight_site) stands
+            if site == -2:
+                self.get().transport().flight().set_site(-1 if self.call_sites is None else self.call_sites.find())
+            elif site >= 0:
                 self.get().transport().flight().set_site(site)
             agreed = self._run(bases, sizes, dtype, op, options, True, digest)
         finally:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -240,11 +240,24 @@ _cache: tuple[tuple, Settings] | None = None
 # and is read in nanoseconds. Falls back to os.environ where it is absent.
 _RAW_ENVIRON = getattr(os.environ, "_data", None)
 _RAW_KEYS = tuple(name.encode() for name in _VARIABLES)
+# `same_values(environ, keys, values)`: whether environ[keys[i]] is values[i] (the very object; None where
+# absent) for every i, without building a tuple per call. ddlfast._core sets it (in C; this module imports no
+# compiled one); until then, and where os.environ has no plain dict, the tuples are compared.
+_same_values: Callable[[dict, tuple, tuple], bool] | None = None
+
+
+def use_value_compare(same_values: Callable[[dict, tuple, tuple], bool]) -> None:
+    global _same_values
+    if isinstance(_RAW_ENVIRON, dict):
+        _same_values = same_values
 
 
 def load_settings() -> Settings:
     """The current settings; parsed again only when a DDLFAST_* variable changed."""
     global _cache
+    cache = _cache
+    if cache is not None and _same_values is not None and _same_values(_RAW_ENVIRON, _RAW_KEYS, cache[0]):
+        return cache[1]  # every collective asks: the common case, in C
     if isinstance(_RAW_ENVIRON, dict):
         raw = tuple(map(_RAW_ENVIRON.get, _RAW_KEYS))
     else:

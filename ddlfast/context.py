@@ -31,7 +31,7 @@ from ddlfast.config import MAX_LATENCY_BYTES, check_environment, format_size, lo
 from ddlfast.engine import exchange, join, requests, shards, small
 from ddlfast.engine.agreement import Name, check_name, creation_layout
 from ddlfast.engine.control import Control
-from ddlfast.engine.fast_path import FastPath
+from ddlfast.engine.fast_path import FastPath, Plan
 from ddlfast.engine.state import EngineState
 from ddlfast.engine.worker import CommThread, Handle
 from ddlfast.errors import DdlfastBrokenError, DdlfastError, RanksLostError
@@ -533,20 +533,23 @@ class Context:
                 and (name is None or type(name) in (str, int))):
             plan = self._fast.plan(array, op, dims, compression, settings)
         if plan is not None:
-            if self._ulfm:
-                fast = self._fast
-                done = self._in_order(lambda: fast.run(array, plan, settings, name), "allreduce")
-            elif self._worker is None:  # _in_order's own first case, spelled out: this is the latency path
+            if self._worker is None and not self._ulfm:  # _in_order's own first case, spelled out: the latency path
                 with self._lock:
                     self._check_open()
                     done = self._fast.run(array, plan, settings, name)
             else:
-                done = self._in_order(lambda: self._fast.run(array, plan, settings, name), "allreduce")
+                done = self._fast_in_order(array, plan, settings, name)
             if done:
                 return array
         # The general path (full validation and messages, compression, GPU arrays), also for a buffer the latency
         # path could not take (nothing ran there).
         return self._fused_allreduce([array], op, dims, compression, False, stream, name, reproducible)[0]
+
+    def _fast_in_order(self, array: np.ndarray, plan: Plan, settings: config.Settings, name: Name) -> bool:
+        """The latency path behind queued asynchronous work, or under MPI's fault tolerance (its own method: the
+        closure's cells would cost every latency-path call)."""
+        fast = self._fast
+        return self._in_order(lambda: fast.run(array, plan, settings, name), "allreduce")
 
     @traced("fused_allreduce")
     def fused_allreduce(self, arrays: Sequence[np.ndarray], *, op: str = "sum", dims: object = None,

@@ -60,12 +60,12 @@ class FlightRecorder:
         self.hosts: tuple[str, ...] = ()  # each rank's host name, once the topology is known
         number = next(_context_numbers)
         self.file_name = f"flight.rank{self.rank}.json" if number == 0 else f"flight.rank{self.rank}.ctx{number}.json"
-        self.call_sites = _core.CallSites(_is_internal, MAX_SITES)
-        self._submitted = -1  # the call site of the asynchronous work running now (sited)
+        self.call_sites = _core.CallSites(_is_internal, MAX_SITES)  # .submitted: the asynchronous work's (sited)
         self._queued: dict[int, tuple[float, str, int]] = {}  # submitted, not started: (when, what, site)
         self._tickets = itertools.count()
         self._errors: dict[int, tuple[str, list | None]] = {}  # sequence -> (error text, every rank's description)
         core.set_flight_capacity(capacity)
+        core.use_call_sites(self.call_sites)  # the latency path's site, found in the core call (site=-2)
         _recorders.add(self)
 
     def sited(self, work: Callable[[], Any], site: int, description: str) -> Callable[[], Any]:
@@ -76,19 +76,17 @@ class FlightRecorder:
 
         def with_site() -> Any:
             self._queued.pop(ticket, None)
-            self._submitted = site
+            self.call_sites.submitted = site
             try:
                 return work()
             finally:
-                self._submitted = -1
+                self.call_sites.submitted = -1
         return with_site
 
     def site(self) -> int:
         """The id of the caller's call site: the first frame of the stack that is not ddlfast's, torch's
         distributed code or threading (for asynchronous work, where it was submitted); -1 when there is none or
         too many sites were seen. Found in C (_core.CallSites)."""
-        if self._submitted >= 0:
-            return self._submitted
         return self.call_sites.site()
 
     def failed(self, error: BaseException, descriptions: list | None = None) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -36,6 +37,57 @@ def test_records_states_sites_and_bound(context) -> None:
     assert records[-1]["kind"] == "barrier" and records[-2]["layout"].startswith("allreduce float32[10] op=sum")
     assert all(r["site"] and r["site"].startswith(__file__) for r in records), records
     assert all(r["arrived"] <= r["ended"] for r in records)
+
+
+def test_each_call_gets_its_own_line(context) -> None:
+    """The latency path finds its caller's site in the core call (CallSites remembers the last walk): calls of one
+    plan from two lines, interleaved, and from a helper, each name their own line."""
+    x = np.ones(10, np.float32)
+
+    def helper() -> None:
+        context.allreduce(x)  # line A
+
+    for _ in range(2):
+        context.allreduce(x)  # line B
+        helper()
+        context.allreduce(x)  # line C
+    lines = {mark: number for number, text in enumerate(open(__file__).read().splitlines(), 1)
+             for mark in ("A", "B", "C") if text.endswith(f"# line {mark}")}
+    where = {"A": "helper", "B": "test_each_call_gets_its_own_line", "C": "test_each_call_gets_its_own_line"}
+    sites = [r["site"] for r in context._state.flight.records()]  # the last 5 of B A C B A C
+    assert sites == [f"{__file__}:{lines[m]} ({where[m]})" for m in "ACBAC"], sites
+
+
+def test_the_interpreter_frames_walk_as_the_public_calls() -> None:
+    """CallSites reads CPython 3.11's own frames (no frame object per frame); the public calls give the same
+    (code, instruction offset) at every depth, including after internal frames and through a generator."""
+    from ddlfast import _core
+
+    fast = _core.CallSites(lambda code: code.co_name in ("inner", "middle"), 100)
+    public = _core.CallSites(lambda code: code.co_name in ("inner", "middle"), 100, True)
+    assert public.reads_interpreter_frames is False
+    if (3, 11) <= sys.version_info[:2] < (3, 12):
+        assert fast.reads_interpreter_frames
+
+    def inner(sites):
+        return sites.of(sites.site())
+
+    def middle(sites):
+        return inner(sites)
+
+    def generator(sites):
+        yield middle(sites)
+
+    for depth_first in (inner, middle, lambda sites: next(generator(sites))):
+        found = [depth_first(sites) for sites in (fast, public)]
+        assert found[0] == found[1] and found[0] is not None, found
+    repeated = {fast.site() for _ in range(3)}  # one line, one instruction: one site, from the memo after the first
+    assert len(repeated) == 1 and min(repeated) >= 0
+    fast.submitted = 7
+    assert fast.site() == 7
+    fast.submitted = -1
+    none_outside = _core.CallSites(lambda code: True, 100)  # every frame internal: no site
+    assert none_outside.site() == -1
 
 
 def test_queued_work_is_listed_until_it_starts(context) -> None:
