@@ -12,10 +12,14 @@ executor's rounding points (src/engine/host_steps.h, src/engine/direct_phase.h):
 
 so at P <= 8 its bits equal a real run's (tests/mpi/test_rounding_emulation.py checks this), and at P = 1024 it
 says what a real run would compute. op='sum' on float32 data; `wire` None is the uncompressed float32 path.
+float16/bfloat16 data (`dtype`, uncompressed): a ring step adds own + incoming in float32 and rounds to the
+type; a direct reduce-scatter adds all d contributions in float32 and rounds the sum once (both executors:
+sums_halves_in_float32 in src/engine/direct_phase.h).
 
 The report (a table, not a test; tests/unit/test_rounding_error.py asserts bounds at small p):
 
     .venv/bin/python bench/rounding_error.py [--ranks 8,64,256,1024] [--elements 16384] [--wire fp16]
+    .venv/bin/python bench/rounding_error.py --dtype bfloat16    # bfloat16 gradients, uncompressed
 
 For each p: the norm-wise relative error ||result - exact|| / ||exact|| of each schedule on gradients drawn from
 N(0, 1e-3) with 0.1 % outliers 100 times larger, where `exact` is the float64 sum (exact to far below the 16-bit
@@ -42,6 +46,7 @@ from ddlfast import _testing  # noqa: E402
 from ddlfast.topology.cost_model import Cluster, Link, choose_algorithm, predict  # noqa: E402
 
 WIRE_TYPES = {"fp16": np.float16, "bf16": ml_dtypes.bfloat16}
+DATA_TYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 WIRE_BYTES = 32 << 20  # 64 MiB of float32 gradients on a 16-bit wire
 
 
@@ -77,15 +82,19 @@ def _columns(offsets: np.ndarray, n: int) -> np.ndarray:
     return offsets[:, None] + np.arange(n)[None, :]
 
 
-def emulate(inputs: np.ndarray, dims: Sequence[int], direct: Sequence[int] = (), wire: str | None = None) -> np.ndarray:
-    """Every rank's result [P, n] of an allreduce (sum) of inputs [P, n] float32 on ring `dims`, with a direct
-    reduce-scatter where direct[i] is 1, and `wire` ('fp16', 'bf16' or None) on every dimension."""
+def emulate(inputs: np.ndarray, dims: Sequence[int], direct: Sequence[int] = (), wire: str | None = None,
+            dtype: str = "float32") -> np.ndarray:
+    """Every rank's result [P, n] of an allreduce (sum) of inputs [P, n] on ring `dims`, with a direct
+    reduce-scatter where direct[i] is 1, and `wire` ('fp16', 'bf16' or None) on every dimension; the inputs are
+    taken as `dtype` ('float32', or 'float16'/'bfloat16' without a wire) and so is the result."""
     world, count = inputs.shape
     dims = tuple(int(d) for d in dims)
     if int(np.prod(dims)) != world:
         raise ValueError(f"dims {dims} do not multiply to {world} ranks")
+    if wire is not None and dtype != "float32":
+        raise ValueError("wire compression needs float32 data")
     wire_type = WIRE_TYPES[wire] if wire is not None else None
-    data = np.array(inputs, dtype=np.float32, copy=True)
+    data = np.array(inputs, dtype=DATA_TYPES[dtype], copy=True)
     if world == 1 or count == 0:
         return data
     schedules = _schedules(dims, count, tuple(int(d) for d in direct))
@@ -115,8 +124,8 @@ def _ring_phase(data: np.ndarray, phases: list[dict], wire: type | None, reduces
         for n, senders, values in moved:  # every send of the step read before any receive lands
             targets = successors[senders]
             rows, columns = targets[:, None], _columns(receive_offsets[targets], n)
-            if reduces:
-                data[rows, columns] = data[rows, columns] + values  # own + incoming, in float32
+            if reduces:  # own + incoming, in float32, rounded to the data's type
+                data[rows, columns] = data[rows, columns].astype(np.float32) + values.astype(np.float32)
             else:
                 data[rows, columns] = values
 
@@ -128,9 +137,9 @@ def _direct_phase(data: np.ndarray, phases: list[dict], wire: type | None) -> No
     results = []
     for n, owners in _by_count(owned).items():
         columns = _columns(offsets[owners], n)
-        total = _round(data[peers[owners, 0][:, None], columns], wire)
-        for j in range(1, peers.shape[1]):
-            total = total + _round(data[peers[owners, j][:, None], columns], wire)
+        total = _round(data[peers[owners, 0][:, None], columns], wire).astype(np.float32)
+        for j in range(1, peers.shape[1]):  # in float32, rounded to the data's type once, below
+            total = total + _round(data[peers[owners, j][:, None], columns], wire).astype(np.float32)
         results.append((owners, columns, total))
     for owners, columns, total in results:
         data[owners[:, None], columns] = total
@@ -144,8 +153,9 @@ def relative_error(result: np.ndarray, exact: np.ndarray) -> float:
 
 
 def one_rounding(exact: np.ndarray, wire: str) -> float:
-    """The error of rounding the exact sum once to the wire type: the least any 16-bit result can have."""
-    return relative_error(exact.astype(np.float32).astype(WIRE_TYPES[wire]), exact)
+    """The error of rounding the exact sum once to the wire type (or data type): the least any 16-bit result can
+    have."""
+    return relative_error(exact.astype(np.float32).astype({**WIRE_TYPES, **DATA_TYPES}[wire]), exact)
 
 
 def two_host_cluster(ranks: int) -> Cluster:
@@ -154,11 +164,12 @@ def two_host_cluster(ranks: int) -> Cluster:
                    inter=Link(alpha=2e-5, beta=8e-9), gamma=2.5e-10)
 
 
-def schedules_for(ranks: int, wire: str) -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]:
+def schedules_for(ranks: int, wire: str | None) -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]:
     """(name, dims, direct) of each schedule in the table; 'default' is what DDLFAST_ALGORITHM=auto picks for
-    64 MiB on the 2-host cluster with the wire on both dimensions."""
+    64 MiB on the 2-host cluster with the wire on both dimensions (`wire` None: 16-bit data, uncompressed)."""
     host = ranks // 2
-    default = choose_algorithm(two_host_cluster(ranks), (host, 2), WIRE_BYTES, "auto", compressed=(True, True))
+    compressed = (wire is not None,) * 2
+    default = choose_algorithm(two_host_cluster(ranks), (host, 2), WIRE_BYTES, "auto", compressed=compressed)
     return [
         ("ring flat", (ranks,), ()),
         (f"ring {host}x2", (host, 2), ()),
@@ -173,18 +184,22 @@ def main() -> None:
     parser.add_argument("--ranks", default="8,64,256,1024")
     parser.add_argument("--elements", type=int, default=16384)
     parser.add_argument("--wire", default="fp16", choices=sorted(WIRE_TYPES))
+    parser.add_argument("--dtype", default="float32", choices=sorted(DATA_TYPES),
+                        help="float16/bfloat16: gradients of that type, uncompressed (--wire is ignored)")
     args = parser.parse_args()
-    print(f"# wire {args.wire}; norm-wise relative error vs the float64 sum; N(0, 1e-3) + 0.1 % outliers x100; "
+    wire = args.wire if args.dtype == "float32" else None
+    print(f"# {args.dtype} data, wire {wire}; norm-wise relative error vs the float64 sum; N(0, 1e-3) + 0.1 % "
+          "outliers x100; "
           f"{args.elements} elements; time: the cost model's, 64 MiB float32 on 2 hosts at 1 Gbit/s")
     print(f"{'p':>5}  {'schedule':<34} {'error':>10} {'x one rounding':>15} {'model ms':>9}")
     for ranks in (int(r) for r in args.ranks.split(",")):
-        inputs = gradients(ranks, args.elements)
-        exact = inputs.sum(axis=0, dtype=np.float64)
-        single = one_rounding(exact, args.wire)
+        inputs = gradients(ranks, args.elements).astype(DATA_TYPES[args.dtype])
+        exact = inputs.astype(np.float64).sum(axis=0)
+        single = one_rounding(exact, wire or args.dtype)
         print(f"{ranks:>5}  {'one rounding of the exact sum':<34} {single:10.3e} {1.0:15.2f} {'':>9}")
         cluster = two_host_cluster(ranks)
-        for name, dims, direct in schedules_for(ranks, args.wire):
-            result = emulate(inputs, dims, direct, args.wire)[0]
+        for name, dims, direct in schedules_for(ranks, wire):
+            result = emulate(inputs, dims, direct, wire, args.dtype)[0]
             error = relative_error(result, exact)
             seconds = predict(cluster, dims, WIRE_BYTES, direct).seconds
             print(f"{ranks:>5}  {name:<34} {error:10.3e} {error / single:15.2f} {seconds * 1e3:9.1f}", flush=True)

@@ -48,6 +48,8 @@ def format_table(report: dict, nominal_rate: float) -> str:
         probed = f", {report['link_bound_s']:.3f} s at the probed rate" if report.get("link_bound_s") else ""
         lines.append(f"host-link bound 2(h-1)/h*S/rate: {bound_nominal:.3f} s at {nominal_rate * 8 / 1e9:g} Gbit/s"
                      f"{probed}" + (f" ({1 / inter[1] * 8 / 1e9:.3f} Gbit/s)" if inter else ""))
+    if report.get("algorithms"):
+        lines.append("algorithms run: " + json.dumps(report["algorithms"]))
     lines.append("per-iteration seconds: " + json.dumps({k: [round(t, 3) for t in v["times_s"]]
                                                           for k, v in report["variants"].items()}))
     return "\n".join(lines)

@@ -15,6 +15,7 @@
 
 #include "common/dtype.h"
 #include "common/status.h"
+#include "kernels/cpu/cpu_kernels.h"
 
 namespace ddlfast {
 
@@ -28,6 +29,11 @@ class DeviceLanes {
   virtual Status copy(void* dst, const void* src, std::size_t bytes, Lane lane) = 0;
   // dst = (dst + src) / divisor on device memory (cuda_reduce's semantics).
   virtual Status reduce(DType dtype, void* dst, const void* src, std::size_t n, int divisor, Lane lane) = 0;
+  // The float32 codecs of 16-bit values (cuda_decode, cuda_accumulate, cuda_encode's semantics), on device
+  // memory: a direct reduce-scatter of float16/bfloat16 data sums in float32 with them and rounds once.
+  virtual Status decode(WireType type, float* dst, const void* src, std::size_t n, Lane lane) = 0;
+  virtual Status accumulate(WireType type, float* dst, const void* src, std::size_t n, int divisor, Lane lane) = 0;
+  virtual Status encode(WireType type, void* dst, const float* src, std::size_t n, Lane lane) = 0;
 
   // Makes markers 0..count-1 usable.
   virtual Status reserve_markers(int count) = 0;

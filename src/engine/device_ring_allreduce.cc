@@ -29,18 +29,23 @@ int send_marker(int slots, int slot) { return 1 + slots + slot; }
 //
 // What an arrived chunk does: reduce-scatter staged: pinned slot -> device
 // scratch -> reduced into the data; direct: reduced from the device scratch
-// it was received into. Allgather staged: pinned slot -> its place in the
-// data; direct: received in place, nothing to do. A send is copied out to its
-// pinned slot on the outbound lane (staged; a forward after the inbound work
-// that put it in place) or only marked (direct: MPI reads device memory), and
-// posted once that marker has passed.
+// it was received into. A direct reduce-scatter phase (engine/direct_phase.h)
+// builds each chunk's sum in the data or in the last device slot, and for
+// float16/bfloat16 sums in float32 in the last slot and the extra one after
+// it, rounded once into the data (sums_halves_in_float32, as the host does).
+// Allgather staged: pinned slot -> its place in the data; direct: received
+// in place, nothing to do. A send is copied out to its pinned slot on the
+// outbound lane (staged; a forward after the inbound work that put it in
+// place) or only marked (direct: MPI reads device memory), and posted once
+// that marker has passed.
 class DeviceSteps {
  public:
-  DeviceSteps(const SegmentedBuffer& data, const RingPhase& phase, DType dtype, DeviceTransfer transfer,
+  DeviceSteps(const SegmentedBuffer& data, const RingPhase& phase, DType dtype, ReduceOp op, DeviceTransfer transfer,
               DeviceLanes* lanes, const DeviceStaging& staging)
       : data_(data),
         reduces_(phase.kind == PhaseKind::kReduceScatter),
         dtype_(dtype),
+        float32_sum_(phase.direct && reduces_ && sums_halves_in_float32(dtype, op)),
         esize_(dtype_size(dtype)),
         staged_(transfer == DeviceTransfer::kStaged),
         lanes_(lanes),
@@ -117,25 +122,33 @@ class DeviceSteps {
   const void* send_buffer(std::size_t index, const ChunkItem& send) const {
     return send_buffer(index, ChunkSend{send.offset, send.count, 0, -1});
   }
-  void begin_chunk(const ChunkItem& chunk, bool own_first) {
+  Status begin_chunk(const ChunkItem& chunk, bool own_first) {
     char* target = data_.address(chunk.offset);
+    if (float32_sum_) {
+      sum_ = float32_sum(target);  // the sum starts as the own values, in float32
+      return own_first ? lanes_->decode(half_type(dtype_), sum32(), target, chunk.count, Lane::kInbound)
+                       : Status::ok();
+    }
     sum_ = own_first ? target : device_recv(slots_ - 1, target);
+    return Status::ok();
   }
   Status load(std::size_t index, const ChunkItem& chunk) {
     char* contribution = nullptr;
     DDLFAST_RETURN_IF_ERROR(on_device(index, chunk, &contribution));
+    if (float32_sum_) return lanes_->decode(half_type(dtype_), sum32(), contribution, chunk.count, Lane::kInbound);
     return lanes_->copy(sum_, contribution, chunk.count * esize_, Lane::kInbound);
   }
   Status add(std::size_t index, const ChunkItem& chunk, int divisor) {
     char* contribution = nullptr;
     DDLFAST_RETURN_IF_ERROR(on_device(index, chunk, &contribution));
-    return lanes_->reduce(dtype_, sum_, contribution, chunk.count, divisor, Lane::kInbound);
+    return add_values(contribution, chunk.count, divisor);
   }
   Status add_own(const ChunkItem& chunk, int divisor) {
-    return lanes_->reduce(dtype_, sum_, data_.address(chunk.offset), chunk.count, divisor, Lane::kInbound);
+    return add_values(data_.address(chunk.offset), chunk.count, divisor);
   }
   Status finish_chunk(const ChunkItem& chunk) {
     char* target = data_.address(chunk.offset);
+    if (float32_sum_) return lanes_->encode(half_type(dtype_), target, sum32(), chunk.count, Lane::kInbound);
     if (sum_ == target) return Status::ok();
     return lanes_->copy(target, sum_, chunk.count * esize_, Lane::kInbound);
   }
@@ -144,6 +157,17 @@ class DeviceSteps {
  private:
   int receive_slot(std::size_t index) const {
     return static_cast<int>(index % static_cast<std::size_t>(receive_slots_));
+  }
+  Status add_values(const char* values, std::size_t count, int divisor) {
+    if (float32_sum_) return lanes_->accumulate(half_type(dtype_), sum32(), values, count, divisor, Lane::kInbound);
+    return lanes_->reduce(dtype_, sum_, values, count, divisor, Lane::kInbound);
+  }
+  float* sum32() const { return reinterpret_cast<float*>(sum_); }
+  // A direct phase's float32 sum of 16-bit data: the last slot and the extra one (device_staging_bytes), at twice
+  // `target`'s offset mod 16, so 16-byte vectors of the sum meet 8-byte vectors of the values at the same element.
+  char* float32_sum(const void* target) const {
+    const std::size_t shift = 2 * (reinterpret_cast<std::uintptr_t>(target) % 16);
+    return staging_.device_recv + (slots_ - 1) * staging_.slot_bytes + shift;
   }
   int send_slot(std::size_t index) const { return static_cast<int>(index % static_cast<std::size_t>(slots_)); }
   // Where contribution `index` is on the device: staged, copied there from its pinned slot first.
@@ -163,6 +187,7 @@ class DeviceSteps {
   const SegmentedBuffer& data_;
   bool reduces_;
   DType dtype_;
+  bool float32_sum_;  // a direct phase of float16/bfloat16 sums (sums_halves_in_float32)
   std::size_t esize_;
   bool staged_;
   DeviceLanes* lanes_;
@@ -221,7 +246,7 @@ Status DeviceRingAllreduce::run(const SegmentedBuffer& data, DType dtype, Reduce
   return run_ring_schedule(
       data, build_rank_schedule(ring_, count, options.direct_by_dim), RingPasses::kBoth, divisor, chunk_elems,
       options.events, [&](const RingPhase& phase, const PhaseChunks& chunks, int tag_base, int final_divisor) {
-        DeviceSteps steps(data, phase, dtype, run.transfer, lanes, staging);
+        DeviceSteps steps(data, phase, dtype, op, run.transfer, lanes, staging);
         DDLFAST_RETURN_IF_ERROR(steps.begin());
         if (phase.direct) {
           return run_direct_phase(transport_, phase, direct_chunks(data, phase, chunk_elems), tag_base,

@@ -37,8 +37,14 @@ struct DeviceStaging {
   std::size_t slot_bytes = 0;   // at least staging_slot_bytes(chunk_bytes)
   char* host_recv = nullptr;    // pinned, slots * slot_bytes (staged transfers)
   char* host_send = nullptr;    // pinned, slots * slot_bytes (staged transfers)
-  char* device_recv = nullptr;  // device, slots * slot_bytes, 16-byte aligned
+  char* device_recv = nullptr;  // device, device_staging_bytes(slots, slot_bytes), 16-byte aligned
 };
+
+// The device slots: one per receive, and one more that, with the last receive slot, holds a direct
+// reduce-scatter's sum (float32 for float16/bfloat16 data: twice a chunk's bytes, at the chunk's alignment).
+inline std::size_t device_staging_bytes(int slots, std::size_t slot_bytes) {
+  return static_cast<std::size_t>(slots + 1) * slot_bytes;
+}
 
 // One chunk plus room to place it at its destination's alignment mod 16, so
 // the reduce kernel can use 16-byte vectors; a multiple of 256 bytes.

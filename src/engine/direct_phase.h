@@ -11,8 +11,10 @@
 // does not depend on which rank owns the block), and the owner decodes and adds
 // all d in float32 before the block is rounded once more (by the allgather that
 // sends it): one rounding per dimension, where the ring rounds each partial sum
-// at every hop. A flat ring of every rank in rank order with this phase is
-// reproducible=True's canonical order (ddlfast/engine/state.py).
+// at every hop. float16/bfloat16 data (uncompressed) is summed the same way:
+// the d contributions in float32, rounded once to the type, on both executors
+// (sums_halves_in_float32). A flat ring of every rank in rank order with this
+// phase is reproducible=True's canonical order (ddlfast/engine/state.py).
 //
 // How it runs: one polling loop for both executors (run_direct_phase), with
 // their step policies: the host's (DirectHostSteps, below) and the GPU's
@@ -38,6 +40,14 @@
 #include "transport/transport.h"
 
 namespace ddlfast {
+
+// Whether a direct phase sums in float32 and rounds once to the type: float16/bfloat16 data summed or averaged
+// (the ring rounds each partial sum to the type). Both executors ask this one question: the host builds the sum
+// in float32 scratch (HalfSum, engine/host_steps.h), the GPU in a float32 device slot (DeviceSteps,
+// engine/device_ring_allreduce.cc), so their bits stay equal.
+inline bool sums_halves_in_float32(DType dtype, ReduceOp op) {
+  return (dtype == DType::kFloat16 || dtype == DType::kBFloat16) && (op == ReduceOp::kSum || op == ReduceOp::kAverage);
+}
 
 // direct_by_dim: empty, or one 0 (ring) or 1 (direct) per ring dimension.
 inline Status check_direct(const std::vector<int>& direct_by_dim, int num_dims) {
@@ -101,7 +111,7 @@ class DirectHostSteps {
     slot_bytes_ = wire_.bytes(chunk_elems);
     if (scratch->receive_slots.size() < window_ * slot_bytes_) scratch->receive_slots.resize(window_ * slot_bytes_);
     receive_slots_ = scratch->receive_slots.data();
-    const std::size_t sum_doubles = (chunk_elems * data.element_size() + sizeof(double) - 1) / sizeof(double);
+    const std::size_t sum_doubles = (sum_bytes(chunk_elems) + sizeof(double) - 1) / sizeof(double);
     if (scratch->accumulator.size() < sum_doubles) scratch->accumulator.resize(sum_doubles);
     accumulator_ = reinterpret_cast<char*>(scratch->accumulator.data());
     if constexpr (!Wire::kInPlace) {
@@ -139,10 +149,16 @@ class DirectHostSteps {
   }
 
   // The verbs of one chunk's sum, called in coordinate order.
-  void begin_chunk(const ChunkItem& chunk, bool own_first) {
+  Status begin_chunk(const ChunkItem& chunk, bool own_first) {
     // The own contribution is read only as such from here on: rounded to the wire type in place.
     wire_.round_through(data_.address(chunk.offset), own_stage_, chunk.count);
-    sum_ = own_first ? data_.address(chunk.offset) : accumulator_;
+    if constexpr (sum_in_scratch()) {
+      sum_ = accumulator_;  // the sum starts as the own values, in float32
+      if (own_first) wire_.load(sum_, reinterpret_cast<const unsigned char*>(data_.address(chunk.offset)), chunk.count);
+    } else {
+      sum_ = own_first ? data_.address(chunk.offset) : accumulator_;
+    }
+    return Status::ok();
   }
   Status load(std::size_t index, const ChunkItem& chunk) {
     wire_.load(sum_, slot(index), chunk.count);
@@ -156,19 +172,33 @@ class DirectHostSteps {
   // min, max and product commute: the bits of sum + own, without a copy of the sum back into the data).
   Status add_own(const ChunkItem& chunk, int divisor) {
     char* own = data_.address(chunk.offset);
-    wire_.reduce_values(own, sum_, chunk.count, divisor);
-    sum_ = own;
+    if constexpr (sum_in_scratch()) {
+      wire_.reduce_values(sum_, own, chunk.count, divisor);
+    } else {
+      wire_.reduce_values(own, sum_, chunk.count, divisor);
+      sum_ = own;
+    }
     return Status::ok();
   }
   Status finish_chunk(const ChunkItem& chunk) {
     char* target = data_.address(chunk.offset);
-    if (sum_ != target) std::memcpy(target, sum_, chunk.count * data_.element_size());
+    if constexpr (sum_in_scratch()) {
+      wire_.store(target, sum_, chunk.count);
+    } else if (sum_ != target) {
+      std::memcpy(target, sum_, chunk.count * data_.element_size());
+    }
     return Status::ok();
   }
   Status consumed(std::size_t) const { return Status::ok(); }
 
  private:
   unsigned char* slot(std::size_t index) const { return receive_slots_ + (index % window_) * slot_bytes_; }
+  // Whether the sum builds in float32 scratch whatever the order (HalfSum), and that scratch's size.
+  static constexpr bool sum_in_scratch() { return Wire::kSumInScratch; }
+  std::size_t sum_bytes(std::size_t count) const {
+    if constexpr (sum_in_scratch()) return wire_.sum_bytes(count);
+    return count * data_.element_size();
+  }
 
   const SegmentedBuffer& data_;
   Wire wire_;
@@ -223,7 +253,7 @@ Status run_direct_phase(Transport& transport, const RingPhase& phase, const Dire
       const std::size_t i = messages.arrived();
       const ChunkItem& chunk = receives[i];
       const int j = chunk.step;
-      if (j == first) steps.begin_chunk(chunk, own_first);
+      if (j == first) DDLFAST_RETURN_IF_ERROR(steps.begin_chunk(chunk, own_first));
       if (j == 0 && !own_first) {
         DDLFAST_RETURN_IF_ERROR(steps.load(i, chunk));
       } else {

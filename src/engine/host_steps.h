@@ -39,6 +39,7 @@ struct HostScratch {
 class PlainWire {
  public:
   static constexpr bool kInPlace = true;  // the wire carries the data's own bytes
+  static constexpr bool kSumInScratch = false;
   PlainWire(DType dtype, ReduceOp op, std::size_t element_size) : dtype_(dtype), op_(op), esize_(element_size) {}
   std::size_t bytes(std::size_t count) const { return count * esize_; }
   void reduce(char* target, const unsigned char* wire, std::size_t count, int divisor) const {
@@ -64,6 +65,7 @@ class PlainWire {
 class HalfWire {
  public:
   static constexpr bool kInPlace = false;
+  static constexpr bool kSumInScratch = false;
   // `overflows` counts finite values encoded to inf (wire overflow).
   HalfWire(int wire, ReduceOp op, std::vector<float>* decoded, std::size_t* overflows)
       : kernels_(best_kernels()), wire_(wire), op_(op), decoded_(decoded), overflows_(overflows) {}
@@ -104,6 +106,38 @@ class HalfWire {
   ReduceOp op_;
   std::vector<float>* decoded_;
   std::size_t* overflows_;
+};
+
+// float16/bfloat16 data summed by a direct reduce-scatter (engine/direct_phase.h): the values travel as they
+// are, the owner accumulates all d contributions in float32 and rounds the sum once to the type (the ring rounds
+// each partial sum to the type). The sum always builds in float32 scratch (kSumInScratch), never in the data.
+class HalfSum {
+ public:
+  static constexpr bool kInPlace = true;
+  static constexpr bool kSumInScratch = true;
+  explicit HalfSum(DType dtype) : kernels_(best_kernels()), wire_(static_cast<int>(half_type(dtype))) {}
+  std::size_t bytes(std::size_t count) const { return count * 2; }
+  std::size_t sum_bytes(std::size_t count) const { return count * sizeof(float); }
+  void encode(unsigned char*, const char*, std::size_t) const {}
+  void round_through(char*, unsigned char*, std::size_t) const {}
+  // The direct reduce-scatter's verbs on the float32 sum: a contribution or the own values decoded, added.
+  void load(char* sum, const unsigned char* values, std::size_t count) const {
+    kernels_.decode[wire_](reinterpret_cast<float*>(sum), values, count);
+  }
+  void reduce(char* sum, const unsigned char* values, std::size_t count, int divisor) const {
+    kernels_.accumulate[wire_](reinterpret_cast<float*>(sum), values, count, divisor);
+  }
+  void reduce_values(char* sum, const char* values, std::size_t count, int divisor) const {
+    kernels_.accumulate[wire_](reinterpret_cast<float*>(sum), values, count, divisor);
+  }
+  // The finished sum, rounded once, into the data (an overflow is inf there: exact_arithmetic reports it).
+  void store(char* data, const char* sum, std::size_t count) const {
+    kernels_.encode[wire_](data, reinterpret_cast<const float*>(sum), count);
+  }
+
+ private:
+  const KernelTable& kernels_;
+  int wire_;
 };
 
 template <class Wire>

@@ -136,6 +136,11 @@ Status RingAllreduce::run_phases(const SegmentedBuffer& data, const RingSchedule
                                             HalfWire(wire, op, &scratch_.decoded, &overflows_), &scratch_);
             return run_direct_phase(transport_, phase, direct, tag_base, final_divisor, steps);
           }
+          if (sums_halves_in_float32(dtype, op)) {
+            // Half sums accumulate in float32 at the owner, rounded once (the ring rounds every hop).
+            DirectHostSteps<HalfSum> steps(data, phase, direct, slots, chunk_elems, HalfSum(dtype), &scratch_);
+            return run_direct_phase(transport_, phase, direct, tag_base, final_divisor, steps);
+          }
           DirectHostSteps<PlainWire> steps(data, phase, direct, slots, chunk_elems,
                                            PlainWire(dtype, op, data.element_size()), &scratch_);
           return run_direct_phase(transport_, phase, direct, tag_base, final_divisor, steps);

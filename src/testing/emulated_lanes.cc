@@ -25,6 +25,23 @@ Status EmulatedLanes::reduce(DType dtype, void* dst, const void* src, std::size_
   return Status::ok();
 }
 
+Status EmulatedLanes::decode(WireType type, float* dst, const void* src, std::size_t n, Lane lane) {
+  enqueue(lane, {[type, dst, src, n] { best_kernels().decode[static_cast<int>(type)](dst, src, n); }});
+  return Status::ok();
+}
+
+Status EmulatedLanes::accumulate(WireType type, float* dst, const void* src, std::size_t n, int divisor, Lane lane) {
+  enqueue(lane,
+          {[type, dst, src, n, divisor] { best_kernels().accumulate[static_cast<int>(type)](dst, src, n, divisor); }});
+  return Status::ok();
+}
+
+Status EmulatedLanes::encode(WireType type, void* dst, const float* src, std::size_t n, Lane lane) {
+  // An overflow is inf in the result, which the half types' checks find (engine/exact_arithmetic.h).
+  enqueue(lane, {[type, dst, src, n] { best_kernels().encode[static_cast<int>(type)](dst, src, n); }});
+  return Status::ok();
+}
+
 Status EmulatedLanes::reserve_markers(int count) {
   if (static_cast<int>(markers_.size()) < count) markers_.resize(count);
   return Status::ok();
@@ -116,7 +133,10 @@ EmulatedStaging::EmulatedStaging(const EngineOptions& options) {
   staging.slots = std::max(2, options.receives_in_flight);
   staging.slot_bytes = staging_slot_bytes(options.chunk_bytes);
   // Filled with garbage, so a read of a slot before its copy landed shows.
-  for (std::vector<char>& memory : memory_) memory.assign(staging.slots * staging.slot_bytes + 16, 0x77);
+  const std::size_t host_bytes = static_cast<std::size_t>(staging.slots) * staging.slot_bytes;
+  memory_[0].assign(host_bytes + 16, 0x77);
+  memory_[1].assign(host_bytes + 16, 0x77);
+  memory_[2].assign(device_staging_bytes(staging.slots, staging.slot_bytes) + 16, 0x77);
   auto aligned = [](std::vector<char>& v) {
     const auto address = reinterpret_cast<std::uintptr_t>(v.data());
     return v.data() + (16 - address % 16) % 16;

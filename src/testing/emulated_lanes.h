@@ -5,7 +5,7 @@
 // now and then a lane stalls for a few hundred polls, as a busy GPU would.
 // So copies land late and the lanes interleave in many orders; a missing
 // marker or lane_wait in the executor shows up as wrong results. "Device"
-// memory is ordinary host memory and reduce() runs the CPU kernels.
+// memory is ordinary host memory and reduce() and the codecs run the CPU kernels.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +27,9 @@ class EmulatedLanes final : public DeviceLanes {
 
   Status copy(void* dst, const void* src, std::size_t bytes, Lane lane) override;
   Status reduce(DType dtype, void* dst, const void* src, std::size_t n, int divisor, Lane lane) override;
+  Status decode(WireType type, float* dst, const void* src, std::size_t n, Lane lane) override;
+  Status accumulate(WireType type, float* dst, const void* src, std::size_t n, int divisor, Lane lane) override;
+  Status encode(WireType type, void* dst, const float* src, std::size_t n, Lane lane) override;
   Status reserve_markers(int count) override;
   Status mark(int marker, Lane lane) override;
   Status passed(int marker, bool* done) override;

@@ -22,6 +22,18 @@ Status CudaLanes::reduce(DType dtype, void* dst, const void* src, std::size_t n,
   return cuda_reduce(dtype, dst, src, n, divisor, stream(lane));
 }
 
+Status CudaLanes::decode(WireType type, float* dst, const void* src, std::size_t n, Lane lane) {
+  return cuda_decode(type, dst, src, n, stream(lane));
+}
+
+Status CudaLanes::accumulate(WireType type, float* dst, const void* src, std::size_t n, int divisor, Lane lane) {
+  return cuda_accumulate(type, dst, src, n, divisor, stream(lane));
+}
+
+Status CudaLanes::encode(WireType type, void* dst, const float* src, std::size_t n, Lane lane) {
+  return cuda_encode(type, dst, src, n, stream(lane));
+}
+
 Status CudaLanes::reserve_markers(int count) {
   while (static_cast<int>(markers_.size()) < count) {
     CudaEvent event;

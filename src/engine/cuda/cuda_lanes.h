@@ -19,6 +19,9 @@ class CudaLanes final : public DeviceLanes {
 
   Status copy(void* dst, const void* src, std::size_t bytes, Lane lane) override;
   Status reduce(DType dtype, void* dst, const void* src, std::size_t n, int divisor, Lane lane) override;
+  Status decode(WireType type, float* dst, const void* src, std::size_t n, Lane lane) override;
+  Status accumulate(WireType type, float* dst, const void* src, std::size_t n, int divisor, Lane lane) override;
+  Status encode(WireType type, void* dst, const float* src, std::size_t n, Lane lane) override;
   Status reserve_markers(int count) override;
   Status mark(int marker, Lane lane) override;
   Status passed(int marker, bool* done) override;

@@ -47,14 +47,15 @@ Status DeviceRuntime::state_for(int device, DeviceState** out) {
 Status DeviceRuntime::ensure_staging(DeviceState* state, int slots, std::size_t slot_bytes, bool direct) {
   const bool pooled = !direct;  // MPI may open device slots over CUDA IPC
   const std::size_t bytes = static_cast<std::size_t>(slots) * slot_bytes;
-  const bool device_fits = state->device_recv.data() && state->device_recv.bytes() >= bytes &&
+  const std::size_t device_bytes = device_staging_bytes(slots, slot_bytes);
+  const bool device_fits = state->device_recv.data() && state->device_recv.bytes() >= device_bytes &&
                            state->device_recv.pooled() == pooled;
   const bool host_fits = direct || (state->host_recv.data() && state->host_recv.bytes() >= bytes);
   if (!device_fits || !host_fits) {
     // Pending copies may still read the old slots: let ddlfast's streams drain.
     DDLFAST_RETURN_IF_ERROR(synchronize(state->lanes.device()));
     if (!device_fits) {
-      DDLFAST_RETURN_IF_ERROR(state->device_recv.allocate(bytes, state->lanes.stream(Lane::kInbound), pooled));
+      DDLFAST_RETURN_IF_ERROR(state->device_recv.allocate(device_bytes, state->lanes.stream(Lane::kInbound), pooled));
     }
     if (!host_fits) {
       DDLFAST_RETURN_IF_ERROR(state->host_recv.allocate(bytes));

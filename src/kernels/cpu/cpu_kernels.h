@@ -25,6 +25,8 @@ struct CombineTable {
 // Wire codecs for compressed transfers of float32 data (index: WireType).
 enum class WireType : int { kFloat16 = 0, kBFloat16 = 1 };
 constexpr int kNumWireTypes = 2;
+// The codecs' index of float16/bfloat16 data (its values are what the codecs read and write).
+inline WireType half_type(DType dtype) { return dtype == DType::kFloat16 ? WireType::kFloat16 : WireType::kBFloat16; }
 // dst_wire[i] = wire(src[i]), rounding to nearest even. Returns how many
 // finite inputs overflowed to inf (so overflow is an error, never silent).
 using EncodeFn = std::size_t (*)(void* dst_wire, const float* src, std::size_t n);

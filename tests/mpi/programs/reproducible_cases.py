@@ -3,10 +3,11 @@ whatever the ring dims, DDLFAST_ALGORITHM, chunk, bucket and small-message sizes
 and the errors (a rank passing another reproducible=, a bad value, a user codec).
 
 The reference is computed here, independently, in NumPy: every element summed in rank order 0..P-1, each
-addition rounded to the type (float32 in float32, float64 in float64, float16/bfloat16 in float32 and rounded to
-the type), average multiplying the last sum by 1/P; on the fp16/bf16 wire every input rounded once to the wire
-type, summed in float32 in rank order, and the sum rounded once (allreduce; reduce_scatter keeps the float32
-sum). Every result must equal it bit for bit and be the same on every rank. Exits non-zero on any failure."""
+addition rounded to the type (float32 in float32, float64 in float64; float16/bfloat16 accumulated in float32
+and rounded once to the type), average multiplying the last sum by 1/P; on the fp16/bf16 wire every input
+rounded once to the wire type, summed in float32 in rank order, and the sum rounded once (allreduce;
+reduce_scatter keeps the float32 sum). Every result must equal it bit for bit and be the same on every rank.
+Also: the GPU executor on emulated lanes, and ddlfast.torch.GradientReducer. Exits non-zero on any failure."""
 
 from __future__ import annotations
 
@@ -66,10 +67,10 @@ def canonical(arrays: list[np.ndarray], op: str, wire: object = None, round_resu
         if op == "average":  # exact_arithmetic: pre-scaled in float32, rounded to the type
             scale = np.float32(1) / np.float32(p)
             terms = [(x.astype(np.float32) * scale).astype(dtype) for x in arrays]
-        total = terms[0]
+        total = terms[0].astype(accumulate)
         for x in terms[1:]:
-            total = (total.astype(accumulate) + x.astype(accumulate)).astype(dtype)
-        return total
+            total = (total + x.astype(accumulate)).astype(accumulate)
+        return total.astype(dtype)  # one rounding to the type
     kind = dtype.type
     scale = kind(1) / kind(p)
     terms = list(arrays)

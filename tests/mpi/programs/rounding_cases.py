@@ -1,7 +1,8 @@
 """Runs on every rank: the rounding emulation (bench/rounding_error.py) against real runs, bit for bit: float32 sums
 on every ring shape of P, every choice of ring or direct reduce-scatter per dimension, uncompressed and on the
-fp16/bf16 wire (the core called directly, identity rank order, as the emulation assumes), and reproducible=True
-through the API (the emulation's flat direct schedule). Exits non-zero on any failure."""
+fp16/bf16 wire (the core called directly, identity rank order, as the emulation assumes), float16/bfloat16 sums
+on the same shapes and choices (a direct reduce-scatter adds them in float32 and rounds once), and
+reproducible=True through the API (the emulation's flat direct schedule). Exits non-zero on any failure."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ from shard_cases import factorizations  # a sibling program: every ring shape of
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root: bench/
 
 import ddlfast  # noqa: E402
-from bench.rounding_error import emulate, gradients  # noqa: E402
+from bench.rounding_error import DATA_TYPES, emulate, gradients  # noqa: E402
 from ddlfast import _core, config  # noqa: E402
+from ddlfast.buffers.dtypes import DTYPE_CODES  # noqa: E402
 from ddlfast.compression.wire import WIRE_CODES  # noqa: E402
 from ddlfast.ops import OPS  # noqa: E402
 
@@ -31,8 +33,9 @@ cases = 0
 def check(name: str, got: np.ndarray, want: np.ndarray) -> None:
     global cases
     cases += 1
-    if not np.array_equal(got.view(np.uint32), want.view(np.uint32)):
-        wrong = np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))
+    bits = np.dtype(f"uint{8 * got.itemsize}")
+    if got.dtype != want.dtype or not np.array_equal(got.view(bits), want.view(bits)):
+        wrong = np.flatnonzero(got.view(bits) != want.astype(got.dtype).view(bits))
         failures.append(f"rank {RANK} {name}: {wrong.size} elements differ, first at {wrong[:4].tolist()}: got "
                         f"{got[wrong[:4]].tolist()} emulated {want[wrong[:4]].tolist()}")
 
@@ -51,10 +54,21 @@ def main() -> None:
                     core.take_overflows()
                     want = emulate(inputs, dims, direct, wire)[RANK]
                     check(f"n={n} dims={dims} direct={direct} wire={wire}", x, want)
+                for dtype in ("float16", "bfloat16"):
+                    options = _core.CallOptions(dims, 256, 2, 0, (), (), direct)
+                    halves = inputs.astype(DATA_TYPES[dtype])
+                    x = halves[RANK].copy()
+                    core.allreduce(x.ctypes.data, n, DTYPE_CODES[dtype], OPS["sum"], options)
+                    want = emulate(halves, dims, direct, None, dtype)[RANK]
+                    check(f"n={n} dims={dims} direct={direct} {dtype}", x, want)
         for compression in ("none", "fp16", "bf16"):
             got = ddlfast.allreduce(inputs[RANK].copy(), compression=compression, reproducible=True)
             wire = None if compression == "none" else compression
             check(f"n={n} reproducible=True {compression}", got, emulate(inputs, (WORLD,), (1,), wire)[RANK])
+        for dtype in ("float16", "bfloat16"):
+            halves = inputs.astype(DATA_TYPES[dtype])
+            got = ddlfast.allreduce(halves[RANK].copy(), reproducible=True)
+            check(f"n={n} reproducible=True {dtype}", got, emulate(halves, (WORLD,), (1,), None, dtype)[RANK])
     everyone = [f for per_rank in comm.allgather(failures) for f in per_rank]
     if RANK == 0:
         print(f"{cases} cases, {len(everyone)} failures")
