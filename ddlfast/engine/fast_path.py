@@ -40,14 +40,21 @@ class FastPath:
     def __init__(self, state: EngineState) -> None:
         self._state = state
         self._plans: dict[tuple, Plan] = {}
+        # The last plan with what chose it: a loop of one kind of call compares objects, hashing nothing.
+        self._last: tuple = (None, None, None, None, None, None)
 
     def plan(self, array: np.ndarray, op: str, dims: object, compression: object, settings: Settings) -> Plan | None:
         """The plan for this kind of call, or None where the general path must take it."""
+        dtype, last_shape, last_op, last_dims, last_compression, plan = self._last
+        if (plan is not None and array.dtype is dtype and op is last_op and dims is last_dims
+                and compression is last_compression and plan.settings is settings and array.shape == last_shape):
+            return plan
         try:
             plan = self._plans.get((array.dtype, array.shape, op, dims, compression, settings.reproducible))
         except Exception:  # noqa: BLE001 (unhashable dims, an op whose __hash__ raises): the general path says
             return None  # what is wrong, on every rank
         if plan is not None and plan.settings is settings:
+            self._last = (array.dtype, array.shape, op, dims, compression, plan)
             return plan
         state = self._state
         code = _FAST_DTYPES.get(array.dtype)
@@ -74,6 +81,7 @@ class FastPath:
         if len(self._plans) >= MAX_PLANS:
             self._plans.clear()
         self._plans[(array.dtype, array.shape, op, dims, compression, settings.reproducible)] = plan
+        self._last = (array.dtype, array.shape, op, dims, compression, plan)
         return plan
 
     def run(self, array: np.ndarray, plan: Plan, settings: Settings, name: str | int | None = None) -> bool:
