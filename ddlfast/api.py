@@ -48,8 +48,8 @@ def _context_for(comm: MPI.Comm | None) -> Context:
                            "MPI.UNDEFINED): call ddlfast only on ranks that belong to it")
     if comm.Is_inter():
         raise DdlfastError("comm is an intercommunicator; ddlfast needs an intracommunicator (see Intercomm.Merge)")
-    if comm == MPI.COMM_WORLD:
-        return default_context()
+    if comm == MPI.COMM_WORLD or (_default is not None and _default.lost_ranks and comm == _default.comm):
+        return default_context()  # also for the survivors' communicator: it is the default context's world now
     key = id(comm)
     entry = _by_comm.get(key)
     if entry is not None and entry[0]() is comm:

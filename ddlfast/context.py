@@ -136,6 +136,16 @@ class Context:
         return self._generation > 0
 
     @property
+    def generation(self) -> int:
+        """How many times this context lost ranks (0 while its world is whole)."""
+        return self._generation
+
+    @property
+    def last_loss(self) -> RanksLostError | None:
+        """The RanksLostError of the newest loss, None before any."""
+        return self._last_loss
+
+    @property
     def comm(self) -> MPI.Intracomm:
         """The communicator this context runs on: the one it was created with, or the survivors' after a
         RanksLostError."""
