@@ -386,6 +386,18 @@ class Context:
                 comm = survivors
         raise AssertionError("unreachable")
 
+    def grow(self, merged: MPI.Intracomm) -> None:
+        """Go on with `merged`: this context's ranks first, in order, then replacement processes
+        (ulfm.spawn_replacements; collective over `merged`, the replacements creating their context on it). Work
+        prepared before is refused as after a loss."""
+        with self._lock:
+            self._check_open()
+            state = self._created_on(merged, load_settings())
+            self._state.fused.clear()
+            self._survivors, self._state = merged, state
+            self._fast = FastPath(state)
+            self._generation += 1
+
     def _lost(self, before: MPI.Intracomm, survivors: MPI.Intracomm, state: EngineState,
               failure: BaseException) -> RanksLostError:
         """Go on with `state` on `survivors`; the RanksLostError that says so."""

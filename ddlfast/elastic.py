@@ -125,20 +125,35 @@ class State:
             callback(error)
 
 
-def run(function: Callable[..., Any]) -> Callable[..., Any]:
+def run(function: Callable[..., Any] | None = None, *, regrow: bool = False) -> Any:
     """Wrap a training function `function(state, *args, **kwargs)`: sync the state first; on RanksLostError,
     restore the last commit, sync, call the membership callbacks and call the function again. A loss during the
-    restore or the sync itself starts that over."""
+    restore or the sync itself starts that over.
+
+    `@run(regrow=True)`: after a loss, the survivors also start as many new processes as were lost, running this
+    program again (MPI_Comm_spawn), so the world is back at the size it had when the wrapper was first called;
+    the state reaches them through the sync. A replacement starts the program from the top: until it calls the
+    wrapped function, the program must run no ddlfast collective (ddlfast.rank()/size() are fine)."""
+    if function is None:
+        return functools.partial(run, regrow=regrow)
 
     @functools.wraps(function)
     def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
         ulfm.require("ddlfast.elastic.run")
+        if regrow and _process_group() is not None:
+            raise DdlfastError("ddlfast.elastic.run(regrow=True) cannot bring a torch.distributed process group "
+                               "back to its size (the replacements have none): use regrow=False with torch.distributed")
+        full_size = api.size()
         lost: RanksLostError | None = None
         while True:
-            generation = api.default_context().generation
+            context = api.default_context()
+            generation = context.generation
             try:
                 if lost is not None:
                     state.restore()
+                    if regrow and context.size < full_size:
+                        context.grow(ulfm.spawn_replacements(context.comm, full_size - context.size))
+                        generation = context.generation
                 state.sync()
                 if lost is not None:
                     _rebuild_process_group()
@@ -167,9 +182,15 @@ def _loss_behind(error: Exception, generation: int) -> RanksLostError | None:
     return context.last_loss if context.generation != generation else None
 
 
+def _process_group() -> Any:
+    """ddlfast's torch.distributed backend module where torch.distributed is initialized, else None."""
+    backend = sys.modules.get("ddlfast.integrations.torch_backend")
+    return backend if backend is not None and backend.dist.is_initialized() else None
+
+
 def _rebuild_process_group() -> None:
     """torch.distributed's default "ddlfast" process group, where there is one, made anew on the survivors."""
-    backend = sys.modules.get("ddlfast.integrations.torch_backend")
+    backend = _process_group()
     if backend is not None:
         backend.rebuild_process_group()
 

@@ -107,7 +107,7 @@ def _create_backend(options: Any, backend_options: Any = None) -> ProcessGroupDd
     """torch calls this on the members of a new group only (non-members return before it): so the group's MPI
     communicator comes from MPI_Comm_create_group, collective over the members alone. The world is COMM_WORLD,
     or the survivors' communicator once ranks were lost (rebuild_process_group)."""
-    world = api._world(None)
+    world: MPI.Intracomm = api._world(None)  # type: ignore[assignment]  # the default context's: an intracomm
     ranks = list(options.global_ranks_in_group)
     if not ranks or ranks == list(range(world.Get_size())):
         comm = world
@@ -141,7 +141,8 @@ def rebuild_process_group(timeout_s: float = 300.0) -> bool:
     where = None
     if rank == 0:
         where = ("127.0.0.1" if len(set(hosts)) == 1 else _address_of(hosts[0]), _free_port())
-    address, port = api.broadcast_object(where, root=0)  # type: ignore[misc]
+    agreed: tuple[str, int] = api.broadcast_object(where, root=0)  # type: ignore[assignment]
+    address, port = agreed
     if not address:
         raise DdlfastError(f"rank 0's host name {hosts[0]!r} does not resolve: torch's store cannot be served there")
     store = dist.TCPStore(address, port, size, is_master=rank == 0, timeout=datetime.timedelta(seconds=timeout_s),

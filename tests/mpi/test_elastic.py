@@ -146,6 +146,26 @@ def test_ddp_on_the_ddlfast_backend(victim: int, tmp_path) -> None:
 
 
 @needs_ulfm
+def test_regrow_replaces_a_lost_rank(tmp_path) -> None:
+    """run(regrow=True): rank 2 dies mid-ring; the survivors spawn a replacement, which joins as rank 3 and gets
+    the state through the sync; all 4 finish with parameters bit-identical to an uninterrupted 4-rank run."""
+    kill_step = 12
+    output = _run_ulfm(RANKS, "elastic_grow.py", str(tmp_path), "2", str(kill_step))
+    names = ["rank0", "rank1", "rank3", f"replacement{RANKS - 1}"]
+    missing = [name for name in names if not (tmp_path / f"{name}.npz").exists()]
+    assert not missing, f"{missing} did not finish\n{output[-6000:]}"
+    assert not (tmp_path / "rank2.npz").exists(), output[-3000:]
+    results = {name: np.load(tmp_path / f"{name}.npz") for name in names}
+    history = [tuple(map(int, row)) for row in results["rank0"]["history"]]
+    assert len(history) == 1 and history[0][1] == RANKS and history[0][0] <= kill_step, history
+    reference = elastic_reference(history, RANKS)
+    for name, result in results.items():
+        assert int(result["size"]) == RANKS, name
+        assert result["params"].tobytes() == reference.tobytes(), f"{name}\n{output[-3000:]}"
+    assert sorted(int(result["rank"]) for result in results.values()) == list(range(RANKS))
+
+
+@needs_ulfm
 def test_sync_refuses_rank_dependent_commits() -> None:
     result = _run_ulfm(2, "elastic_raw.py", "divergent")
     assert result.count("REFUSED") == 2 and "NOT REFUSED" not in result, result
