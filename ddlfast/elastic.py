@@ -299,7 +299,10 @@ def _copied(value: Any, previous: Any) -> Any:
         return value.detach().clone()
     if isinstance(value, dict):
         earlier = previous if isinstance(previous, dict) else {}
-        return type(value)((key, _copied(item, earlier.get(key))) for key, item in value.items())
+        copied = copy.copy(value)  # its own kind of dict (OrderedDict, a defaultdict's factory), then each entry
+        for key, item in value.items():
+            copied[key] = _copied(item, earlier.get(key))
+        return copied
     if type(value) in (list, tuple):
         fits = type(previous) is type(value) and len(previous) == len(value)
         return type(value)(_copied(item, previous[index] if fits else None) for index, item in enumerate(value))
