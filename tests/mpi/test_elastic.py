@@ -168,7 +168,8 @@ def test_regrow_replaces_a_lost_rank(tmp_path) -> None:
 @needs_ulfm
 def test_sync_refuses_rank_dependent_commits() -> None:
     result = _run_ulfm(2, "elastic_raw.py", "divergent")
-    assert result.count("REFUSED") == 2 and "NOT REFUSED" not in result, result
+    assert result.count(": REFUSED") == 2 and "NOT REFUSED" not in result, result
+    assert result.count("REGROW REFUSED") == 2, result
 
 
 def _run_ulfm(ranks: int, program: str, *args: str) -> str:
