@@ -20,6 +20,8 @@ from ddlfast.errors import DdlfastError
 from ddlfast.topology.placement import Topology
 
 _default: Context | None = None
+# Where this process replaces lost ranks (ddlfast.elastic.run(regrow=True)), its world; it ends as survivors do.
+_joined: MPI.Intracomm | None = None
 # Contexts for other communicators. mpi4py 4 communicators are unhashable (and equal by handle, not identity),
 # so they are keyed by id(); the weak reference beside each context tells a live entry from one whose
 # communicator died and whose id() was reused. A finalizer on the communicator retires its context.
@@ -30,9 +32,13 @@ _lock = threading.Lock()
 
 def default_context() -> Context:
     """The context for MPI.COMM_WORLD, created on first use."""
-    global _default
+    global _default, _joined
     if _default is None:
-        _default = Context(MPI.COMM_WORLD)
+        if ulfm.spawned():  # a replacement for lost ranks: its world is the survivors' and the replacements'
+            _joined = ulfm.joined_parent()  # held here: a Context holds its communicator weakly
+            _default = Context(_joined)
+        else:
+            _default = Context(MPI.COMM_WORLD)
     return _default
 
 
@@ -48,8 +54,8 @@ def _context_for(comm: MPI.Comm | None) -> Context:
                            "MPI.UNDEFINED): call ddlfast only on ranks that belong to it")
     if comm.Is_inter():
         raise DdlfastError("comm is an intercommunicator; ddlfast needs an intracommunicator (see Intercomm.Merge)")
-    if comm == MPI.COMM_WORLD:
-        return default_context()
+    if comm == MPI.COMM_WORLD or (_default is not None and comm == _default.comm):
+        return default_context()  # also the survivors' communicator after a loss: the default context's world now
     key = id(comm)
     entry = _by_comm.get(key)
     if entry is not None and entry[0]() is comm:
@@ -368,6 +374,8 @@ def size(comm: MPI.Comm | None = None) -> int:
 def _world(comm: MPI.Comm | None) -> MPI.Comm:
     if comm is not None:  # not `comm or`: COMM_NULL is falsy
         return comm
+    if _default is None and ulfm.spawned():
+        return default_context().comm  # a replacement: joins the survivors first (collective with them)
     return MPI.COMM_WORLD if _default is None else _default.comm
 
 
@@ -415,7 +423,9 @@ def _close_contexts() -> None:
         _by_comm.clear()
     if _default is not None:
         contexts.append(_default)
-    survivors = [context.comm for context in contexts if context.lost_ranks]
+    # After a loss, and in a replacement (it ends with the survivors): without MPI_Finalize.
+    survivors = [context.comm for context in contexts
+                 if context.lost_ranks or (context is _default and _joined is not None)]
     for context in contexts:
         context.close()
     if survivors:

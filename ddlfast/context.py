@@ -136,6 +136,16 @@ class Context:
         return self._generation > 0
 
     @property
+    def generation(self) -> int:
+        """How many times this context lost ranks (0 while its world is whole)."""
+        return self._generation
+
+    @property
+    def last_loss(self) -> RanksLostError | None:
+        """The RanksLostError of the newest loss, None before any."""
+        return self._last_loss
+
+    @property
     def comm(self) -> MPI.Intracomm:
         """The communicator this context runs on: the one it was created with, or the survivors' after a
         RanksLostError."""
@@ -375,6 +385,18 @@ class Context:
                     raise
                 comm = survivors
         raise AssertionError("unreachable")
+
+    def grow(self, merged: MPI.Intracomm) -> None:
+        """Go on with `merged`: this context's ranks first, in order, then replacement processes
+        (ulfm.spawn_replacements; collective over `merged`, the replacements creating their context on it). Work
+        prepared before is refused as after a loss."""
+        with self._lock:
+            self._check_open()
+            state = self._created_on(merged, load_settings())
+            self._state.fused.clear()
+            self._survivors, self._state = merged, state
+            self._fast = FastPath(state)
+            self._generation += 1
 
     def _lost(self, before: MPI.Intracomm, survivors: MPI.Intracomm, state: EngineState,
               failure: BaseException) -> RanksLostError:

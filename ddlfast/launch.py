@@ -75,6 +75,8 @@ def check_not_alone(mpi_processes: int, environ: Mapping[str, str] | None = None
 
 
 def check_world() -> None:
-    """check_not_alone for this process's MPI job (MPI.COMM_WORLD)."""
-    check_not_alone(MPI.COMM_WORLD.Get_size())
+    """check_not_alone for this process's MPI job (MPI.COMM_WORLD); a process another job spawned
+    (MPI_Comm_spawn: a replacement for lost ranks, docs/elastic.md) is its own job of any size."""
+    if MPI.Comm.Get_parent() == MPI.COMM_NULL:
+        check_not_alone(MPI.COMM_WORLD.Get_size())
 

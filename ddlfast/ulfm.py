@@ -82,6 +82,37 @@ def failure_known(comm: MPI.Intracomm) -> bool:
         return False
 
 
+def spawn_replacements(comm: MPI.Intracomm, count: int) -> MPI.Intracomm:
+    """Start `count` new processes running this program again (the same interpreter and arguments:
+    sys.orig_argv) and merge them with `comm`: the new communicator has `comm`'s ranks first, in order, then the
+    new processes (collective over `comm`; they join it through joined_parent())."""
+    spawned = comm.Spawn(sys.executable, list(sys.orig_argv[1:]), maxprocs=count, root=0)
+    try:
+        return _merged(spawned, high=False)
+    finally:
+        spawned.Free()
+
+
+def spawned() -> bool:
+    """Whether this process is a replacement that survivors started (spawn_replacements), under ULFM."""
+    return enabled() and MPI.Comm.Get_parent() != MPI.COMM_NULL
+
+
+def joined_parent() -> MPI.Intracomm:
+    """In a replacement: the survivors and the replacements as one communicator, this process among the last
+    ranks (collective with the survivors' spawn_replacements)."""
+    return _merged(MPI.Comm.Get_parent(), high=True)
+
+
+def _merged(intercomm: MPI.Intercomm, high: bool) -> MPI.Intracomm:
+    """Both sides of `intercomm` as one intracommunicator (this side last if `high`); errors returned. (A
+    replacement keeps its parent communicator: MPI.Comm.Get_parent() still says it is one.)"""
+    intercomm.Set_errhandler(MPI.ERRORS_RETURN)
+    merged = intercomm.Merge(high=high)
+    merged.Set_errhandler(MPI.ERRORS_RETURN)
+    return merged
+
+
 def lost_ranks(before: MPI.Intracomm, after: MPI.Intracomm) -> tuple[int, ...]:
     """The ranks of `before` that are not in `after`, numbered as in `before`."""
     old_group, new_group = before.Get_group(), after.Get_group()

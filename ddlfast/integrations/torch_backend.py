@@ -38,7 +38,7 @@ from ddlfast.config import load_settings
 from ddlfast.engine.worker import Handle
 from ddlfast.errors import DdlfastConsistentError, DdlfastError
 from ddlfast.integrations.tensors import broadcast_bytes, collective_view, for_backward, nbytes, numpy_view, stream_of
-from ddlfast.integrations.torch_ddp import complete_future, raise_if_failed
+from ddlfast.integrations.torch_ddp import _address_of, _free_port, complete_future, raise_if_failed
 
 BACKEND = "ddlfast"
 _OPS = {ReduceOp.SUM: "sum", ReduceOp.AVG: "average", ReduceOp.MIN: "min", ReduceOp.MAX: "max",
@@ -105,8 +105,9 @@ def _broadcast_coalesced(group: Any, tensors: list[torch.Tensor], buffer_size: i
 
 def _create_backend(options: Any, backend_options: Any = None) -> ProcessGroupDdlfast:
     """torch calls this on the members of a new group only (non-members return before it): so the group's MPI
-    communicator comes from MPI_Comm_create_group, collective over the members alone."""
-    world = MPI.COMM_WORLD
+    communicator comes from MPI_Comm_create_group, collective over the members alone. The world is COMM_WORLD,
+    or the survivors' communicator once ranks were lost (rebuild_process_group)."""
+    world: MPI.Intracomm = api._world(None)  # type: ignore[assignment]  # the default context's: an intracomm
     ranks = list(options.global_ranks_in_group)
     if not ranks or ranks == list(range(world.Get_size())):
         comm = world
@@ -119,6 +120,36 @@ def _create_backend(options: Any, backend_options: Any = None) -> ProcessGroupDd
     group = ProcessGroupDdlfast(comm)
     group.setGroupName(str(options.group_id))
     return group
+
+
+def rebuild_process_group(timeout_s: float = 300.0) -> bool:
+    """After ranks were lost (ddlfast.RanksLostError under `mpirun --with-ft ulfm`, docs/elastic.md): replace
+    torch's default process group, when it is a "ddlfast" one of the world before the loss, by a new one on the
+    survivors (ranks and size from ddlfast.rank()/ddlfast.size(); a new TCPStore served by the new rank 0).
+    Collective over the survivors; `ddlfast.elastic.run` calls it after each loss. A DistributedDataParallel
+    built on the old group must be built again. Returns whether it rebuilt."""
+    if not dist.is_initialized() or dist.get_backend() != BACKEND:
+        return False
+    group = dist.distributed_c10d._get_default_group()
+    context = api.default_context()
+    if getattr(group, "_ddlfast_generation", 0) == context.generation:
+        return False
+    rank, size = context.rank, context.size
+    # Where the new rank 0 serves the store, through ddlfast's object collectives: a loss meanwhile raises
+    # RanksLostError (and elastic.run starts over) instead of an MPI error.
+    hosts = api.allgather_object(MPI.Get_processor_name())
+    where = None
+    if rank == 0:
+        where = ("127.0.0.1" if len(set(hosts)) == 1 else _address_of(hosts[0]), _free_port())
+    agreed: tuple[str, int] = api.broadcast_object(where, root=0)  # type: ignore[assignment]
+    address, port = agreed
+    if not address:
+        raise DdlfastError(f"rank 0's host name {hosts[0]!r} does not resolve: torch's store cannot be served there")
+    store = dist.TCPStore(address, port, size, is_master=rank == 0, timeout=datetime.timedelta(seconds=timeout_s),
+                          wait_for_workers=False)
+    dist.destroy_process_group()
+    dist.init_process_group(BACKEND, store=store, rank=rank, world_size=size)
+    return True
 
 
 def _tensors(tensors: torch.Tensor | Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -257,6 +288,7 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
         self._recvs: list[dict[str, Any]] = []  # posted recvs whose data receive is not posted yet, in order
         self._group_name = ""
         self._group_desc = ""
+        self._ddlfast_generation = self._context.generation  # the world it was made for (rebuild_process_group)
         _groups.add(self)
 
     # -- identity --------------------------------------------------------------------------------------------------

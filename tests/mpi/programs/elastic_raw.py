@@ -4,7 +4,8 @@
                consistent (ddlfast.size()/rank() the new world's, a ring allreduce and the small path right).
   creation     the same, but rank 2 dies while the ranks create their context (in the first allreduce): the
                survivors create it on themselves, and that allreduce raises RanksLostError.
-  divergent    no rank dies; each rank commits a rank-dependent state: sync() must refuse on every rank.
+  divergent    no rank dies; each rank commits a rank-dependent state: sync() must refuse on every rank. Then
+               run(regrow=True) must refuse under an initialized torch.distributed.
 """
 
 import os
@@ -55,3 +56,13 @@ elif mode == "divergent":
         assert "differ" in str(error), error
         print(f"rank {start_rank}: REFUSED {error}", flush=True)
     ddlfast.barrier()  # the context is still usable
+    # run(regrow=True) refuses where torch.distributed is initialized (its groups cannot be regrown).
+    import ddlfast.torch as dt
+
+    dt.init_process_group(backend="ddlfast")
+    try:
+        ddlfast.elastic.run(regrow=True)(lambda state: None)(state)
+        print(f"rank {start_rank}: REGROW NOT REFUSED", flush=True)
+    except ddlfast.DdlfastError as error:
+        assert "regrow=True" in str(error) and "torch.distributed" in str(error), error
+        print(f"rank {start_rank}: REGROW REFUSED", flush=True)

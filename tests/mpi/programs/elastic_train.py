@@ -9,7 +9,9 @@ Usage: elastic_train.py OUT KILLS, KILLS a comma-separated list of RANK:POINT:ST
   ring       dies 5 ms into STEP's allreduce of 2 MiB (mid-ring)
   async      dies 5 ms after submitting STEP's allreduce_async (STEP % 3 == 2: that step is asynchronous)
   commit     dies 0.3 s into the commit after STEP (the others wait in its barrier)
-  sync       dies 0.3 s into the first sync after a loss (the recovery itself); STEP is ignored
+  sync       dies inside the first sync after a loss (the recovery itself), as it starts that sync's broadcast:
+             after the agreement on the commits, before the state moves, so the others wait for it in the
+             broadcast; STEP is ignored
 
 The model is exact arithmetic on integer-valued float64 (sums of small integers), so that any summation order
 gives the same bits and the reference can be computed by NumPy alone: elastic_reference() below, which the test
@@ -63,6 +65,8 @@ def die(after: float) -> None:
 
     if after == 0:
         kill()
+        while True:  # SIGKILL to itself: never returns
+            time.sleep(1)
     threading.Thread(target=kill, daemon=True).start()
 
 
@@ -87,10 +91,10 @@ def main() -> None:
                 die(0.3)
             super().commit()
 
-        def sync(self) -> None:
-            if "sync" in kills and ddlfast.size() < start_size:  # the recovery's sync
-                die(0.3)
-            super().sync()
+        def broadcast(self, root: int) -> None:
+            if "sync" in kills and ddlfast.size() < start_size:  # the recovery's sync: dies at a fixed point in it
+                die(0)
+            super().broadcast(root)
 
     state = State(params=initial_params(), step=0)
     state.on_membership_change(lambda error: (history.append((state.step, error.size)),
