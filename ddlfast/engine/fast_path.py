@@ -15,7 +15,7 @@ import numpy as np
 from ddlfast.buffers.dtypes import DTYPE_CODES
 from ddlfast.config import Settings
 from ddlfast.engine.agreement import allreduce_layout, warn_straggler
-from ddlfast.engine.state import EngineState
+from ddlfast.engine.state import EngineState, compressed_dims, is_half_sum
 from ddlfast.errors import DdlfastConsistentError, DdlfastError
 from ddlfast.ops import OPS
 
@@ -70,13 +70,15 @@ class FastPath:
             # reduce-scatter per dimension run here; mpi (MPI's collective at every size) and latency (refused
             # above DDLFAST_SMALL_BYTES) take the general path. reproducible=True runs its own plan at any
             # DDLFAST_ALGORITHM (state.reproducible_options).
-            if not settings.reproducible and state.algorithm_for(array.nbytes, ring_dims, settings).name in (
+            half_sum = is_half_sum(array.dtype, op)
+            if not settings.reproducible and state.algorithm_for(
+                    array.nbytes, ring_dims, settings, compressed_dims(ring_dims, (), half_sum)).name in (
                     "mpi", "latency"):
                 return None
         except DdlfastError:
             return None  # the general path refuses it on every rank
         layout = allreduce_layout(op, ring_dims, ((array.dtype, array.shape),), codec, False, settings)
-        options = state.call_options(array.nbytes, ring_dims, settings)
+        options = state.call_options(array.nbytes, ring_dims, settings, (), half_sum)
         plan = Plan(settings, code, OPS[op], options, layout, state.agreement.digest(layout))
         if len(self._plans) >= MAX_PLANS:
             self._plans.clear()

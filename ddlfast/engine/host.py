@@ -21,7 +21,7 @@ from ddlfast.compression.wire import wire_by_dim
 from ddlfast.config import Settings
 from ddlfast.engine.agreement import Agreement, allreduce_layout, arrays_of
 from ddlfast.engine.control import Control
-from ddlfast.engine.state import EngineState
+from ddlfast.engine.state import EngineState, is_half_sum
 from ddlfast.errors import DdlfastConsistentError, DdlfastError
 from ddlfast.fusion.buffer_pool import pack, unpack
 from ddlfast.fusion.pack_policy import bucket_indices, packed_positions
@@ -151,7 +151,8 @@ def _reduce_bucket(state: EngineState, members: list[HostBuffer], request: HostR
         else:
             pointers.append(b.pointer)
         counts.append(b.count)
-    options = state.call_options(sum(counts) * members[0].array.dtype.itemsize, dims, settings, wire)
+    dtype = members[0].array.dtype
+    options = state.call_options(sum(counts) * dtype.itemsize, dims, settings, wire, is_half_sum(dtype, request.op))
     agreed = state.core.allreduce_segments(pointers, counts, members[0].dtype_code, OPS[request.op], options,
                                            fingerprint)
     state.record_events(state.core.take_events)

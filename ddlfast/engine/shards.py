@@ -31,7 +31,7 @@ from ddlfast.engine import device
 from ddlfast.engine.device import submit
 from ddlfast.engine.host import check_wire_overflows
 from ddlfast.engine.requests import check_op_on_wire, check_reproducible, resolve_compression
-from ddlfast.engine.state import EngineState
+from ddlfast.engine.state import EngineState, is_half_sum
 from ddlfast.errors import DdlfastError
 from ddlfast.ops import OPS, check_op
 
@@ -272,7 +272,9 @@ def _run(state: EngineState, request: ShardRequest) -> None:
     if any(s.dtype != np.float32 for s in request.specs):
         wire = ()  # "auto" leaves other dtypes uncompressed (explicit codecs were refused for them)
     for method, arguments, nbytes in core_calls(request, inputs, state.rank, state.size, bool(wire)):
-        options = state.call_options(nbytes, dims, settings, wire)  # the allgather half has no direct step to run
+        # (the allgather half has no direct step to run)
+        options = state.call_options(nbytes, dims, settings, wire,
+                                     request.kind != ALLGATHER and is_half_sum(request.specs[0].dtype, request.op))
         if method == "reduce_scatter_segments":
             state.core.reduce_scatter_segments(*arguments, OPS[request.op], options)
         else:

@@ -43,6 +43,20 @@ def reproducible_wire(wire: tuple[int, ...], rank: int) -> tuple[int, ...]:
     return (types[0],) if types else ()
 
 
+HALF_DTYPES = ("float16", "bfloat16")
+
+
+def is_half_sum(dtype: np.dtype, op: str) -> bool:
+    """fp16/bf16 data summed: each ring hop rounds the partial sum to 16 bits; the direct reduce-scatter adds in
+    float32 and rounds once (sums_halves_in_float32 in src/engine/direct_phase.h)."""
+    return dtype.name in HALF_DTYPES and op in ("sum", "average")
+
+
+def compressed_dims(dims: tuple[int, ...], wire: tuple[int, ...], half_sum: bool) -> tuple[bool, ...]:
+    """Per ring dimension, whether its values travel as 16 bits (the cost model's `compressed`)."""
+    return (True,) * len(dims) if half_sum else tuple(code >= 0 for code in wire)
+
+
 class EngineState:
     def __init__(self, core: Any, control: Control, timeout_s: float) -> None:
         self.core = core
@@ -142,14 +156,15 @@ class EngineState:
         return choice
 
     def call_options(self, nbytes: int, dims: tuple[int, ...], settings: Settings,
-                     wire: tuple[int, ...] = ()) -> _core.CallOptions:
+                     wire: tuple[int, ...] = (), half_sum: bool = False) -> _core.CallOptions:
         """The core's options for one call of `nbytes` (one object across the binding, cached per kind of call):
         DDLFAST_ALGORITHM's choice for that size (algorithm_for) with the settings that size messages. `mpi` hands
         every size to MPI's own allreduce, after the agreement; every other choice leaves buffers of at most
-        DDLFAST_SMALL_BYTES to the latency path."""
+        DDLFAST_SMALL_BYTES to the latency path. `half_sum` (is_half_sum): fp16/bf16 data summed, which the ring
+        rounds at every hop, is chosen for as a 16-bit wire is (the direct step adds in float32, rounds once)."""
         if settings.reproducible:
             return self.reproducible_options(settings, wire)
-        choice = self.algorithm_for(nbytes, dims, settings, tuple(code >= 0 for code in wire))
+        choice = self.algorithm_for(nbytes, dims, settings, compressed_dims(dims, wire, half_sum))
         key = (choice, settings, wire, self.rank_order)
         try:
             return self._options_cache[key]

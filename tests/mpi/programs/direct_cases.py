@@ -225,6 +225,29 @@ def auto_compressed_cases() -> None:
     os.environ["DDLFAST_ALGORITHM"] = "direct"
 
 
+def auto_half_data_cases() -> None:
+    """Issue 27: fp16/bf16 *data* summed under auto is chosen for as a 16-bit wire is: the direct step, whose
+    owner adds the contributions in float32 and rounds once (the ring would round at every hop, and its error
+    grow with the ranks). The result is the float32 sum in coordinate order rounded once, bit for bit."""
+    global cases
+    os.environ["DDLFAST_ALGORITHM"] = "auto"
+    chunk_bytes, os.environ["DDLFAST_CHUNK_BYTES"] = os.environ["DDLFAST_CHUNK_BYTES"], "16KiB"
+    n = (1 << 19) + 1  # 1 MiB: float32 data of this size takes the ring here (P = 3 to 8, one host)
+    for dtype in (np.float16, ml_dtypes.bfloat16):
+        inputs = [random_input(r, n, 4).astype(dtype) for r in range(WORLD)]
+        for name, call in (("allreduce", lambda x: ddlfast.allreduce(x, dims=(WORLD,))),
+                           ("fused_allreduce", lambda x: ddlfast.fused_allreduce([x], dims=(WORLD,))[0])):
+            cases += 1
+            got = call(inputs[RANK].copy())
+            want = np.empty(n, dtype)
+            for owner, (start, count) in enumerate(blocks(n)):
+                exact = direct_order_sum([x[start:start + count].astype(np.float32) for x in inputs], owner, None)
+                want[start:start + count] = exact.astype(dtype)
+            bits_equal(f"auto sums {np.dtype(dtype).name} data in float32 ({name})", got, want)
+    os.environ["DDLFAST_ALGORITHM"] = "direct"
+    os.environ["DDLFAST_CHUNK_BYTES"] = chunk_bytes
+
+
 def raises(name: str, call: Callable[[], object], *expected: str) -> None:
     """`call` must raise DdlfastError on this rank with every `expected` text in its message."""
     global cases
@@ -298,6 +321,7 @@ def main() -> int:
             os.environ["DDLFAST_ALGORITHM"] = algorithm
             exact_cases((WORLD,), algorithm)
     auto_compressed_cases()
+    auto_half_data_cases()
     mixed_path_cases()
     os.environ["DDLFAST_ALGORITHM"] = "direct"
     os.environ["DDLFAST_SMALL_BYTES"] = "1KiB"
