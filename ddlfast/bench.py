@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from statistics import median
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 from mpi4py import MPI
 
@@ -43,7 +44,13 @@ from ddlfast import config, files
 from ddlfast.errors import DdlfastError
 
 DEFAULT_SIZES = "4KiB,64KiB,1MiB,16MiB,64MiB"
-DTYPES = ("float32", "float64", "float16", "int32", "int64")
+DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64")
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+# MPI has no bfloat16: its baseline reduces the 2-byte elements in a user-defined MPI op (NumPy over ml_dtypes,
+# each pairwise step in float32 rounded to bfloat16), which MPI runs in Python: slower than a built-in op.
+_BFLOAT16_REDUCTIONS = {"sum": np.add, "average": np.add, "min": np.minimum, "max": np.maximum,
+                        "product": np.multiply}
+_bfloat16_ops: dict[str, MPI.Op] = {}
 BENCHED_OPS = ("sum", "average", "min", "max", "product")  # MPI's baseline: the same op (SUM for average)
 _MPI_OPS = {"sum": "SUM", "average": "SUM", "min": "MIN", "max": "MAX", "product": "PROD"}
 # Auto iteration count: about this many bytes reduced per row and per library, clamped to [MIN, MAX] iterations.
@@ -154,10 +161,44 @@ def busbw_factor(world: int, collective: str = "allreduce") -> float:
 # -- inputs and the correctness check -------------------------------------------------------------------------------
 
 
+def numpy_dtype(name: str) -> np.dtype:
+    """A DTYPES name as a NumPy dtype (bfloat16: ml_dtypes')."""
+    return BFLOAT16 if name == "bfloat16" else np.dtype(name)
+
+
+def _is_float(dtype: np.dtype) -> bool:
+    return dtype.kind == "f" or dtype == BFLOAT16
+
+
+def _finfo(dtype: np.dtype) -> Any:
+    return ml_dtypes.finfo(dtype) if dtype == BFLOAT16 else np.finfo(dtype)
+
+
+def _mpi_buffer(array: np.ndarray) -> Any:
+    """What mpi4py is given: the array, or a bfloat16 array's bits as MPI_UINT16_T (for _bfloat16_op)."""
+    return [array.view(np.uint16), MPI.UINT16_T] if array.dtype == BFLOAT16 else array
+
+
+def _mpi_op(op: str, dtype: np.dtype) -> MPI.Op:
+    """MPI's op for the baseline (_MPI_OPS); for bfloat16 a user-defined one."""
+    if dtype != BFLOAT16:
+        return getattr(MPI, _MPI_OPS[op])
+    if op not in _bfloat16_ops:
+        reduction = _BFLOAT16_REDUCTIONS[op]
+
+        def reduce(inbuf: Any, inoutbuf: Any, _datatype: Any) -> None:
+            incoming = np.frombuffer(inbuf, BFLOAT16)
+            result = np.frombuffer(inoutbuf, BFLOAT16)
+            result[...] = reduction(incoming.astype(np.float32), result.astype(np.float32)).astype(BFLOAT16)
+
+        _bfloat16_ops[op] = MPI.Op.Create(reduce, commute=True)
+    return _bfloat16_ops[op]
+
+
 def _pristine(count: int, dtype: np.dtype, rank: int, world: int) -> np.ndarray:
     """Deterministic per-rank input: floats in [-1, 1), ints in [-1000, 1000] (no overflow, exact sums)."""
     rng = np.random.default_rng([_SEED, world, rank, count])
-    if dtype.kind == "f":
+    if _is_float(dtype):
         return (rng.random(count, dtype=np.float32) * 2.0 - 1.0).astype(dtype)
     return rng.integers(-1000, 1001, size=count, dtype=dtype)
 
@@ -166,7 +207,7 @@ def _expected_from_mpi(mpi_sum: np.ndarray, op: str, world: int) -> np.ndarray:
     """What ddlfast must hold given MPI's result of the baseline op (_MPI_OPS): the same, but for average."""
     if op != "average":
         return mpi_sum
-    if mpi_sum.dtype.kind == "f":
+    if _is_float(mpi_sum.dtype):
         return (mpi_sum.astype(np.float64) / world).astype(mpi_sum.dtype)
     # Integer average is the floor of the exact sum / p (NumPy's //); these small inputs cannot wrap.
     return (mpi_sum // world).astype(mpi_sum.dtype)
@@ -185,14 +226,14 @@ def _check_row(ours: np.ndarray, mpi_sum: np.ndarray, pristine: np.ndarray, op: 
     world, rank = comm.Get_size(), comm.Get_rank()
     expected = _expected_from_mpi(mpi_sum, op, world)
     problem = None
-    if ours.dtype.kind == "f":
+    if _is_float(ours.dtype):
         # Per element: two summation orders of p terms each differ by at most ~2(p+1) eps * sum_r |x_r|.
         abs_sum = np.abs(pristine.astype(np.float64))
         comm.Allreduce(MPI.IN_PLACE, abs_sum, op=MPI.SUM)
         abs_sum = abs_sum if block is None else abs_sum[block]
-        eps = float(np.finfo(ours.dtype).eps)
+        eps = float(_finfo(ours.dtype).eps)
         scale = 1.0 / world if op == "average" else 1.0
-        tolerance = 2.0 * (world + 1) * eps * abs_sum * scale + float(np.finfo(ours.dtype).tiny)
+        tolerance = 2.0 * (world + 1) * eps * abs_sum * scale + float(_finfo(ours.dtype).tiny)
         if compression in WIRE_UNIT_ROUNDOFF:  # one rounding to the wire type per ring hop, plus subnormals
             tolerance = world * (WIRE_UNIT_ROUNDOFF[compression] * abs_sum * scale + 2.0**-24)
         if op in ("min", "max"):  # exact (docs/numerics.md): MPI's bits, or their one rounding to the wire type
@@ -200,7 +241,7 @@ def _check_row(ours: np.ndarray, mpi_sum: np.ndarray, pristine: np.ndarray, op: 
             tolerance = (WIRE_UNIT_ROUNDOFF[compression] * magnitude + 2.0**-24 if compression in WIRE_UNIT_ROUNDOFF
                          else np.zeros_like(magnitude))
         elif op == "product":  # p-1 roundings in either order, relative to the product itself
-            tolerance = 2.0 * (world + 1) * eps * np.abs(expected.astype(np.float64)) + float(np.finfo(ours.dtype).tiny)
+            tolerance = 2.0 * (world + 1) * eps * np.abs(expected.astype(np.float64)) + float(_finfo(ours.dtype).tiny)
         diff = np.abs(ours.astype(np.float64) - expected.astype(np.float64))
         bad = ~(diff <= tolerance)  # NaN counts as a mismatch
         if bad.any():
@@ -305,7 +346,7 @@ def run_bench(
         raise DdlfastError("broadcast sends the data as it is: --compression applies to the other collectives")
     world, rank = comm.Get_size(), comm.Get_rank()
     mpi_name = COLLECTIVES[collective][0]
-    np_dtype = np.dtype(dtype)
+    np_dtype = numpy_dtype(dtype)
     dims_names = parse_dims_list(dims_list, world)
     settings = config.load_settings()
     rows = []
@@ -388,18 +429,19 @@ def run_bench(
 def _calls(collective: str, pristine: np.ndarray, op: str, dims: str, comm: MPI.Intracomm,
            compression: str) -> tuple[Any, Any]:
     """ddlfast's call and MPI's, each writing its result into the buffer it is given."""
-    mpi_op = getattr(MPI, _MPI_OPS[op])
+    mpi_op, send = _mpi_op(op, pristine.dtype), _mpi_buffer(pristine)
     if collective == "reduce_scatter":
         return (lambda out: ddlfast.reduce_scatter(pristine, op=op, dims=dims, comm=comm, out=out,
                                                    compression=compression),
-                lambda out: comm.Reduce_scatter_block(pristine, out, op=mpi_op))
+                lambda out: comm.Reduce_scatter_block(send, _mpi_buffer(out), op=mpi_op))
     if collective == "allgather":
         return (lambda out: ddlfast.allgather(pristine, dims=dims, comm=comm, out=out, compression=compression),
-                lambda out: comm.Allgather(pristine, out))
+                lambda out: comm.Allgather(send, _mpi_buffer(out)))
     if collective == "broadcast":
-        return (lambda buf: ddlfast.broadcast(buf, root=0, comm=comm), lambda buf: comm.Bcast(buf, root=0))
+        return (lambda buf: ddlfast.broadcast(buf, root=0, comm=comm),
+                lambda buf: comm.Bcast(_mpi_buffer(buf), root=0))
     return (lambda buf: ddlfast.allreduce(buf, op=op, dims=dims, comm=comm, compression=compression),
-            lambda buf: comm.Allreduce(MPI.IN_PLACE, buf, op=mpi_op))
+            lambda buf: comm.Allreduce(MPI.IN_PLACE, _mpi_buffer(buf), op=mpi_op))
 
 
 # -- output ---------------------------------------------------------------------------------------------------------
@@ -436,6 +478,9 @@ def header_lines(rows: Sequence[dict[str, Any]], world: int) -> list[str]:
     ]
     if op == "average" and collective in ("allreduce", "reduce_scatter"):
         lines.append(f"# note: op=average; the MPI baseline is {mpi_name} SUM (MPI has no average op)")
+    if first.get("dtype") == "bfloat16" and collective in ("allreduce", "reduce_scatter"):
+        lines.append(f"# note: MPI has no bfloat16; the baseline is {mpi_name} with a user-defined op in Python "
+                     "(NumPy over ml_dtypes, float32 per pairwise step): slower than a built-in op")
     return lines
 
 
@@ -568,7 +613,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(format_row(row, checked), flush=True)
 
     if streaming:  # the header now, each row as it is measured (as nccl-tests does)
-        first = {"collective": args.collective, "op": args.op, "compression": args.compression}
+        first = {"collective": args.collective, "op": args.op, "compression": args.compression,
+                 "dtype": args.dtype}
         print("\n".join(header_lines([first], world) + column_titles(args.collective, checked)), flush=True)
     try:
         rows = run_bench(sizes, args.dtype, dims_list, args.iters, args.warmup, args.op, args.check, comm=comm,
@@ -587,7 +633,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             print("\n".join(footer_lines(rows)))
             if args.check and not failures:
-                exactly = np.dtype(args.dtype).kind == "i" or (
+                exactly = numpy_dtype(args.dtype).kind == "i" or (
                     args.collective in ("allgather", "broadcast") and args.compression == "none")
                 where = ("on each rank's block" if args.collective == "reduce_scatter"
                          else "identical bits on every rank")

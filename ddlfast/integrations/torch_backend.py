@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -31,12 +32,13 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 from torch._C._distributed_c10d import ReduceOp
+from torch.distributed.constants import default_pg_timeout
 
 import ddlfast
 from ddlfast import abort, api
-from ddlfast.config import load_settings
+from ddlfast.config import MIN_TIMEOUT_S, load_settings, stall_limit
 from ddlfast.engine.worker import Handle
-from ddlfast.errors import DdlfastConsistentError, DdlfastError
+from ddlfast.errors import DdlfastConsistentError, DdlfastError, DdlfastTimeoutError
 from ddlfast.integrations.tensors import broadcast_bytes, collective_view, for_backward, nbytes, numpy_view, stream_of
 from ddlfast.integrations.torch_ddp import complete_future, raise_if_failed
 
@@ -116,9 +118,20 @@ def _create_backend(options: Any, backend_options: Any = None) -> ProcessGroupDd
         raise DdlfastError(f"torch made this process rank {options.group_rank} of {options.group_size} in group "
                            f"{options.group_id!r} but MPI rank {comm.Get_rank()} of {comm.Get_size()}: launch with "
                            "mpiexec and use ddlfast.torch.init_process_group(backend='ddlfast')")
-    group = ProcessGroupDdlfast(comm)
+    group = ProcessGroupDdlfast(comm, timeout_s=_stall_limit_of(getattr(options, "timeout", None)))
     group.setGroupName(str(options.group_id))
     return group
+
+
+def _stall_limit_of(timeout: datetime.timedelta | None) -> float | None:
+    """The group's stall limit from init_process_group/new_group's timeout=, or None (DDLFAST_TIMEOUT_S) where
+    none was given: torch passes its default (30 minutes) then, and DDLFAST_TIMEOUT_S is the user's choice."""
+    if timeout is None or timeout == default_pg_timeout:
+        return None
+    seconds = timeout.total_seconds()
+    if seconds <= 0:
+        raise DdlfastError(f"timeout={timeout!r}: a process group's timeout must be more than 0 seconds")
+    return max(seconds, MIN_TIMEOUT_S)
 
 
 def _tensors(tensors: torch.Tensor | Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -158,10 +171,12 @@ class DdlfastWork(dist.Work):
         self._future: torch.futures.Future | None = None
         self._future_lock = threading.Lock()
         self._source_rank = source_rank
+        self._stall_limit_s: float | None = None  # the group's timeout=, for the wording of a stall
 
     def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
         seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else 0.0
-        self._handle.wait(seconds if seconds > 0 else None)
+        with _torch_wording(self._stall_limit_s):
+            self._handle.wait(seconds if seconds > 0 else None)
         return True
 
     def is_completed(self) -> bool:
@@ -199,6 +214,18 @@ class DdlfastWork(dist.Work):
             return self._future
 
 
+@contextlib.contextmanager
+def _torch_wording(limit_s: float | None) -> Any:
+    """A stall raised as torch's backends word it ("Timed out", which torch's tests and users' handlers look
+    for), with ddlfast's census of who waited for whom after it."""
+    try:
+        yield
+    except DdlfastTimeoutError as error:
+        limit = f"{limit_s:g} s, the group's timeout=" if limit_s is not None else \
+            f"{load_settings().timeout_s:g} s, DDLFAST_TIMEOUT_S"
+        raise DdlfastTimeoutError(f"ddlfast process group: Timed out ({limit}): {error}") from error
+
+
 class _PointToPointWork(DdlfastWork):
     """A send or recv: posted in order on the communication thread; completed there when waited for (not when
     posted: two ranks that each send before they receive must not block each other)."""
@@ -221,7 +248,8 @@ class _PointToPointWork(DdlfastWork):
 
     def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
         seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else 0.0
-        self._completion_handle().wait(seconds if seconds > 0 else None)
+        with _torch_wording(self._stall_limit_s):
+            self._completion_handle().wait(seconds if seconds > 0 else None)
         return True
 
     def is_completed(self) -> bool:
@@ -245,9 +273,10 @@ class _PointToPointWork(DdlfastWork):
 class ProcessGroupDdlfast(dist.ProcessGroup):
     """The "ddlfast" torch.distributed backend over one MPI communicator (COMM_WORLD for the default group)."""
 
-    def __init__(self, comm: MPI.Intracomm) -> None:
+    def __init__(self, comm: MPI.Intracomm, timeout_s: float | None = None) -> None:
         super().__init__(comm.Get_rank(), comm.Get_size())
         self._comm = comm
+        self._timeout_s = timeout_s  # the stall limit of this group's work; None: DDLFAST_TIMEOUT_S
         self._context = api._context_for(comm)  # the default context for COMM_WORLD: one thread, one order
         # MPI-side operations on a communicator of their own, completed through the core's stall-limited wait.
         self._mpi = self._context.control_on(comm.Dup())
@@ -290,7 +319,10 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
     # -- plumbing --------------------------------------------------------------------------------------------------
 
     def _submit(self, work: Callable[[], Any], description: str) -> Handle:
-        return self._context.submit(work, description)
+        if self._timeout_s is None:
+            return self._context.submit(work, description)
+        with stall_limit(self._timeout_s):
+            return self._context.submit(work, description)
 
     def _refuse(self, error: Exception) -> DdlfastError:
         """Bad input here, or any exception while the arguments were checked: the refusal takes this operation's
@@ -849,6 +881,34 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
         except DdlfastError:
             pass
 
+
+# What torch calls on a group; each issues its work under the group's timeout= (_with_stall_limit).
+_OPERATIONS = ("allreduce", "allreduce_coalesced", "broadcast", "reduce", "allgather", "all_gather_single",
+               "_allgather_base", "all_gather_single_coalesced", "allgather_into_tensor_coalesced",
+               "reduce_scatter_single", "_reduce_scatter_base", "reduce_scatter", "reduce_scatter_single_coalesced",
+               "reduce_scatter_tensor_coalesced", "allgather_coalesced", "barrier", "send", "recv",
+               "recv_anysource", "alltoall", "all_to_all_single", "alltoall_base", "gather", "scatter")
+
+
+def _with_stall_limit(operation: Callable[..., DdlfastWork]) -> Callable[..., DdlfastWork]:
+    """`operation` of a group created with timeout=: its work is issued (validated, queued, its settings loaded)
+    under config.stall_limit(that timeout), which the context hands to the communication thread; the Work words
+    a stall as torch's backends do."""
+
+    @functools.wraps(operation)
+    def limited(self: ProcessGroupDdlfast, *args: Any, **kwargs: Any) -> DdlfastWork:
+        if self._timeout_s is None:
+            return operation(self, *args, **kwargs)
+        with stall_limit(self._timeout_s):
+            work = operation(self, *args, **kwargs)
+        work._stall_limit_s = self._timeout_s
+        return work
+
+    return limited
+
+
+for _name in _OPERATIONS:
+    setattr(ProcessGroupDdlfast, _name, _with_stall_limit(ProcessGroupDdlfast.__dict__[_name]))
 
 _DTYPE_CODES: dict[torch.dtype, int] = {}
 
