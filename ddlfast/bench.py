@@ -3,8 +3,13 @@
     mpiexec -n 4 python -m ddlfast.bench --sizes 4KiB,1MiB,64MiB --dims flat,2x2 --check
     mpiexec -n 4 python -m ddlfast.bench --collective reduce_scatter --sizes 4KiB,1MiB --check
     mpiexec -n 4 python -m ddlfast.bench -b 8 -e 64MiB -f 2      # nccl-tests' begin/end/factor sweep
+    mpiexec -n 4 python -m ddlfast.bench --dtype bfloat16 --op max --check --json out.json
 
-Rows are printed as they are measured; the table closes with the failed-check count and the average busbw.
+Rows are printed as they are measured (with --check, each row's #wrong: elements out of tolerance over every
+rank, as nccl-tests counts them); the table closes with the wrong-element count and the average busbw;
+`--json FILE` writes the rows as one JSON document beside the table (`--json` alone prints it instead).
+--dtype: float32, float64, float16, bfloat16 (ml_dtypes; MPI has none, so its baseline reduces in a
+user-defined op), int32, int64; --op: sum, average, min, max, product.
 Unlike nccl-tests (a loop of back-to-back calls, divided by its length) every call is timed alone (below).
 
 --collective picks the pair: allreduce (comm.Allreduce), reduce_scatter (comm.Reduce_scatter_block), allgather
@@ -218,11 +223,11 @@ WIRE_UNIT_ROUNDOFF = {"fp16": 2.0**-11, "bf16": 2.0**-8}
 
 def _check_row(ours: np.ndarray, mpi_sum: np.ndarray, pristine: np.ndarray, op: str, comm: MPI.Intracomm,
                what: str, compression: str = "none", mpi_name: str = "MPI_Allreduce",
-               block: slice | None = None) -> list[str]:
+               block: slice | None = None, wrong: list[int] | None = None) -> list[str]:
     """Compare ddlfast's result with MPI's on every rank; [] when they agree. Collective: every rank calls it.
 
     block: the part of the reduced buffer this rank holds (reduce-scatter: each rank holds its own, so bits
-    are compared with MPI's, not across ranks)."""
+    are compared with MPI's, not across ranks). wrong: this rank's count of elements out of tolerance is appended."""
     world, rank = comm.Get_size(), comm.Get_rank()
     expected = _expected_from_mpi(mpi_sum, op, world)
     problem = None
@@ -244,6 +249,8 @@ def _check_row(ours: np.ndarray, mpi_sum: np.ndarray, pristine: np.ndarray, op: 
             tolerance = 2.0 * (world + 1) * eps * np.abs(expected.astype(np.float64)) + float(_finfo(ours.dtype).tiny)
         diff = np.abs(ours.astype(np.float64) - expected.astype(np.float64))
         bad = ~(diff <= tolerance)  # NaN counts as a mismatch
+        if wrong is not None:
+            wrong.append(int(bad.sum()))
         if bad.any():
             index = int(np.flatnonzero(bad)[0])
             problem = (
@@ -253,6 +260,8 @@ def _check_row(ours: np.ndarray, mpi_sum: np.ndarray, pristine: np.ndarray, op: 
             )
     else:
         bad = ours != expected
+        if wrong is not None:
+            wrong.append(int(bad.sum()))
         if bad.any():
             index = int(np.flatnonzero(bad)[0])
             problem = (
@@ -267,7 +276,7 @@ def _check_row(ours: np.ndarray, mpi_sum: np.ndarray, pristine: np.ndarray, op: 
 
 
 def _check_copy(ours: np.ndarray, theirs: np.ndarray, comm: MPI.Intracomm, what: str, mpi_name: str,
-                compression: str = "none") -> list[str]:
+                compression: str = "none", wrong: list[int] | None = None) -> list[str]:
     """allgather / broadcast: MPI's bits exactly (through the wire type when compressed, one rounding)."""
     rank = comm.Get_rank()
     if compression in WIRE_UNIT_ROUNDOFF:
@@ -275,6 +284,8 @@ def _check_copy(ours: np.ndarray, theirs: np.ndarray, comm: MPI.Intracomm, what:
         bad = ~(np.abs(ours.astype(np.float64) - theirs.astype(np.float64)) <= tolerance)
     else:
         bad = (ours.view(np.uint8).reshape(ours.size, -1) != theirs.view(np.uint8).reshape(theirs.size, -1)).any(1)
+    if wrong is not None:
+        wrong.append(int(bad.sum()))
     problem = None
     if bad.any():
         index = int(np.flatnonzero(bad)[0])
@@ -412,11 +423,13 @@ def run_bench(
             row["ratio"] = ours_bw / theirs_bw if ours_bw is not None and theirs_bw else None
             if check:
                 what = f"{collective} {format_bytes(nbytes)} {dtype} dims {dims} op {op}"
+                wrong: list[int] = []
                 if collective in ("allgather", "broadcast"):
-                    errors = _check_copy(ours, theirs, comm, what, mpi_name, compression)
+                    errors = _check_copy(ours, theirs, comm, what, mpi_name, compression, wrong)
                 else:
                     block = slice(rank * out_count, (rank + 1) * out_count) if collective == "reduce_scatter" else None
-                    errors = _check_row(ours, theirs, pristine, op, comm, what, compression, mpi_name, block)
+                    errors = _check_row(ours, theirs, pristine, op, comm, what, compression, mpi_name, block, wrong)
+                row["wrong"] = comm.allreduce(sum(wrong))  # nccl-tests' #wrong: elements, over every rank
                 row["check"] = "FAIL" if errors else "ok"
                 row["check_errors"] = errors
             rows.append(row)
@@ -494,7 +507,7 @@ def column_titles(collective: str, checked: bool) -> list[str]:
     return [
         "#",
         f"# {'':{len(left)}} | {'ddlfast':^{span}} | {mpi_name:^{span}} |",
-        f"# {left} | {lib} | {lib} | {'ratio':>6}" + (f" {'check':>6}" if checked else ""),
+        f"# {left} | {lib} | {lib} | {'ratio':>6}" + (f" {'#wrong':>7} {'check':>6}" if checked else ""),
         f"# {'':{len(left)}} | {units} | {units} |",
     ]
 
@@ -505,7 +518,8 @@ def format_row(row: dict[str, Any], checked: bool) -> str:
     for lib_name in ("ddlfast", "mpi"):
         r = row[lib_name]
         cells.append(f"{r['median_us']:>10.1f} {_num(r['algbw_GBps']):>7} {_num(r['busbw_GBps']):>7}")
-    cells.append(f"{_num(row['ratio']):>6}" + (f" {row.get('check', '-'):>6}" if checked else ""))
+    cells.append(f"{_num(row['ratio']):>6}" + (f" {row.get('wrong', '-'):>7} {row.get('check', '-'):>6}"
+                                               if checked else ""))
     return "  " + " | ".join(cells)
 
 
@@ -514,7 +528,8 @@ def footer_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
     the rows (n/a with one rank)."""
     lines = []
     if any("check" in row for row in rows):
-        lines.append(f"# out of bounds values : {sum(row.get('check') == 'FAIL' for row in rows)} "
+        lines.append(f"# out of bounds values : {sum(row.get('wrong', 0) for row in rows)} wrong elements in "
+                     f"{sum(row.get('check') == 'FAIL' for row in rows)} rows "
                      f"({'FAILED' if any(row.get('check') == 'FAIL' for row in rows) else 'OK'})")
     for lib_name in ("ddlfast", "mpi"):
         values = [row[lib_name]["busbw_GBps"] for row in rows if row[lib_name]["busbw_GBps"] is not None]
@@ -580,9 +595,10 @@ def _parser() -> argparse.ArgumentParser:
                         help="the op; MPI's baseline runs the same one (SUM for average)")
     parser.add_argument("--compression", default="none",
                         help="ddlfast wire codec: none, fp16, bf16, or per dimension e.g. none,fp16 (float32 only)")
-    parser.add_argument("--json", action="store_true", help="print one JSON document (rank 0) instead of the table")
-    parser.add_argument("--json-file", default=None, metavar="FILE",
-                        help="also write the JSON document to FILE (beside the streamed table)")
+    parser.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
+                        help="write the JSON document to FILE beside the streamed table; without FILE, print it "
+                             "(rank 0) instead of the table")
+    parser.add_argument("--json-file", default=None, metavar="FILE", help="the same as --json FILE")
     parser.add_argument("--check", action="store_true",
                         help="verify ddlfast's result against MPI's (ints exactly, floats within tolerance)")
     return parser
@@ -606,7 +622,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise DdlfastError("--warmup must be >= 0")
     except DdlfastError as error:
         parser.error(str(error))  # exits 2 on every rank, message printed once
-    streaming = rank == 0 and not args.json
+    json_only = args.json == "-"  # --json alone: the document instead of the table
+    json_file = args.json if args.json not in (None, "-") else args.json_file
+    streaming = rank == 0 and not json_only
     checked = args.check
 
     def print_row(row: dict[str, Any]) -> None:
@@ -626,9 +644,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     failures = [message for row in rows for message in row.get("check_errors", [])]
     if rank == 0:
-        if args.json_file:
-            files.replace_file(args.json_file, json.dumps(json_document(rows, world)) + "\n")
-        if args.json:
+        if json_file:
+            files.replace_file(json_file, json.dumps(json_document(rows, world)) + "\n")
+        if json_only:
             print(json.dumps(json_document(rows, world)))
         else:
             print("\n".join(footer_lines(rows)))

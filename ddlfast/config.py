@@ -238,6 +238,7 @@ TOOLING_VARIABLES = frozenset((
     "DDLFAST_SANITIZE_DIR", "DDLFAST_FUZZ_SEED",
     "DDLFAST_FUZZ_SCALE", "DDLFAST_BENCH_LARGE", "DDLFAST_BENCH_ALL_RANKS",
     "DDLFAST_HOROVOD_TESTS", "DDLFAST_HOROVOD_TESTS_ALL",  # tests/mpi/test_horovod.py: a local copy of Horovod's tests
+    "DDLFAST_TORCH_DIST_ALL",  # tests/torch_dist/: the whole of PyTorch's distributed test class, not the CI subset
 ))
 KNOWN_VARIABLES = RUNTIME_VARIABLES | TOOLING_VARIABLES
 _cache: tuple[tuple, Settings] | None = None
