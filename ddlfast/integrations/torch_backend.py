@@ -36,7 +36,7 @@ from torch.distributed.constants import default_pg_timeout
 
 import ddlfast
 from ddlfast import abort, api
-from ddlfast.config import MIN_TIMEOUT_S, load_settings, stall_limit
+from ddlfast.config import MAX_TIMEOUT_S, MIN_TIMEOUT_S, load_settings, stall_limit
 from ddlfast.engine.worker import Handle
 from ddlfast.errors import DdlfastConsistentError, DdlfastError, DdlfastTimeoutError
 from ddlfast.integrations.tensors import broadcast_bytes, collective_view, for_backward, nbytes, numpy_view, stream_of
@@ -131,7 +131,7 @@ def _stall_limit_of(timeout: datetime.timedelta | None) -> float | None:
     seconds = timeout.total_seconds()
     if seconds <= 0:
         raise DdlfastError(f"timeout={timeout!r}: a process group's timeout must be more than 0 seconds")
-    return max(seconds, MIN_TIMEOUT_S)
+    return min(max(seconds, MIN_TIMEOUT_S), MAX_TIMEOUT_S)  # the range DDLFAST_TIMEOUT_S accepts
 
 
 def _tensors(tensors: torch.Tensor | Sequence[torch.Tensor]) -> list[torch.Tensor]:

@@ -15,7 +15,8 @@ S = 64 * 2**20
 
 @pytest.mark.parametrize(
     ("text", "value"),
-    [("102MB", 102_000_000), ("102MiB", 102 * 2**20), ("64MiB", 64 * 2**20), ("64M", 64 * 2**20), ("4096", 4096), ("8KiB", 8192)],
+    [("102MB", 102_000_000), ("102MiB", 102 * 2**20), ("64MiB", 64 * 2**20), ("64M", 64 * 2**20), ("4096", 4096),
+     ("8KiB", 8192)],
 )
 def test_parse_bytes(text: str, value: int) -> None:
     """One size parser: plan --bytes reads sizes as --sizes and DDLFAST_*_BYTES do (config.parse_size)."""
