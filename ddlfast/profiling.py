@@ -65,7 +65,7 @@ def recording_range(label: str) -> Any:
     nvtx = _nvtx
     if nvtx is None:
         nvtx = _decide_nvtx()
-    profiler = _modules_get(PROFILER)
+    profiler: Any = _modules_get(PROFILER)
     recording = profiler is not None and getattr(profiler, "_is_profiler_enabled", False)
     if not nvtx:
         return profiler.record_function(label) if recording else None
@@ -97,7 +97,7 @@ def traced(name: str) -> Callable[[Method], Method]:
             nvtx = _nvtx
             if nvtx is None:
                 nvtx = _decide_nvtx()
-            profiler = _modules_get(PROFILER)  # recording_range's test, inline: every collective pays it
+            profiler: Any = _modules_get(PROFILER)  # recording_range's test, inline: every collective pays it
             recording = profiler is not None and getattr(profiler, "_is_profiler_enabled", False)
             if not nvtx and not recording:
                 return method(*args, **kwargs)

@@ -26,6 +26,7 @@ import faulthandler
 import functools
 import json
 import os
+import shutil
 import sys
 import tempfile
 import traceback
@@ -118,13 +119,15 @@ def main() -> int:
         outcomes = control.gather((outcome, detail, broken))
         any_broken = control.bcast(any(b for _, _, b in outcomes) if rank == 0 else None)
         if rank == 0:
-            kinds = {o for o, _, _ in outcomes}
-            final = "failed" if "failed" in kinds else "skipped" if kinds == {"skipped"} else "passed" \
-                if kinds == {"passed"} else "failed"
+            kinds = {o for o, _, _ in outcomes}  # as torch's harness: a skip on any rank skips the test
+            final = "failed" if "failed" in kinds else "skipped" if "skipped" in kinds else "passed"
             details = [f"rank {r}: {d}" for r, (o, d, _) in enumerate(outcomes) if d]
             record({"test": name, "outcome": final, "detail": "\n".join(details)[-4000:]})
         if any_broken:
             return 3
+    control.Barrier()
+    if rank == 0:
+        shutil.rmtree(temp_dir, ignore_errors=True)
     return 0
 
 
