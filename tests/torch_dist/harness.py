@@ -107,6 +107,7 @@ def main() -> int:
             out.write(json.dumps(line) + "\n")
             out.flush()
 
+    any_broken = False
     for index, name in enumerate(names):
         record({"start": name})
         store_file = os.path.join(temp_dir, "init_dir", f"store_{os.getpid() if rank == 0 else 0}_{index}")
@@ -124,11 +125,11 @@ def main() -> int:
             details = [f"rank {r}: {d}" for r, (o, d, _) in enumerate(outcomes) if d]
             record({"test": name, "outcome": final, "detail": "\n".join(details)[-4000:]})
         if any_broken:
-            return 3
+            break
     control.Barrier()
     if rank == 0:
         shutil.rmtree(temp_dir, ignore_errors=True)
-    return 0
+    return 3 if any_broken else 0
 
 
 def _stand_in_for_gloo(dist: Any, backend: str) -> None:
