@@ -6,7 +6,8 @@
 
 allreduce (sum, average, min, max, product), allreduce_coalesced, broadcast, reduce, allgather,
 all_gather_single and reduce_scatter(_single) run on ddlfast's collectives; barrier, send/recv, alltoall, gather
-and scatter on MPI through mpi4py, on a communicator of the backend's own. Every operation, of either kind, is a
+and scatter on MPI through mpi4py, on a communicator of the backend's own; dist.monitored_barrier (gloo's alone
+in torch) on another, on the caller's thread. Every other operation, of either kind, is a
 work item on the ddlfast context's communication thread, queued in the order torch issues them, so every rank
 runs one sequence and a blocking MPI call never stands between two of ddlfast's asynchronous ones.
 
@@ -23,6 +24,7 @@ import contextlib
 import datetime
 import functools
 import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -57,6 +59,9 @@ SHUTDOWN_TIMEOUT_S = 60.0
 # DDP's buffer broadcasts go out in one ddlfast broadcast per this many bytes (see _broadcast_coalesced).
 PACK_BYTES = 64 << 20
 _torch_broadcast_coalesced = dist._broadcast_coalesced
+_torch_monitored_barrier = dist.monitored_barrier
+# How often a monitored barrier tests its messages while it waits (it runs on the caller's thread, as gloo's).
+_MONITOR_POLL_S = 0.001
 
 
 def register() -> None:
@@ -67,6 +72,7 @@ def register() -> None:
     devices = ["cpu", "cuda"] if ddlfast.has_cuda() else ["cpu"]
     dist.Backend.register_backend(BACKEND, _create_backend, extended_api=True, devices=devices)
     dist._broadcast_coalesced = _broadcast_coalesced
+    dist.monitored_barrier = _monitored_barrier
     abort.when_broken(_broken_group)
 
 
@@ -102,6 +108,19 @@ def _broadcast_coalesced(group: Any, tensors: list[torch.Tensor], buffer_size: i
         works.append(group.broadcast(chunk, opts))
     for work in works:
         work.wait()
+    return None
+
+
+def _monitored_barrier(group: Any = None, timeout: datetime.timedelta | float | None = None,
+                       wait_all_ranks: bool = False) -> None:
+    """dist.monitored_barrier, which torch implements for gloo alone ("only implemented for GLOO backend"): on a
+    ddlfast group (a member of it) ProcessGroupDdlfast.monitored_barrier; anything else: torch's own."""
+    from torch.distributed import distributed_c10d
+
+    target = distributed_c10d._get_default_group() if group is None else group
+    if not isinstance(target, ProcessGroupDdlfast) or distributed_c10d._rank_not_in_group(group):
+        return _torch_monitored_barrier(group, timeout, wait_all_ranks)  # type: ignore[arg-type]
+    target.monitored_barrier(timeout, wait_all_ranks)
     return None
 
 
@@ -281,6 +300,8 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
         # MPI-side operations on a communicator of their own, completed through the core's stall-limited wait.
         self._mpi = self._context.control_on(comm.Dup())
         self._data = comm.Dup()  # point-to-point data messages (headers go on self._mpi.comm)
+        self._monitor = comm.Dup()  # monitored_barrier's messages
+        self._monitor_left: list[Any] = []  # sends of monitored barriers that failed: kept until the group goes
         self._tag_bound = int(self._data.Get_attr(MPI.TAG_UB))
         self._sends: list[tuple[list[Any], tuple]] = []  # posted sends: requests, and buffers kept until done
         self._recvs: list[dict[str, Any]] = []  # posted recvs whose data receive is not posted yet, in order
@@ -584,6 +605,46 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
     def barrier(self, opts: Any = None) -> DdlfastWork:
         mpi = self._mpi
         return self._agreed_work(("barrier",), lambda: mpi.barrier("a torch barrier"), "barrier", [])
+
+    def monitored_barrier(self, timeout: datetime.timedelta | float | None = None, wait_all_ranks: bool = False
+                          ) -> None:
+        """dist.monitored_barrier as gloo's: every other rank reports to rank 0, which waits for them in rank order
+        within `timeout` (default: the group's timeout=, else DDLFAST_TIMEOUT_S) and then releases them. Raises
+        DdlfastError on rank 0 naming the first rank that did not arrive (every such rank with wait_all_ranks),
+        and on the others when rank 0 did not release them in time. On the caller's thread, on a communicator of
+        its own, outside the collectives' order: a debugging barrier that must answer while they hang."""
+        seconds = (timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
+                   if timeout is not None else self._timeout_s or load_settings().timeout_s)
+        milliseconds = round(seconds * 1000)
+        comm, rank, size = self._monitor, self.rank(), self.size()
+        deadline = time.monotonic() + seconds
+        if rank != 0:
+            token, release = np.zeros(1, np.uint8), np.zeros(1, np.uint8)
+            send, receive = comm.Isend(token, 0), comm.Irecv(release, 0)
+            if not _arrived(receive, deadline):
+                self._monitor_left.append((send, token))
+                raise DdlfastError(f"Rank {rank} successfully reached monitoredBarrier, but received errors while "
+                                   f"waiting for send/recv from rank 0 (no release within {milliseconds} ms). "
+                                   "Please check rank 0 logs for faulty rank.")
+            send.Wait()
+            return
+        tokens = np.zeros(size, np.uint8)
+        receives = {r: comm.Irecv(tokens[r:r + 1], r) for r in range(1, size)}
+        if seconds <= 0:
+            _cancel(receives.values())
+            raise DdlfastError(f"Rank 0 timed out in monitoredBarrier after {milliseconds} ms")
+        failed = []
+        for r, receive in receives.items():
+            if not _arrived(receive, deadline):
+                failed.append(r)
+                if not wait_all_ranks:
+                    break
+        if failed:
+            _cancel(receives.values())
+            which = (f"Ranks {', '.join(map(str, failed))}" if wait_all_ranks else f"Rank {failed[0]}")
+            raise DdlfastError(f"{which} failed to pass monitoredBarrier in {milliseconds} ms")
+        release = np.ones(1, np.uint8)
+        MPI.Request.Waitall([comm.Isend(release, r) for r in range(1, size)])
 
     # Point to point. Each message is a header (_HEADER int64s: sender, byte count, dtype, the user's tag) on the
     # group's MPI communicator, then the data on a communicator of its own (self._data), both under the MPI tag
@@ -909,6 +970,23 @@ def _with_stall_limit(operation: Callable[..., DdlfastWork]) -> Callable[..., Dd
 
 for _name in _OPERATIONS:
     setattr(ProcessGroupDdlfast, _name, _with_stall_limit(ProcessGroupDdlfast.__dict__[_name]))
+
+def _arrived(request: Any, deadline: float) -> bool:
+    """Whether `request` completes before `deadline` (time.monotonic())."""
+    while not request.Test():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(_MONITOR_POLL_S)
+    return True
+
+
+def _cancel(receives: Any) -> None:
+    """Cancel receives that have not completed, so no later message matches them."""
+    for request in receives:
+        if not request.Test():
+            request.Cancel()
+            request.Wait()
+
 
 _DTYPE_CODES: dict[torch.dtype, int] = {}
 

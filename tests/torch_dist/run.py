@@ -38,14 +38,8 @@ CI_TESTS = (
     "test_send_recv", "test_send_recv_any_source", "test_isend", "test_irecv", "test_batch_isend_irecv_gloo",
     "test_send_recv_torch_profiler", "test_DistributedDataParallelCPU", "test_ddp_create_graph",
     "test_accumulate_gradients_no_sync_allreduce_hook", "test_get_future", "test_static_graph_api_cpu",
+    "test_monitored_barrier_gloo", "test_monitored_barrier_gloo_subgroup",
 )
-
-
-# Tests that pass under gloo and cannot pass under any other backend: torch's Python refuses the call before it
-# reaches the group ("monitored_barrier is only implemented for GLOO backend").
-GLOO_ONLY = frozenset(("test_monitored_barrier_gloo", "test_monitored_barrier_gloo_rank_0_timeout",
-                       "test_monitored_barrier_gloo_subgroup", "test_monitored_barrier_failure_order",
-                       "test_monitored_barrier_wait_all_ranks"))
 
 
 def run_backend(backend: str, ranks: int, tests: list[str], job_timeout: float, log=print, as_gloo: bool = True
@@ -145,7 +139,6 @@ def main() -> int:
         only = sorted(t for t, r in everything[first].items()
                       if r["outcome"] == "passed" and everything[second].get(t, {}).get("outcome") != "passed")
         print(f"pass under {first} but not under {second}: {len(only)}" + ("\n  " + ", ".join(only) if only else ""))
-        print(f"  of which torch runs for gloo alone: {', '.join(sorted(GLOO_ONLY & set(only))) or 'none'}")
     if args.json:
         Path(args.json).write_text(json.dumps(everything, indent=1))
     return 0
