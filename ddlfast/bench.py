@@ -3,8 +3,13 @@
     mpiexec -n 4 python -m ddlfast.bench --sizes 4KiB,1MiB,64MiB --dims flat,2x2 --check
     mpiexec -n 4 python -m ddlfast.bench --collective reduce_scatter --sizes 4KiB,1MiB --check
     mpiexec -n 4 python -m ddlfast.bench -b 8 -e 64MiB -f 2      # nccl-tests' begin/end/factor sweep
+    mpiexec -n 4 python -m ddlfast.bench --dtype bfloat16 --op max --check --json out.json
 
-Rows are printed as they are measured; the table closes with the failed-check count and the average busbw.
+Rows are printed as they are measured (with --check, each row's #wrong: elements out of tolerance over every
+rank, as nccl-tests counts them); the table closes with the wrong-element count and the average busbw;
+`--json FILE` writes the rows as one JSON document beside the table (`--json` alone prints it instead).
+--dtype: float32, float64, float16, bfloat16 (ml_dtypes; MPI has none, so its baseline reduces in a
+user-defined op), int32, int64; --op: sum, average, min, max, product.
 Unlike nccl-tests (a loop of back-to-back calls, divided by its length) every call is timed alone (below).
 
 --collective picks the pair: allreduce (comm.Allreduce), reduce_scatter (comm.Reduce_scatter_block), allgather
@@ -35,6 +40,7 @@ from collections.abc import Callable, Sequence
 from statistics import median
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 from mpi4py import MPI
 
@@ -43,7 +49,13 @@ from ddlfast import config, files
 from ddlfast.errors import DdlfastError
 
 DEFAULT_SIZES = "4KiB,64KiB,1MiB,16MiB,64MiB"
-DTYPES = ("float32", "float64", "float16", "int32", "int64")
+DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64")
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+# MPI has no bfloat16: its baseline reduces the 2-byte elements in a user-defined MPI op (NumPy over ml_dtypes,
+# each pairwise step in float32 rounded to bfloat16), which MPI runs in Python: slower than a built-in op.
+_BFLOAT16_REDUCTIONS = {"sum": np.add, "average": np.add, "min": np.minimum, "max": np.maximum,
+                        "product": np.multiply}
+_bfloat16_ops: dict[str, MPI.Op] = {}
 BENCHED_OPS = ("sum", "average", "min", "max", "product")  # MPI's baseline: the same op (SUM for average)
 _MPI_OPS = {"sum": "SUM", "average": "SUM", "min": "MIN", "max": "MAX", "product": "PROD"}
 # Auto iteration count: about this many bytes reduced per row and per library, clamped to [MIN, MAX] iterations.
@@ -154,10 +166,44 @@ def busbw_factor(world: int, collective: str = "allreduce") -> float:
 # -- inputs and the correctness check -------------------------------------------------------------------------------
 
 
+def numpy_dtype(name: str) -> np.dtype:
+    """A DTYPES name as a NumPy dtype (bfloat16: ml_dtypes')."""
+    return BFLOAT16 if name == "bfloat16" else np.dtype(name)
+
+
+def _is_float(dtype: np.dtype) -> bool:
+    return dtype.kind == "f" or dtype == BFLOAT16
+
+
+def _finfo(dtype: np.dtype) -> Any:
+    return ml_dtypes.finfo(dtype) if dtype == BFLOAT16 else np.finfo(dtype)
+
+
+def _mpi_buffer(array: np.ndarray) -> Any:
+    """What mpi4py is given: the array, or a bfloat16 array's bits as MPI_UINT16_T (for _bfloat16_op)."""
+    return [array.view(np.uint16), MPI.UINT16_T] if array.dtype == BFLOAT16 else array
+
+
+def _mpi_op(op: str, dtype: np.dtype) -> MPI.Op:
+    """MPI's op for the baseline (_MPI_OPS); for bfloat16 a user-defined one."""
+    if dtype != BFLOAT16:
+        return getattr(MPI, _MPI_OPS[op])
+    if op not in _bfloat16_ops:
+        reduction = _BFLOAT16_REDUCTIONS[op]
+
+        def reduce(inbuf: Any, inoutbuf: Any, _datatype: Any) -> None:
+            incoming = np.frombuffer(inbuf, BFLOAT16)
+            result = np.frombuffer(inoutbuf, BFLOAT16)
+            result[...] = reduction(incoming.astype(np.float32), result.astype(np.float32)).astype(BFLOAT16)
+
+        _bfloat16_ops[op] = MPI.Op.Create(reduce, commute=True)
+    return _bfloat16_ops[op]
+
+
 def _pristine(count: int, dtype: np.dtype, rank: int, world: int) -> np.ndarray:
     """Deterministic per-rank input: floats in [-1, 1), ints in [-1000, 1000] (no overflow, exact sums)."""
     rng = np.random.default_rng([_SEED, world, rank, count])
-    if dtype.kind == "f":
+    if _is_float(dtype):
         return (rng.random(count, dtype=np.float32) * 2.0 - 1.0).astype(dtype)
     return rng.integers(-1000, 1001, size=count, dtype=dtype)
 
@@ -166,7 +212,7 @@ def _expected_from_mpi(mpi_sum: np.ndarray, op: str, world: int) -> np.ndarray:
     """What ddlfast must hold given MPI's result of the baseline op (_MPI_OPS): the same, but for average."""
     if op != "average":
         return mpi_sum
-    if mpi_sum.dtype.kind == "f":
+    if _is_float(mpi_sum.dtype):
         return (mpi_sum.astype(np.float64) / world).astype(mpi_sum.dtype)
     # Integer average is the floor of the exact sum / p (NumPy's //); these small inputs cannot wrap.
     return (mpi_sum // world).astype(mpi_sum.dtype)
@@ -177,22 +223,22 @@ WIRE_UNIT_ROUNDOFF = {"fp16": 2.0**-11, "bf16": 2.0**-8}
 
 def _check_row(ours: np.ndarray, mpi_sum: np.ndarray, pristine: np.ndarray, op: str, comm: MPI.Intracomm,
                what: str, compression: str = "none", mpi_name: str = "MPI_Allreduce",
-               block: slice | None = None) -> list[str]:
+               block: slice | None = None, wrong: list[int] | None = None) -> list[str]:
     """Compare ddlfast's result with MPI's on every rank; [] when they agree. Collective: every rank calls it.
 
     block: the part of the reduced buffer this rank holds (reduce-scatter: each rank holds its own, so bits
-    are compared with MPI's, not across ranks)."""
+    are compared with MPI's, not across ranks). wrong: this rank's count of elements out of tolerance is appended."""
     world, rank = comm.Get_size(), comm.Get_rank()
     expected = _expected_from_mpi(mpi_sum, op, world)
     problem = None
-    if ours.dtype.kind == "f":
+    if _is_float(ours.dtype):
         # Per element: two summation orders of p terms each differ by at most ~2(p+1) eps * sum_r |x_r|.
         abs_sum = np.abs(pristine.astype(np.float64))
         comm.Allreduce(MPI.IN_PLACE, abs_sum, op=MPI.SUM)
         abs_sum = abs_sum if block is None else abs_sum[block]
-        eps = float(np.finfo(ours.dtype).eps)
+        eps = float(_finfo(ours.dtype).eps)
         scale = 1.0 / world if op == "average" else 1.0
-        tolerance = 2.0 * (world + 1) * eps * abs_sum * scale + float(np.finfo(ours.dtype).tiny)
+        tolerance = 2.0 * (world + 1) * eps * abs_sum * scale + float(_finfo(ours.dtype).tiny)
         if compression in WIRE_UNIT_ROUNDOFF:  # one rounding to the wire type per ring hop, plus subnormals
             tolerance = world * (WIRE_UNIT_ROUNDOFF[compression] * abs_sum * scale + 2.0**-24)
         if op in ("min", "max"):  # exact (docs/numerics.md): MPI's bits, or their one rounding to the wire type
@@ -200,9 +246,11 @@ def _check_row(ours: np.ndarray, mpi_sum: np.ndarray, pristine: np.ndarray, op: 
             tolerance = (WIRE_UNIT_ROUNDOFF[compression] * magnitude + 2.0**-24 if compression in WIRE_UNIT_ROUNDOFF
                          else np.zeros_like(magnitude))
         elif op == "product":  # p-1 roundings in either order, relative to the product itself
-            tolerance = 2.0 * (world + 1) * eps * np.abs(expected.astype(np.float64)) + float(np.finfo(ours.dtype).tiny)
+            tolerance = 2.0 * (world + 1) * eps * np.abs(expected.astype(np.float64)) + float(_finfo(ours.dtype).tiny)
         diff = np.abs(ours.astype(np.float64) - expected.astype(np.float64))
         bad = ~(diff <= tolerance)  # NaN counts as a mismatch
+        if wrong is not None:
+            wrong.append(int(bad.sum()))
         if bad.any():
             index = int(np.flatnonzero(bad)[0])
             problem = (
@@ -212,6 +260,8 @@ def _check_row(ours: np.ndarray, mpi_sum: np.ndarray, pristine: np.ndarray, op: 
             )
     else:
         bad = ours != expected
+        if wrong is not None:
+            wrong.append(int(bad.sum()))
         if bad.any():
             index = int(np.flatnonzero(bad)[0])
             problem = (
@@ -226,7 +276,7 @@ def _check_row(ours: np.ndarray, mpi_sum: np.ndarray, pristine: np.ndarray, op: 
 
 
 def _check_copy(ours: np.ndarray, theirs: np.ndarray, comm: MPI.Intracomm, what: str, mpi_name: str,
-                compression: str = "none") -> list[str]:
+                compression: str = "none", wrong: list[int] | None = None) -> list[str]:
     """allgather / broadcast: MPI's bits exactly (through the wire type when compressed, one rounding)."""
     rank = comm.Get_rank()
     if compression in WIRE_UNIT_ROUNDOFF:
@@ -234,6 +284,8 @@ def _check_copy(ours: np.ndarray, theirs: np.ndarray, comm: MPI.Intracomm, what:
         bad = ~(np.abs(ours.astype(np.float64) - theirs.astype(np.float64)) <= tolerance)
     else:
         bad = (ours.view(np.uint8).reshape(ours.size, -1) != theirs.view(np.uint8).reshape(theirs.size, -1)).any(1)
+    if wrong is not None:
+        wrong.append(int(bad.sum()))
     problem = None
     if bad.any():
         index = int(np.flatnonzero(bad)[0])
@@ -305,7 +357,7 @@ def run_bench(
         raise DdlfastError("broadcast sends the data as it is: --compression applies to the other collectives")
     world, rank = comm.Get_size(), comm.Get_rank()
     mpi_name = COLLECTIVES[collective][0]
-    np_dtype = np.dtype(dtype)
+    np_dtype = numpy_dtype(dtype)
     dims_names = parse_dims_list(dims_list, world)
     settings = config.load_settings()
     rows = []
@@ -371,11 +423,13 @@ def run_bench(
             row["ratio"] = ours_bw / theirs_bw if ours_bw is not None and theirs_bw else None
             if check:
                 what = f"{collective} {format_bytes(nbytes)} {dtype} dims {dims} op {op}"
+                wrong: list[int] = []
                 if collective in ("allgather", "broadcast"):
-                    errors = _check_copy(ours, theirs, comm, what, mpi_name, compression)
+                    errors = _check_copy(ours, theirs, comm, what, mpi_name, compression, wrong)
                 else:
                     block = slice(rank * out_count, (rank + 1) * out_count) if collective == "reduce_scatter" else None
-                    errors = _check_row(ours, theirs, pristine, op, comm, what, compression, mpi_name, block)
+                    errors = _check_row(ours, theirs, pristine, op, comm, what, compression, mpi_name, block, wrong)
+                row["wrong"] = comm.allreduce(sum(wrong))  # nccl-tests' #wrong: elements, over every rank
                 row["check"] = "FAIL" if errors else "ok"
                 row["check_errors"] = errors
             rows.append(row)
@@ -388,18 +442,19 @@ def run_bench(
 def _calls(collective: str, pristine: np.ndarray, op: str, dims: str, comm: MPI.Intracomm,
            compression: str) -> tuple[Any, Any]:
     """ddlfast's call and MPI's, each writing its result into the buffer it is given."""
-    mpi_op = getattr(MPI, _MPI_OPS[op])
+    mpi_op, send = _mpi_op(op, pristine.dtype), _mpi_buffer(pristine)
     if collective == "reduce_scatter":
         return (lambda out: ddlfast.reduce_scatter(pristine, op=op, dims=dims, comm=comm, out=out,
                                                    compression=compression),
-                lambda out: comm.Reduce_scatter_block(pristine, out, op=mpi_op))
+                lambda out: comm.Reduce_scatter_block(send, _mpi_buffer(out), op=mpi_op))
     if collective == "allgather":
         return (lambda out: ddlfast.allgather(pristine, dims=dims, comm=comm, out=out, compression=compression),
-                lambda out: comm.Allgather(pristine, out))
+                lambda out: comm.Allgather(send, _mpi_buffer(out)))
     if collective == "broadcast":
-        return (lambda buf: ddlfast.broadcast(buf, root=0, comm=comm), lambda buf: comm.Bcast(buf, root=0))
+        return (lambda buf: ddlfast.broadcast(buf, root=0, comm=comm),
+                lambda buf: comm.Bcast(_mpi_buffer(buf), root=0))
     return (lambda buf: ddlfast.allreduce(buf, op=op, dims=dims, comm=comm, compression=compression),
-            lambda buf: comm.Allreduce(MPI.IN_PLACE, buf, op=mpi_op))
+            lambda buf: comm.Allreduce(MPI.IN_PLACE, _mpi_buffer(buf), op=mpi_op))
 
 
 # -- output ---------------------------------------------------------------------------------------------------------
@@ -436,6 +491,9 @@ def header_lines(rows: Sequence[dict[str, Any]], world: int) -> list[str]:
     ]
     if op == "average" and collective in ("allreduce", "reduce_scatter"):
         lines.append(f"# note: op=average; the MPI baseline is {mpi_name} SUM (MPI has no average op)")
+    if first.get("dtype") == "bfloat16" and collective in ("allreduce", "reduce_scatter"):
+        lines.append(f"# note: MPI has no bfloat16; the baseline is {mpi_name} with a user-defined op in Python "
+                     "(NumPy over ml_dtypes, float32 per pairwise step): slower than a built-in op")
     return lines
 
 
@@ -449,7 +507,7 @@ def column_titles(collective: str, checked: bool) -> list[str]:
     return [
         "#",
         f"# {'':{len(left)}} | {'ddlfast':^{span}} | {mpi_name:^{span}} |",
-        f"# {left} | {lib} | {lib} | {'ratio':>6}" + (f" {'check':>6}" if checked else ""),
+        f"# {left} | {lib} | {lib} | {'ratio':>6}" + (f" {'#wrong':>7} {'check':>6}" if checked else ""),
         f"# {'':{len(left)}} | {units} | {units} |",
     ]
 
@@ -460,7 +518,8 @@ def format_row(row: dict[str, Any], checked: bool) -> str:
     for lib_name in ("ddlfast", "mpi"):
         r = row[lib_name]
         cells.append(f"{r['median_us']:>10.1f} {_num(r['algbw_GBps']):>7} {_num(r['busbw_GBps']):>7}")
-    cells.append(f"{_num(row['ratio']):>6}" + (f" {row.get('check', '-'):>6}" if checked else ""))
+    cells.append(f"{_num(row['ratio']):>6}" + (f" {row.get('wrong', '-'):>7} {row.get('check', '-'):>6}"
+                                               if checked else ""))
     return "  " + " | ".join(cells)
 
 
@@ -469,7 +528,8 @@ def footer_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
     the rows (n/a with one rank)."""
     lines = []
     if any("check" in row for row in rows):
-        lines.append(f"# out of bounds values : {sum(row.get('check') == 'FAIL' for row in rows)} "
+        lines.append(f"# out of bounds values : {sum(row.get('wrong', 0) for row in rows)} wrong elements in "
+                     f"{sum(row.get('check') == 'FAIL' for row in rows)} rows "
                      f"({'FAILED' if any(row.get('check') == 'FAIL' for row in rows) else 'OK'})")
     for lib_name in ("ddlfast", "mpi"):
         values = [row[lib_name]["busbw_GBps"] for row in rows if row[lib_name]["busbw_GBps"] is not None]
@@ -535,9 +595,10 @@ def _parser() -> argparse.ArgumentParser:
                         help="the op; MPI's baseline runs the same one (SUM for average)")
     parser.add_argument("--compression", default="none",
                         help="ddlfast wire codec: none, fp16, bf16, or per dimension e.g. none,fp16 (float32 only)")
-    parser.add_argument("--json", action="store_true", help="print one JSON document (rank 0) instead of the table")
-    parser.add_argument("--json-file", default=None, metavar="FILE",
-                        help="also write the JSON document to FILE (beside the streamed table)")
+    parser.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
+                        help="write the JSON document to FILE beside the streamed table; without FILE, print it "
+                             "(rank 0) instead of the table")
+    parser.add_argument("--json-file", default=None, metavar="FILE", help="the same as --json FILE")
     parser.add_argument("--check", action="store_true",
                         help="verify ddlfast's result against MPI's (ints exactly, floats within tolerance)")
     return parser
@@ -561,14 +622,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise DdlfastError("--warmup must be >= 0")
     except DdlfastError as error:
         parser.error(str(error))  # exits 2 on every rank, message printed once
-    streaming = rank == 0 and not args.json
+    json_only = args.json == "-"  # --json alone: the document instead of the table
+    json_file = args.json if args.json not in (None, "-") else args.json_file
+    streaming = rank == 0 and not json_only
     checked = args.check
 
     def print_row(row: dict[str, Any]) -> None:
         print(format_row(row, checked), flush=True)
 
     if streaming:  # the header now, each row as it is measured (as nccl-tests does)
-        first = {"collective": args.collective, "op": args.op, "compression": args.compression}
+        first = {"collective": args.collective, "op": args.op, "compression": args.compression,
+                 "dtype": args.dtype}
         print("\n".join(header_lines([first], world) + column_titles(args.collective, checked)), flush=True)
     try:
         rows = run_bench(sizes, args.dtype, dims_list, args.iters, args.warmup, args.op, args.check, comm=comm,
@@ -580,14 +644,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     failures = [message for row in rows for message in row.get("check_errors", [])]
     if rank == 0:
-        if args.json_file:
-            files.replace_file(args.json_file, json.dumps(json_document(rows, world)) + "\n")
-        if args.json:
+        if json_file:
+            files.replace_file(json_file, json.dumps(json_document(rows, world)) + "\n")
+        if json_only:
             print(json.dumps(json_document(rows, world)))
         else:
             print("\n".join(footer_lines(rows)))
             if args.check and not failures:
-                exactly = np.dtype(args.dtype).kind == "i" or (
+                exactly = numpy_dtype(args.dtype).kind == "i" or (
                     args.collective in ("allgather", "broadcast") and args.compression == "none")
                 where = ("on each rank's block" if args.collective == "reduce_scatter"
                          else "identical bits on every rank")

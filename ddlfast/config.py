@@ -6,16 +6,21 @@ naming the variable, the value and what would be accepted.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ddlfast.errors import DdlfastError
 
 _SIZE_PATTERN = re.compile(r"^\s*(\d+)\s*([kmg]i?b?|b)?\s*$", re.IGNORECASE | re.ASCII)
-_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+# Binary for KiB/MiB/GiB (and the bare K/M/G that nccl-tests reads as binary), decimal for KB/MB/GB (SI, as the
+# issue and every disk vendor spell them); case does not matter.
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "ki": 1 << 10, "mi": 1 << 20, "gi": 1 << 30,
+               "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
 _MAX_DIGITS = 30  # int() of a long digit string is slow, and above 4300 digits a ValueError
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
@@ -72,15 +77,16 @@ def format_size(value: int) -> str:
 
 
 def parse_size(text: str, name: str, accepted: str = "") -> int:
-    """'4096', '512KiB', '64M', '1g' -> bytes. `accepted` (the range) is added to errors."""
+    """'4096', '512KiB', '64M', '1g' -> bytes: KiB/MiB/GiB (and K/M/G) binary, KB/MB/GB decimal ('64MB' is
+    64,000,000). The one size parser: DDLFAST_*_BYTES, bench, plan, simulate and the demo all read sizes here.
+    `accepted` (the range) is added to errors."""
     match = _SIZE_PATTERN.match(str(text))
     if not match:
         raise DdlfastError(f"{name}={text!r} is not a byte size; use e.g. 1048576, 512KiB or 64MiB{accepted}")
     digits = match.group(1).lstrip("0") or "0"
     if len(digits) > _MAX_DIGITS:
         raise DdlfastError(f"{name}={text!r} is out of range ({len(digits)} digits){accepted}")
-    unit = (match.group(2) or "").lower()[:1]
-    return int(digits) * _SIZE_UNITS[unit]
+    return int(digits) * _SIZE_UNITS[(match.group(2) or "").lower()]
 
 
 def parse_dims(value: object, name: str = "dims") -> str | tuple[int, ...]:
@@ -232,6 +238,7 @@ TOOLING_VARIABLES = frozenset((
     "DDLFAST_SANITIZE_DIR", "DDLFAST_FUZZ_SEED",
     "DDLFAST_FUZZ_SCALE", "DDLFAST_BENCH_LARGE", "DDLFAST_BENCH_ALL_RANKS",
     "DDLFAST_HOROVOD_TESTS", "DDLFAST_HOROVOD_TESTS_ALL",  # tests/mpi/test_horovod.py: a local copy of Horovod's tests
+    "DDLFAST_TORCH_DIST_ALL",  # tests/torch_dist/: the whole of PyTorch's distributed test class, not the CI subset
 ))
 KNOWN_VARIABLES = RUNTIME_VARIABLES | TOOLING_VARIABLES
 _cache: tuple[tuple, Settings] | None = None
@@ -252,20 +259,60 @@ def use_value_compare(same_values: Callable[[dict, tuple, tuple], bool]) -> None
         _same_values = same_values
 
 
+# Stall limits that replace DDLFAST_TIMEOUT_S on one thread while it issues or runs the work of a torch process
+# group created with timeout= (integrations/torch_backend.py): thread ident -> seconds. Empty unless such a group
+# is at work, so load_settings pays one truthiness test for it.
+STALL_LIMITS: dict[int, float] = {}
+_limited: tuple[Settings, float, Settings] | None = None  # (settings, limit, settings with that limit)
+
+
+@contextlib.contextmanager
+def stall_limit(seconds: float) -> Iterator[None]:
+    """On this thread, load_settings().timeout_s is `seconds` (validated as DDLFAST_TIMEOUT_S is) until exit."""
+    if not MIN_TIMEOUT_S <= seconds <= MAX_TIMEOUT_S:
+        raise DdlfastError(f"timeout {seconds:g} s is out of range: accepted {MIN_TIMEOUT_S:g} to {MAX_TIMEOUT_S:g} "
+                           "seconds")
+    ident = threading.get_ident()
+    before = STALL_LIMITS.get(ident)
+    STALL_LIMITS[ident] = seconds
+    try:
+        yield
+    finally:
+        if before is None:
+            del STALL_LIMITS[ident]
+        else:
+            STALL_LIMITS[ident] = before
+
+
+def current_stall_limit() -> float | None:
+    """The stall_limit() in force on this thread, or None (DDLFAST_TIMEOUT_S)."""
+    return STALL_LIMITS.get(threading.get_ident()) if STALL_LIMITS else None
+
+
 def load_settings() -> Settings:
-    """The current settings; parsed again only when a DDLFAST_* variable changed."""
-    global _cache
+    """The current settings; parsed again only when a DDLFAST_* variable changed. timeout_s is this thread's
+    stall_limit() where one is in force."""
+    global _cache, _limited
     cache = _cache
     if cache is not None and _same_values is not None and _same_values(_RAW_ENVIRON, _RAW_KEYS, cache[0]):
-        return cache[1]  # every collective asks: the common case, in C
-    if isinstance(_RAW_ENVIRON, dict):
-        raw = tuple(map(_RAW_ENVIRON.get, _RAW_KEYS))
+        settings = cache[1]  # every collective asks: the common case, in C
     else:
-        raw = tuple(map(os.environ.get, _VARIABLES))
-    if _cache is not None and _cache[0] == raw:
-        return _cache[1]
-    settings = _parse_settings()
-    _cache = (raw, settings)
+        if isinstance(_RAW_ENVIRON, dict):
+            raw = tuple(map(_RAW_ENVIRON.get, _RAW_KEYS))
+        else:
+            raw = tuple(map(os.environ.get, _VARIABLES))
+        if cache is not None and cache[0] == raw:
+            settings = cache[1]
+        else:
+            settings = _parse_settings()
+            _cache = (raw, settings)
+    if STALL_LIMITS:
+        limit = STALL_LIMITS.get(threading.get_ident())
+        if limit is not None and limit != settings.timeout_s:
+            last = _limited
+            if last is None or last[0] is not settings or last[1] != limit:
+                last = _limited = (settings, limit, replace(settings, timeout_s=limit))
+            return last[2]
     return settings
 
 

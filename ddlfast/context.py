@@ -27,7 +27,15 @@ import numpy as np
 from mpi4py import MPI
 
 from ddlfast import _core, config, launch, process, ulfm
-from ddlfast.config import MAX_LATENCY_BYTES, check_environment, format_size, load_settings, with_reproducible
+from ddlfast.config import (
+    MAX_LATENCY_BYTES,
+    STALL_LIMITS,
+    check_environment,
+    current_stall_limit,
+    format_size,
+    load_settings,
+    with_reproducible,
+)
 from ddlfast.engine import exchange, join, requests, shards, small
 from ddlfast.engine.agreement import Name, check_name, creation_layout
 from ddlfast.engine.control import Control
@@ -329,6 +337,8 @@ class Context:
             self.refuse_async(self._interruption(error, "an asynchronous collective"))
             raise
         text = description()
+        if STALL_LIMITS:
+            work = self._stall_limited(work)
         flight = self._state.flight
         if flight is not None:  # the flight record names the line that submitted it, not the thread's
             work = flight.sited(work, flight.site(), text)
@@ -463,9 +473,32 @@ class Context:
     # -- for integrations that run collectives of their own in this context's order (ddlfast/integrations/) ----
 
     def submit(self, work: Work, description: str) -> Handle:
-        """Run `work` on the communication thread, in this context's one order of collectives."""
+        """Run `work` on the communication thread, in this context's one order of collectives (under the
+        caller's config.stall_limit(), where one is in force)."""
         self._check_caller()
+        if STALL_LIMITS:
+            work = self._stall_limited(work)
         return self._ensure_worker().submit(self._elastic(work) if self._ulfm else work, description)
+
+    def _stall_limited(self, work: Work) -> Work:
+        """`work` under the caller's config.stall_limit() (a torch group's timeout=), which the communication
+        thread takes over: for the settings it loads and for the core's waits (agreement, MPI-side operations);
+        the core's limit is DDLFAST_TIMEOUT_S again afterwards."""
+        limit = current_stall_limit()
+        if limit is None:
+            return work
+        state = self._state
+
+        def limited() -> Any:
+            try:
+                with config.stall_limit(limit):
+                    state.set_core_timeout(limit)
+                    return work()
+            finally:
+                if not state.core.broken:
+                    state.set_core_timeout(load_settings().timeout_s)
+
+        return limited
 
     def submit_collective(self, work: Work, description: str) -> Handle:
         """`submit` for work that is one collective of this context (it calls a Context collective, or agrees

@@ -6,7 +6,8 @@
 
 allreduce (sum, average, min, max, product), allreduce_coalesced, broadcast, reduce, allgather,
 all_gather_single and reduce_scatter(_single) run on ddlfast's collectives; barrier, send/recv, alltoall, gather
-and scatter on MPI through mpi4py, on a communicator of the backend's own. Every operation, of either kind, is a
+and scatter on MPI through mpi4py, on a communicator of the backend's own; dist.monitored_barrier (gloo's alone
+in torch) on another, on the caller's thread. Every other operation, of either kind, is a
 work item on the ddlfast context's communication thread, queued in the order torch issues them, so every rank
 runs one sequence and a blocking MPI call never stands between two of ddlfast's asynchronous ones.
 
@@ -21,7 +22,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -31,12 +34,13 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 from torch._C._distributed_c10d import ReduceOp
+from torch.distributed.constants import default_pg_timeout
 
 import ddlfast
 from ddlfast import abort, api
-from ddlfast.config import load_settings
+from ddlfast.config import MAX_TIMEOUT_S, MIN_TIMEOUT_S, load_settings, stall_limit
 from ddlfast.engine.worker import Handle
-from ddlfast.errors import DdlfastConsistentError, DdlfastError
+from ddlfast.errors import DdlfastConsistentError, DdlfastError, DdlfastTimeoutError
 from ddlfast.integrations.tensors import broadcast_bytes, collective_view, for_backward, nbytes, numpy_view, stream_of
 from ddlfast.integrations.torch_ddp import _address_of, _free_port, complete_future, raise_if_failed
 
@@ -55,6 +59,9 @@ SHUTDOWN_TIMEOUT_S = 60.0
 # DDP's buffer broadcasts go out in one ddlfast broadcast per this many bytes (see _broadcast_coalesced).
 PACK_BYTES = 64 << 20
 _torch_broadcast_coalesced = dist._broadcast_coalesced
+_torch_monitored_barrier = dist.monitored_barrier
+# How often a monitored barrier tests its messages while it waits (it runs on the caller's thread, as gloo's).
+_MONITOR_POLL_S = 0.001
 
 
 def register() -> None:
@@ -65,6 +72,7 @@ def register() -> None:
     devices = ["cpu", "cuda"] if ddlfast.has_cuda() else ["cpu"]
     dist.Backend.register_backend(BACKEND, _create_backend, extended_api=True, devices=devices)
     dist._broadcast_coalesced = _broadcast_coalesced
+    dist.monitored_barrier = _monitored_barrier
     abort.when_broken(_broken_group)
 
 
@@ -103,6 +111,19 @@ def _broadcast_coalesced(group: Any, tensors: list[torch.Tensor], buffer_size: i
     return None
 
 
+def _monitored_barrier(group: Any = None, timeout: datetime.timedelta | float | None = None,
+                       wait_all_ranks: bool = False) -> None:
+    """dist.monitored_barrier, which torch implements for gloo alone ("only implemented for GLOO backend"): on a
+    ddlfast group (a member of it) ProcessGroupDdlfast.monitored_barrier; anything else: torch's own."""
+    from torch.distributed import distributed_c10d
+
+    target = distributed_c10d._get_default_group() if group is None else group
+    if not isinstance(target, ProcessGroupDdlfast) or distributed_c10d._rank_not_in_group(group):
+        return _torch_monitored_barrier(group, timeout, wait_all_ranks)  # type: ignore[arg-type]
+    target.monitored_barrier(timeout, wait_all_ranks)
+    return None
+
+
 def _create_backend(options: Any, backend_options: Any = None) -> ProcessGroupDdlfast:
     """torch calls this on the members of a new group only (non-members return before it): so the group's MPI
     communicator comes from MPI_Comm_create_group, collective over the members alone. The world is COMM_WORLD,
@@ -117,7 +138,7 @@ def _create_backend(options: Any, backend_options: Any = None) -> ProcessGroupDd
         raise DdlfastError(f"torch made this process rank {options.group_rank} of {options.group_size} in group "
                            f"{options.group_id!r} but MPI rank {comm.Get_rank()} of {comm.Get_size()}: launch with "
                            "mpiexec and use ddlfast.torch.init_process_group(backend='ddlfast')")
-    group = ProcessGroupDdlfast(comm)
+    group = ProcessGroupDdlfast(comm, timeout_s=_stall_limit_of(getattr(options, "timeout", None)))
     group.setGroupName(str(options.group_id))
     return group
 
@@ -150,6 +171,17 @@ def rebuild_process_group(timeout_s: float = 300.0) -> bool:
     dist.destroy_process_group()
     dist.init_process_group(BACKEND, store=store, rank=rank, world_size=size)
     return True
+
+
+def _stall_limit_of(timeout: datetime.timedelta | None) -> float | None:
+    """The group's stall limit from init_process_group/new_group's timeout=, or None (DDLFAST_TIMEOUT_S) where
+    none was given: torch passes its default (30 minutes) then, and DDLFAST_TIMEOUT_S is the user's choice."""
+    if timeout is None or timeout == default_pg_timeout:
+        return None
+    seconds = timeout.total_seconds()
+    if seconds <= 0:
+        raise DdlfastError(f"timeout={timeout!r}: a process group's timeout must be more than 0 seconds")
+    return min(max(seconds, MIN_TIMEOUT_S), MAX_TIMEOUT_S)  # the range DDLFAST_TIMEOUT_S accepts
 
 
 def _tensors(tensors: torch.Tensor | Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -189,10 +221,12 @@ class DdlfastWork(dist.Work):
         self._future: torch.futures.Future | None = None
         self._future_lock = threading.Lock()
         self._source_rank = source_rank
+        self._stall_limit_s: float | None = None  # the group's timeout=, for the wording of a stall
 
     def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
         seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else 0.0
-        self._handle.wait(seconds if seconds > 0 else None)
+        with _torch_wording(self._stall_limit_s):
+            self._handle.wait(seconds if seconds > 0 else None)
         return True
 
     def is_completed(self) -> bool:
@@ -230,6 +264,18 @@ class DdlfastWork(dist.Work):
             return self._future
 
 
+@contextlib.contextmanager
+def _torch_wording(limit_s: float | None) -> Any:
+    """A stall raised as torch's backends word it ("Timed out", which torch's tests and users' handlers look
+    for), with ddlfast's census of who waited for whom after it."""
+    try:
+        yield
+    except DdlfastTimeoutError as error:
+        limit = f"{limit_s:g} s, the group's timeout=" if limit_s is not None else \
+            f"{load_settings().timeout_s:g} s, DDLFAST_TIMEOUT_S"
+        raise DdlfastTimeoutError(f"ddlfast process group: Timed out ({limit}): {error}") from error
+
+
 class _PointToPointWork(DdlfastWork):
     """A send or recv: posted in order on the communication thread; completed there when waited for (not when
     posted: two ranks that each send before they receive must not block each other)."""
@@ -252,7 +298,8 @@ class _PointToPointWork(DdlfastWork):
 
     def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
         seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else 0.0
-        self._completion_handle().wait(seconds if seconds > 0 else None)
+        with _torch_wording(self._stall_limit_s):
+            self._completion_handle().wait(seconds if seconds > 0 else None)
         return True
 
     def is_completed(self) -> bool:
@@ -276,13 +323,16 @@ class _PointToPointWork(DdlfastWork):
 class ProcessGroupDdlfast(dist.ProcessGroup):
     """The "ddlfast" torch.distributed backend over one MPI communicator (COMM_WORLD for the default group)."""
 
-    def __init__(self, comm: MPI.Intracomm) -> None:
+    def __init__(self, comm: MPI.Intracomm, timeout_s: float | None = None) -> None:
         super().__init__(comm.Get_rank(), comm.Get_size())
         self._comm = comm
+        self._timeout_s = timeout_s  # the stall limit of this group's work; None: DDLFAST_TIMEOUT_S
         self._context = api._context_for(comm)  # the default context for COMM_WORLD: one thread, one order
         # MPI-side operations on a communicator of their own, completed through the core's stall-limited wait.
         self._mpi = self._context.control_on(comm.Dup())
         self._data = comm.Dup()  # point-to-point data messages (headers go on self._mpi.comm)
+        self._monitor = comm.Dup()  # monitored_barrier's messages
+        self._monitor_left: list[Any] = []  # sends of monitored barriers that failed: kept until the group goes
         self._tag_bound = int(self._data.Get_attr(MPI.TAG_UB))
         self._sends: list[tuple[list[Any], tuple]] = []  # posted sends: requests, and buffers kept until done
         self._recvs: list[dict[str, Any]] = []  # posted recvs whose data receive is not posted yet, in order
@@ -322,7 +372,10 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
     # -- plumbing --------------------------------------------------------------------------------------------------
 
     def _submit(self, work: Callable[[], Any], description: str) -> Handle:
-        return self._context.submit(work, description)
+        if self._timeout_s is None:
+            return self._context.submit(work, description)
+        with stall_limit(self._timeout_s):
+            return self._context.submit(work, description)
 
     def _refuse(self, error: Exception) -> DdlfastError:
         """Bad input here, or any exception while the arguments were checked: the refusal takes this operation's
@@ -584,6 +637,46 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
     def barrier(self, opts: Any = None) -> DdlfastWork:
         mpi = self._mpi
         return self._agreed_work(("barrier",), lambda: mpi.barrier("a torch barrier"), "barrier", [])
+
+    def monitored_barrier(self, timeout: datetime.timedelta | float | None = None, wait_all_ranks: bool = False
+                          ) -> None:
+        """dist.monitored_barrier as gloo's: every other rank reports to rank 0, which waits for them in rank order
+        within `timeout` (default: the group's timeout=, else DDLFAST_TIMEOUT_S) and then releases them. Raises
+        DdlfastError on rank 0 naming the first rank that did not arrive (every such rank with wait_all_ranks),
+        and on the others when rank 0 did not release them in time. On the caller's thread, on a communicator of
+        its own, outside the collectives' order: a debugging barrier that must answer while they hang."""
+        seconds = (timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
+                   if timeout is not None else self._timeout_s or load_settings().timeout_s)
+        milliseconds = round(seconds * 1000)
+        comm, rank, size = self._monitor, self.rank(), self.size()
+        deadline = time.monotonic() + seconds
+        if rank != 0:
+            token, release = np.zeros(1, np.uint8), np.zeros(1, np.uint8)
+            send, receive = comm.Isend(token, 0), comm.Irecv(release, 0)
+            if not _arrived(receive, deadline):
+                self._monitor_left.append((send, token))
+                raise DdlfastError(f"Rank {rank} successfully reached monitoredBarrier, but received errors while "
+                                   f"waiting for send/recv from rank 0 (no release within {milliseconds} ms). "
+                                   "Please check rank 0 logs for faulty rank.")
+            send.Wait()
+            return
+        tokens = np.zeros(size, np.uint8)
+        receives = {r: comm.Irecv(tokens[r:r + 1], r) for r in range(1, size)}
+        if seconds <= 0:
+            _cancel(receives.values())
+            raise DdlfastError(f"Rank 0 timed out in monitoredBarrier after {milliseconds} ms")
+        failed = []
+        for r, receive in receives.items():
+            if not _arrived(receive, deadline):
+                failed.append(r)
+                if not wait_all_ranks:
+                    break
+        if failed:
+            _cancel(receives.values())
+            which = (f"Ranks {', '.join(map(str, failed))}" if wait_all_ranks else f"Rank {failed[0]}")
+            raise DdlfastError(f"{which} failed to pass monitoredBarrier in {milliseconds} ms")
+        release = np.ones(1, np.uint8)
+        MPI.Request.Waitall([comm.Isend(release, r) for r in range(1, size)])
 
     # Point to point. Each message is a header (_HEADER int64s: sender, byte count, dtype, the user's tag) on the
     # group's MPI communicator, then the data on a communicator of its own (self._data), both under the MPI tag
@@ -880,6 +973,51 @@ class ProcessGroupDdlfast(dist.ProcessGroup):
             handle.wait(timeout_s + 10.0 if timeout_s > 0 else SHUTDOWN_TIMEOUT_S)
         except DdlfastError:
             pass
+
+
+# What torch calls on a group; each issues its work under the group's timeout= (_with_stall_limit).
+_OPERATIONS = ("allreduce", "allreduce_coalesced", "broadcast", "reduce", "allgather", "all_gather_single",
+               "_allgather_base", "all_gather_single_coalesced", "allgather_into_tensor_coalesced",
+               "reduce_scatter_single", "_reduce_scatter_base", "reduce_scatter", "reduce_scatter_single_coalesced",
+               "reduce_scatter_tensor_coalesced", "allgather_coalesced", "barrier", "send", "recv",
+               "recv_anysource", "alltoall", "all_to_all_single", "alltoall_base", "gather", "scatter")
+
+
+def _with_stall_limit(operation: Callable[..., DdlfastWork]) -> Callable[..., DdlfastWork]:
+    """`operation` of a group created with timeout=: its work is issued (validated, queued, its settings loaded)
+    under config.stall_limit(that timeout), which the context hands to the communication thread; the Work words
+    a stall as torch's backends do."""
+
+    @functools.wraps(operation)
+    def limited(self: ProcessGroupDdlfast, *args: Any, **kwargs: Any) -> DdlfastWork:
+        if self._timeout_s is None:
+            return operation(self, *args, **kwargs)
+        with stall_limit(self._timeout_s):
+            work = operation(self, *args, **kwargs)
+        work._stall_limit_s = self._timeout_s
+        return work
+
+    return limited
+
+
+for _name in _OPERATIONS:
+    setattr(ProcessGroupDdlfast, _name, _with_stall_limit(ProcessGroupDdlfast.__dict__[_name]))
+
+def _arrived(request: Any, deadline: float) -> bool:
+    """Whether `request` completes before `deadline` (time.monotonic())."""
+    while not request.Test():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(_MONITOR_POLL_S)
+    return True
+
+
+def _cancel(receives: Any) -> None:
+    """Cancel receives that have not completed, so no later message matches them."""
+    for request in receives:
+        if not request.Test():
+            request.Cancel()
+            request.Wait()
 
 
 _DTYPE_CODES: dict[torch.dtype, int] = {}

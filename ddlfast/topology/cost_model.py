@@ -68,8 +68,8 @@ def _split(text: str, what: str) -> tuple[float, str, bool]:
 
 
 def parse_bytes(text: str) -> int:
-    """A byte size as every ddlfast size reads ('64MiB', '64MB' and '64M' are 2**26; config.parse_size, the one size
-    parser, shared with --sizes and the DDLFAST_*_BYTES variables)."""
+    """A byte size as every ddlfast size reads ('64MiB' and '64M' are 2**26, '64MB' is 64e6; config.parse_size,
+    the one size parser, shared with --sizes and the DDLFAST_*_BYTES variables)."""
     try:
         return config.parse_size(text, "bytes")
     except DdlfastError as error:

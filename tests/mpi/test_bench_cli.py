@@ -53,17 +53,19 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 @pytest.mark.mpi
 def test_cli_sweep_streams_rows_then_closes(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    result = run_cli("-b", "1KiB", "-e", "4KiB", "-f", "2", "--check", "--dtype", "int64", "--json-file", str(out))
+    result = run_cli("-b", "1KiB", "-e", "4KiB", "-f", "2", "--check", "--dtype", "int64", "--json", str(out))
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
     rows = [line for line in lines if not line.startswith("#")]
     assert [int(line.split()[0]) for line in rows] == [1024, 2048, 4096]
     closing = lines[lines.index(rows[-1]) + 1:]
-    assert closing[0] == "# out of bounds values : 0 (OK)"
+    assert closing[0] == "# out of bounds values : 0 wrong elements in 0 rows (OK)"
+    assert all(line.split()[-2:] == ["0", "ok"] for line in rows)  # #wrong, check
     assert closing[1].startswith("# avg bus bandwidth") and closing[1].endswith("GB/s")
     assert "# vs nccl-tests:" in result.stdout
     document = json.loads(out.read_text())
     assert [row["size_bytes"] for row in document["rows"]] == [1024, 2048, 4096]
+    assert [row["wrong"] for row in document["rows"]] == [0, 0, 0]
 
 
 @pytest.mark.mpi
@@ -79,7 +81,7 @@ def test_cli_sizes_and_json_as_before() -> None:
 @pytest.mark.mpi
 @pytest.mark.parametrize(("collective", "op", "dtype"), [
     ("allreduce", "min", "float32"), ("allreduce", "max", "float16"), ("allreduce", "product", "float64"),
-    ("reduce_scatter", "product", "int32"),
+    ("reduce_scatter", "product", "int32"), ("allreduce", "max", "bfloat16"), ("reduce_scatter", "min", "bfloat16"),
 ])
 def test_cli_every_op_is_checked_against_the_same_mpi_op(collective: str, op: str, dtype: str) -> None:
     result = run_cli("--collective", collective, "--op", op, "--dtype", dtype, "--sizes", "4KiB,64KiB", "--check")

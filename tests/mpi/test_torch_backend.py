@@ -66,3 +66,12 @@ def test_stall_in_ddp_backward_ends_the_job() -> None:
     assert result.returncode != 0, output[-3000:]
     assert elapsed < 40, f"the job ran {elapsed:.0f} s: the sleeping rank was not aborted\n{output[-3000:]}"
     assert "FAIL" not in output, output[-3000:]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("operation", ["allreduce", "barrier"])
+def test_group_timeout_is_its_stall_limit(operation: str) -> None:
+    """new_group(timeout=2 s) stalls after 2 s although DDLFAST_TIMEOUT_S is 120, worded "Timed out"."""
+    result = run_mpi(3, "torch_backend_timeout.py", operation, timeout=200,
+                     env={"DDLFAST_TIMEOUT_S": "120", "DDLFAST_ABORT_ON_STALL": "0"})
+    assert "rank 0: ok after" in result.stdout, result.stdout + result.stderr

@@ -47,7 +47,11 @@ def codec_names(compression: object) -> tuple[str, ...]:
         ("1K", 1024),
         ("512KiB", 512 << 10),
         ("512kib", 512 << 10),
-        ("512KB", 512 << 10),  # binary units throughout
+        ("512KB", 512_000),  # decimal: KB/MB/GB are SI units
+        ("512kb", 512_000),
+        ("64MB", 64_000_000),
+        ("1GB", 10**9),
+        ("64Mi", 64 << 20),
         ("64M", 64 << 20),
         ("64MiB", 64 << 20),
         ("64 MiB", 64 << 20),

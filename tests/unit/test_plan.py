@@ -15,7 +15,8 @@ S = 64 * 2**20
 
 @pytest.mark.parametrize(
     ("text", "value"),
-    [("102MB", 102 * 2**20), ("64MiB", 64 * 2**20), ("64M", 64 * 2**20), ("4096", 4096), ("8KiB", 8192)],
+    [("102MB", 102_000_000), ("102MiB", 102 * 2**20), ("64MiB", 64 * 2**20), ("64M", 64 * 2**20), ("4096", 4096),
+     ("8KiB", 8192)],
 )
 def test_parse_bytes(text: str, value: int) -> None:
     """One size parser: plan --bytes reads sizes as --sizes and DDLFAST_*_BYTES do (config.parse_size)."""
@@ -125,7 +126,7 @@ def test_predict_rejects_wrong_product() -> None:
 
 def test_cli_described_cluster(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["--hosts", "64", "--ranks-per-host", "4", "--intra", "40GB/s,2us", "--inter", "100Gbit/s,5us",
-            "--bytes", "102MB", "--compute-ms", "200"]
+            "--bytes", "102MiB", "--compute-ms", "200"]
     assert plan.main(argv) == 0
     out = capsys.readouterr().out
     assert "<- pick (auto)" in out and "scaling efficiency" in out and "host-link bound" in out
