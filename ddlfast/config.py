@@ -245,7 +245,7 @@ _cache: tuple[tuple, Settings] | None = None
 # os.environ.get encodes and checks every key on every call (~1 us each); the
 # plain dict of bytes behind it (CPython's os.environ._data) changes with it
 # and is read in nanoseconds. Falls back to os.environ where it is absent.
-_RAW_ENVIRON = getattr(os.environ, "_data", None)
+_RAW_ENVIRON: dict = getattr(os.environ, "_data", None)  # type: ignore[assignment]  # checked before use
 _RAW_KEYS = tuple(name.encode() for name in _VARIABLES)
 # `same_values(environ, keys, values)`: whether environ[keys[i]] is values[i] (the very object; None where
 # absent) for every i, without building a tuple per call. ddlfast._core sets it (in C; this module imports no
