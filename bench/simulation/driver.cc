@@ -38,7 +38,13 @@
 
 #include "engine/core.h"
 
-double ddlfast_sim_wait_start = -1.0;  // smpi_compat.h: when this rank's current wait began
+// smpi_compat.h's per-rank state (globals: SMPI gives each rank its own copy).
+double ddlfast_sim_wait_start = -1.0;
+bool ddlfast_sim_blocking_waits = false;
+MPI_Request* ddlfast_sim_pending[kSimPendingMax];
+int ddlfast_sim_pending_count = 0;
+MPI_Request ddlfast_sim_unwaitable[kSimPendingMax];
+int ddlfast_sim_unwaitable_next = 0;
 
 namespace {
 
@@ -255,6 +261,9 @@ struct Runner {
     double total = 0.0;
     for (int iteration = 0; iteration <= options.iters; ++iteration) {
       if (checked) fill(input);
+      // Every call starts from the same simulator state, whatever ran before (smpi_compat.h's wait state).
+      ddlfast_sim_wait_start = -1.0;
+      ddlfast_sim_pending_count = 0;
       MPI_Barrier(MPI_COMM_WORLD);
       const double start = MPI_Wtime();
       if (!call(entry, input, output, options.engine)) return kExitEngine;
@@ -318,6 +327,9 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   const Options options = parse(argc, argv, rank, size);
+  // Without a stall limit a wait may block until one of its requests completes (smpi_compat.h); with one (the
+  // census runs) it polls, so that it can give up.
+  ddlfast_sim_blocking_waits = options.timeout_s <= 0;
   std::unique_ptr<ddlfast::Core> context;
   // The agreement's capacity as ddlfast/context.py gives it (2 x config.MAX_LATENCY_BYTES), so the latency path
   // takes the same calls.
