@@ -227,7 +227,7 @@ def busbw(collective: str, ranks: int, nbytes: int, seconds: float) -> float:
 
 def simulate(platform: Platform, ranks: int, sizes: Sequence[int], dims: tuple[int, ...] | None = None,
              collective: str = "allreduce", builtins: Sequence[str] = BUILTINS, compute: str = "off",
-             iters: int = 2, builtin_memory: int = BUILTIN_MEMORY_BYTES) -> dict:
+             iters: int = 2, builtin_memory: int = BUILTIN_MEMORY_BYTES, warmup: int = 1) -> dict:
     """Runs ddlfast and every built-in on the platform; the report as data (what --json prints)."""
     build_driver()  # incremental: nothing to do when the driver is newer than every source
     cluster = platform.cluster(ranks)
@@ -236,7 +236,7 @@ def simulate(platform: Platform, ranks: int, sizes: Sequence[int], dims: tuple[i
         shape = dims if dims is not None else plan(cluster, size)[0].dims
         chosen[size] = (shape, predict_call(cluster, shape, size, DEFAULT_SMALL_BYTES))
     simulation = Simulation(platform, ranks, compute)
-    common = ["--iters", str(iters), "--check-bytes", str(CHECK_BYTES)]
+    common = ["--iters", str(iters), "--warmup", str(warmup), "--check-bytes", str(CHECK_BYTES)]
     cases = [arg for size in sizes for arg in ("--case", f"{size}:{'x'.join(map(str, chosen[size][0]))}")]
     # ddlfast's defaults (ddlfast.config): at or below the small-message limit an allreduce takes the latency
     # path (inside the agreement's butterfly); reduce-scatter and allgather hand off to MPI's own collective,
@@ -269,7 +269,8 @@ def simulate(platform: Platform, ranks: int, sizes: Sequence[int], dims: tuple[i
         rows.append(row)
     hosts, per_host = platform.placement(ranks)
     return {"platform": platform.name, "ranks": ranks, "hosts": hosts, "ranks_per_host": per_host,
-            "collective": collective, "compute": compute, "iters": iters, "agreement_s": agreement, "rows": rows,
+            "collective": collective, "compute": compute, "iters": iters, "warmup": warmup, "agreement_s": agreement,
+            "rows": rows,
             "builtins_skipped_above_bytes": max(fitting, default=0) if len(fitting) < len(sizes) else None}
 
 
@@ -333,7 +334,10 @@ def _parser() -> argparse.ArgumentParser:
                              "CPU time (docs/scale.md)")
     parser.add_argument("--builtin-memory-gib", type=float, default=BUILTIN_MEMORY_BYTES / 2**30,
                         help="run the built-ins only at sizes where ~3 x ranks x size fits this much memory")
-    parser.add_argument("--iters", type=int, default=2, help="timed calls per size (after one warm-up)")
+    parser.add_argument("--iters", type=int, default=2, help="timed calls per size")
+    parser.add_argument("--warmup", type=int, default=1,
+                        help="untimed calls per size first (0 gives the same simulated times: nothing is created "
+                             "lazily, and reduction cost is off by default)")
     parser.add_argument("--missing-rank",
                         help="census check instead: this rank (or range R-S) never joins; every other must name it")
     parser.add_argument("--stall-limit", type=float, default=5.0,
@@ -352,6 +356,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         builtins = [name for name in args.builtins.split(",") if name]
         if args.iters < 1:
             raise SimulationError("--iters must be >= 1")
+        if args.warmup < 0:
+            raise SimulationError("--warmup must be >= 0")
         require_simgrid()
         build_driver()
         if args.missing_rank is not None:
@@ -361,7 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ddlfast.simulate: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     data = simulate(platform, args.ranks, sizes, dims, args.collective, builtins, args.compute, args.iters,
-                    int(args.builtin_memory_gib * 2**30))
+                    int(args.builtin_memory_gib * 2**30), args.warmup)
     print(json.dumps(data, indent=1) if args.json else format_report(data))
     return 0
 
