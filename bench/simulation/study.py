@@ -4,8 +4,12 @@
     nice -n 10 .venv/bin/python bench/simulation/study.py sweep --platform fattree-8gpu --ranks 16,64,256,1024 --docs
     nice -n 10 .venv/bin/python bench/simulation/study.py resnet50 --ranks 8,16,32,64,128,256
     nice -n 10 .venv/bin/python bench/simulation/study.py planner --platform ddl-64x4,ethernet-10g --ranks 16,32
+    # one size per process, side by side, then the rank count's sweep from them:
+    python -m ddlfast.simulate --platform fattree-8gpu --ranks 1024 --sizes 4KiB --warmup 0 --iters 1 --json > 4k.json
+    .venv/bin/python bench/simulation/study.py join --platform fattree-8gpu --ranks 1024 --builtins ... 4k.json ...
 
-One simulation at a time (each is one process on one core).
+Each simulation is one process on one core; where cores are free, run rank counts (or sizes, then `join`) side by
+side.
 """
 
 from __future__ import annotations
@@ -73,6 +77,21 @@ def sweep(platform_name: str, ranks_list: list[int], sizes: list[int], builtins:
     _plot(platform_name, results, docs or OUT)
 
 
+def join(platform_name: str, ranks: int, builtins: list[str], files: list[Path]) -> None:
+    """One rank count's sweep from `python -m ddlfast.simulate --json` runs of one size each (run side by side,
+    one process per size, where a single sweep would take too long): written where `sweep` finds and reuses it."""
+    parts = [json.loads(path.read_text()) for path in files]
+    if any(part["platform"] != platform_name or part["ranks"] != ranks for part in parts):
+        raise SystemExit(f"join: every file must be a {platform_name} run at {ranks} ranks")
+    rows = sorted((row for part in parts for row in part["rows"]), key=lambda row: row["size_bytes"])
+    skipped = [part["builtins_skipped_above_bytes"] for part in parts if part["builtins_skipped_above_bytes"]]
+    data = parts[0] | {"rows": rows, "builtins": builtins, "builtins_skipped_above_bytes": max(skipped, default=None)}
+    path = OUT / f"sweep-{platform_name}-{ranks}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1))
+    print(f"{path}: {len(rows)} sizes")
+
+
 def _plot(platform_name: str, results: list[dict], folder: Path) -> None:
     """FOLDER/scale-PLATFORM.png: busbw against size per rank count (ddlfast solid, the best built-in dashed),
     ddlfast's time against the best built-in's, and the scaling efficiency: busbw at P ranks over busbw at the
@@ -135,7 +154,7 @@ def planner(platform_names: list[str], ranks_list: list[int], sizes: list[int], 
             shapes = [None] + [tuple(int(d) for d in text.split("x")) for text in dims
                                if math.prod(int(d) for d in text.split("x")) == ranks]
             for shape in shapes:
-                data = simulate.simulate(platform, ranks, sizes, shape, builtins=[], iters=1)
+                data = simulate.simulate(platform, ranks, sizes, shape, builtins=[], iters=1, warmup=0)
                 for row in data["rows"]:
                     lines.append(f"| {name} | {ranks} | {simulate._size_text(row['size_bytes'])} | {row['dims']}"
                                  f"{'' if shape else ' (auto)'} | {row['ddlfast_s'] * 1e3:.3f} | "
@@ -202,7 +221,8 @@ def resnet50(ranks_list: list[int]) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=("sweep", "resnet50", "planner"))
+    parser.add_argument("what", choices=("sweep", "resnet50", "planner", "join"))
+    parser.add_argument("files", nargs="*", type=Path, help="join: the per-size --json outputs")
     parser.add_argument("--platform", default="fattree-8gpu")
     parser.add_argument("--ranks", default="16,64")
     parser.add_argument("--sizes", default="4KiB,256KiB,16MiB,256MiB")
@@ -216,6 +236,8 @@ def main() -> int:
     if args.what == "planner":
         dims = [text for text in args.dims.split(",") if text]
         planner(args.platform.split(","), ranks, simulate.parse_sizes(args.sizes), dims)
+    elif args.what == "join":
+        join(args.platform, ranks[0], args.builtins.split(","), args.files)
     elif args.what == "sweep":
         docs = Path(__file__).resolve().parents[2] / "docs" if args.docs else None
         sweep(args.platform, ranks, simulate.parse_sizes(args.sizes), args.builtins.split(","), docs)
