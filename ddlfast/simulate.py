@@ -49,6 +49,17 @@ FREE_REDUCTION = 1e18
 # Sizes up to this are checked against the exact reference inside the driver; larger ones use shared buffers.
 CHECK_BYTES = 1 << 20
 EXIT_BAD_INPUT = 2
+# SMPI_SHARED_MALLOC folds a buffer by mapping one file block over it again and again: one mapping per block per
+# buffer per rank. With SMPI's default 1 MiB block, 256 ranks x 2 buffers of 256 MiB need 131072 mappings, past
+# Linux's default vm.max_map_count (65530), and the simulation aborted ("Could not map folded virtual memory").
+# With 256 MiB blocks, 1024 ranks need 2048.
+SHARED_BLOCK_BYTES = 256 << 20
+MAX_MAP_COUNT = 65530  # Linux's default vm.max_map_count
+
+
+def shared_mappings(ranks: int, nbytes: int, block: int = SHARED_BLOCK_BYTES) -> int:
+    """Memory mappings the driver's two folded buffers of `nbytes` take on `ranks` ranks."""
+    return 2 * ranks * -(-nbytes // block)
 # SMPI's built-in algorithms allocate real temporary buffers of the whole message per rank (SMPI_SHARED_MALLOC
 # does not reach inside them): about 3 x ranks x size bytes. Sizes above this budget run ddlfast only.
 BUILTIN_MEMORY_BYTES = 6 << 30
@@ -197,6 +208,7 @@ class Simulation:
                        # A poll costs 0.1 us, every poll: SMPI's growing poll cost is one counter shared by all
                        # ranks and carried from case to case (bench/simulation/smpi_compat.h).
                        "--cfg=smpi/test:1e-7", "--cfg=smpi/grow-injected-times:no",
+                       f"--cfg=smpi/shared-malloc-blocksize:{SHARED_BLOCK_BYTES}",
                        "--log=root.thres:warning", "--log=smpi_config.thres:error",
                        *config, str(DRIVER), *driver_args]
             try:

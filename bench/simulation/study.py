@@ -43,7 +43,7 @@ def _write(name: str, text: str) -> None:
 
 
 def sweep(platform_name: str, ranks_list: list[int], sizes: list[int], builtins: list[str],
-          docs: Path | None = None) -> None:
+          docs: Path | None = None, kept_only: bool = False) -> None:
     """ddlfast's automatic choice beside every built-in at each rank count. Each rank count's result is kept in
     out/scale/sweep-PLATFORM-RANKS.json and reused when its sizes and built-ins match (a sweep interrupted or
     run one rank count at a time resumes); the table and the plots cover every rank count asked."""
@@ -52,8 +52,12 @@ def sweep(platform_name: str, ranks_list: list[int], sizes: list[int], builtins:
     for ranks in ranks_list:
         path = OUT / f"sweep-{platform_name}-{ranks}.json"
         kept = json.loads(path.read_text()) if path.is_file() else None
-        if kept and [r["size_bytes"] for r in kept["rows"]] == sizes and kept.get("builtins") == builtins:
-            data = kept
+        if kept and (kept_only or [r["size_bytes"] for r in kept["rows"]] == sizes
+                     and kept.get("builtins") == builtins):
+            data = kept  # with --kept-only, whatever sizes it has
+        elif kept_only:
+            print(f"{path}: not there; --kept-only leaves {ranks} ranks out")
+            continue
         else:
             # One timed call, no warm-up: the simulation is deterministic and nothing is created lazily, so
             # both give the same simulated time (docs/scale.md), and this halves the work at 1024 ranks.
@@ -118,9 +122,9 @@ def _plot(platform_name: str, results: list[dict], folder: Path) -> None:
             axes[1].plot([r["size_bytes"] for r in compared], [r["ratio"] for r in compared], marker="o",
                          color=color, label=f"{data['ranks']} ranks")
     base = results[0]
-    for size_index, row in enumerate(base["rows"]):
-        points = [(data["ranks"], data["rows"][size_index]["ddlfast_busbw_GBps"] / row["ddlfast_busbw_GBps"])
-                  for data in results]
+    for row in base["rows"]:
+        points = [(data["ranks"], other["ddlfast_busbw_GBps"] / row["ddlfast_busbw_GBps"])
+                  for data in results for other in data["rows"] if other["size_bytes"] == row["size_bytes"]]
         axes[2].plot([p[0] for p in points], [p[1] for p in points], marker="o",
                      label=simulate._size_text(row["size_bytes"]))
     for axis, label in ((axes[0], "busbw (GB/s)"), (axes[1], "best built-in time / ddlfast time")):
@@ -229,6 +233,8 @@ def main() -> int:
     parser.add_argument("--builtins", default=",".join(simulate.BUILTINS))
     parser.add_argument("--dims", default="", help="planner: shapes to simulate beside auto's pick, e.g. 64,4x16")
     parser.add_argument("--docs", action="store_true", help="sweep: write the plot to docs/ (else out/scale/)")
+    parser.add_argument("--kept-only", action="store_true",
+                        help="sweep: table and plots from the rank counts already simulated, nothing run")
     args = parser.parse_args()
     ranks = [int(r) for r in args.ranks.split(",")]
     simulate.require_simgrid()
@@ -240,7 +246,7 @@ def main() -> int:
         join(args.platform, ranks[0], args.builtins.split(","), args.files)
     elif args.what == "sweep":
         docs = Path(__file__).resolve().parents[2] / "docs" if args.docs else None
-        sweep(args.platform, ranks, simulate.parse_sizes(args.sizes), args.builtins.split(","), docs)
+        sweep(args.platform, ranks, simulate.parse_sizes(args.sizes), args.builtins.split(","), docs, args.kept_only)
     else:
         resnet50(ranks)
     return 0

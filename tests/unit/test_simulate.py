@@ -133,3 +133,19 @@ def test_the_agreement_grows_with_log2_of_the_ranks() -> None:
     times = {ranks: simulate._results(simulate.Simulation(platform, ranks).run(
         ["--collective", "agree", "--iters", "2", "--case", f"4:{ranks}"]))[4] for ranks in (16, 64)}
     assert times[64] < 1.5 * times[16], times
+
+
+def test_folded_buffers_fit_the_mapping_limit_at_1024_ranks() -> None:
+    # SMPI maps its shared-malloc block once per block of every folded buffer: with its default 1 MiB block, 256
+    # ranks at 256 MiB aborted ("Could not map folded virtual memory"), past Linux's 65530 mappings.
+    assert simulate.shared_mappings(256, 256 << 20, block=1 << 20) > simulate.MAX_MAP_COUNT
+    assert simulate.shared_mappings(1024, 256 << 20) < simulate.MAX_MAP_COUNT // 16
+
+
+@needs_simgrid
+def test_folded_sizes_run_past_the_shared_block() -> None:
+    # Sizes above the check limit are folded (SMPI_SHARED_MALLOC); one not a multiple of anything runs too.
+    platform = simulate.load_platform("ethernet-10g")
+    data = simulate.simulate(platform, 8, [3 << 20, (2 << 20) + 12], builtins=(), iters=1, warmup=0)
+    assert [row["size_bytes"] for row in data["rows"]] == [3 << 20, (2 << 20) + 12]
+    assert all(row["ddlfast_s"] > 0 for row in data["rows"])
