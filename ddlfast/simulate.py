@@ -306,11 +306,12 @@ def format_report(data: dict) -> str:
                      f"{row['ddlfast_busbw_GBps']:10.2f} {planner} {best}")
     compared = [row for row in data["rows"] if row["builtins_s"]]
     if compared:
-        names = list(compared[0]["builtins_s"])
+        names = list(dict.fromkeys(name for row in compared for name in row["builtins_s"]))
         lines += ["", "built-in MPI_Allreduce algorithms, ms:", f"{'size':>8} " + " ".join(f"{n:>9}" for n in names)]
         for row in compared:
             lines.append(f"{_size_text(row['size_bytes']):>8} "
-                         + " ".join(f"{row['builtins_s'][n] * 1e3:9.3f}" for n in names))
+                         + " ".join(f"{row['builtins_s'][n] * 1e3:9.3f}" if n in row["builtins_s"] else f"{'-':>9}"
+                                    for n in names))
     if data.get("builtins_skipped_above_bytes") is not None:
         lines.append("built-ins not run above the memory budget (SMPI's algorithms hold ~3 x ranks x size bytes of "
                      "real memory; --builtin-memory-gib)")
