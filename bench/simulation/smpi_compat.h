@@ -130,6 +130,15 @@ static inline int ddlfast_sim_pause() {
 #define nanosleep(interval, remaining) ((void)(interval), (void)(remaining), ddlfast_sim_pause())
 #define sched_yield ddlfast_sim_pause
 
+// The transport spins before its first pause when this machine has a core per rank of a host
+// (mpi_transport.cc, spin_us_for): that would make the simulation depend on the machine running it (a spin polls
+// every 0.1 us of simulated time for 200 us). A simulated rank has no core of its own: no spin, ever.
+static inline int ddlfast_sim_getaffinity(pid_t, size_t size, cpu_set_t* set) {
+  CPU_ZERO_S(size, set);
+  return 0;
+}
+#define sched_getaffinity ddlfast_sim_getaffinity
+
 static inline int ddlfast_sim_irecv(void* buffer, int count, MPI_Datatype type, int source, int tag, MPI_Comm comm,
                                     MPI_Request* request) {
   const int code = ddlfast_sim_posted(MPI_Irecv(buffer, count, type, source, tag, comm, request));
