@@ -49,6 +49,17 @@ FREE_REDUCTION = 1e18
 # Sizes up to this are checked against the exact reference inside the driver; larger ones use shared buffers.
 CHECK_BYTES = 1 << 20
 EXIT_BAD_INPUT = 2
+# SMPI_SHARED_MALLOC folds a buffer by mapping one file block over it again and again: one mapping per block per
+# buffer per rank. With SMPI's default 1 MiB block, 256 ranks x 2 buffers of 256 MiB need 131072 mappings, past
+# Linux's default vm.max_map_count (65530), and the simulation aborted ("Could not map folded virtual memory").
+# With 256 MiB blocks, 1024 ranks need 2048.
+SHARED_BLOCK_BYTES = 256 << 20
+MAX_MAP_COUNT = 65530  # Linux's default vm.max_map_count
+
+
+def shared_mappings(ranks: int, nbytes: int, block: int = SHARED_BLOCK_BYTES) -> int:
+    """Memory mappings the driver's two folded buffers of `nbytes` take on `ranks` ranks."""
+    return 2 * ranks * -(-nbytes // block)
 # SMPI's built-in algorithms allocate real temporary buffers of the whole message per rank (SMPI_SHARED_MALLOC
 # does not reach inside them): about 3 x ranks x size bytes. Sizes above this budget run ddlfast only.
 BUILTIN_MEMORY_BYTES = 6 << 30
@@ -194,7 +205,11 @@ class Simulation:
                        else ["--cfg=smpi/host-speed:1Gf"])
             command = ["smpirun", "-np", str(self.ranks), "-platform", str(self.platform.path),
                        "-hostfile", str(hostfile), *compute,
-                       "--cfg=smpi/test:1e-7", "--log=root.thres:warning", "--log=smpi_config.thres:error",
+                       # A poll costs 0.1 us, every poll: SMPI's growing poll cost is one counter shared by all
+                       # ranks and carried from case to case (bench/simulation/smpi_compat.h).
+                       "--cfg=smpi/test:1e-7", "--cfg=smpi/grow-injected-times:no",
+                       f"--cfg=smpi/shared-malloc-blocksize:{SHARED_BLOCK_BYTES}",
+                       "--log=root.thres:warning", "--log=smpi_config.thres:error",
                        *config, str(DRIVER), *driver_args]
             try:
                 result = subprocess.run(command, capture_output=True, text=True, timeout=self.timeout_s)
@@ -224,7 +239,7 @@ def busbw(collective: str, ranks: int, nbytes: int, seconds: float) -> float:
 
 def simulate(platform: Platform, ranks: int, sizes: Sequence[int], dims: tuple[int, ...] | None = None,
              collective: str = "allreduce", builtins: Sequence[str] = BUILTINS, compute: str = "off",
-             iters: int = 2, builtin_memory: int = BUILTIN_MEMORY_BYTES) -> dict:
+             iters: int = 2, builtin_memory: int = BUILTIN_MEMORY_BYTES, warmup: int = 1) -> dict:
     """Runs ddlfast and every built-in on the platform; the report as data (what --json prints)."""
     build_driver()  # incremental: nothing to do when the driver is newer than every source
     cluster = platform.cluster(ranks)
@@ -233,7 +248,7 @@ def simulate(platform: Platform, ranks: int, sizes: Sequence[int], dims: tuple[i
         shape = dims if dims is not None else plan(cluster, size)[0].dims
         chosen[size] = (shape, predict_call(cluster, shape, size, DEFAULT_SMALL_BYTES))
     simulation = Simulation(platform, ranks, compute)
-    common = ["--iters", str(iters), "--check-bytes", str(CHECK_BYTES)]
+    common = ["--iters", str(iters), "--warmup", str(warmup), "--check-bytes", str(CHECK_BYTES)]
     cases = [arg for size in sizes for arg in ("--case", f"{size}:{'x'.join(map(str, chosen[size][0]))}")]
     # ddlfast's defaults (ddlfast.config): at or below the small-message limit an allreduce takes the latency
     # path (inside the agreement's butterfly); reduce-scatter and allgather hand off to MPI's own collective,
@@ -266,7 +281,8 @@ def simulate(platform: Platform, ranks: int, sizes: Sequence[int], dims: tuple[i
         rows.append(row)
     hosts, per_host = platform.placement(ranks)
     return {"platform": platform.name, "ranks": ranks, "hosts": hosts, "ranks_per_host": per_host,
-            "collective": collective, "compute": compute, "iters": iters, "agreement_s": agreement, "rows": rows,
+            "collective": collective, "compute": compute, "iters": iters, "warmup": warmup, "agreement_s": agreement,
+            "rows": rows,
             "builtins_skipped_above_bytes": max(fitting, default=0) if len(fitting) < len(sizes) else None}
 
 
@@ -290,11 +306,12 @@ def format_report(data: dict) -> str:
                      f"{row['ddlfast_busbw_GBps']:10.2f} {planner} {best}")
     compared = [row for row in data["rows"] if row["builtins_s"]]
     if compared:
-        names = list(compared[0]["builtins_s"])
+        names = list(dict.fromkeys(name for row in compared for name in row["builtins_s"]))
         lines += ["", "built-in MPI_Allreduce algorithms, ms:", f"{'size':>8} " + " ".join(f"{n:>9}" for n in names)]
         for row in compared:
             lines.append(f"{_size_text(row['size_bytes']):>8} "
-                         + " ".join(f"{row['builtins_s'][n] * 1e3:9.3f}" for n in names))
+                         + " ".join(f"{row['builtins_s'][n] * 1e3:9.3f}" if n in row["builtins_s"] else f"{'-':>9}"
+                                    for n in names))
     if data.get("builtins_skipped_above_bytes") is not None:
         lines.append("built-ins not run above the memory budget (SMPI's algorithms hold ~3 x ranks x size bytes of "
                      "real memory; --builtin-memory-gib)")
@@ -330,7 +347,10 @@ def _parser() -> argparse.ArgumentParser:
                              "CPU time (docs/scale.md)")
     parser.add_argument("--builtin-memory-gib", type=float, default=BUILTIN_MEMORY_BYTES / 2**30,
                         help="run the built-ins only at sizes where ~3 x ranks x size fits this much memory")
-    parser.add_argument("--iters", type=int, default=2, help="timed calls per size (after one warm-up)")
+    parser.add_argument("--iters", type=int, default=2, help="timed calls per size")
+    parser.add_argument("--warmup", type=int, default=1,
+                        help="untimed calls per size first (0 gives the same simulated times: nothing is created "
+                             "lazily, and reduction cost is off by default)")
     parser.add_argument("--missing-rank",
                         help="census check instead: this rank (or range R-S) never joins; every other must name it")
     parser.add_argument("--stall-limit", type=float, default=5.0,
@@ -349,6 +369,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         builtins = [name for name in args.builtins.split(",") if name]
         if args.iters < 1:
             raise SimulationError("--iters must be >= 1")
+        if args.warmup < 0:
+            raise SimulationError("--warmup must be >= 0")
         require_simgrid()
         build_driver()
         if args.missing_rank is not None:
@@ -358,7 +380,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ddlfast.simulate: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     data = simulate(platform, args.ranks, sizes, dims, args.collective, builtins, args.compute, args.iters,
-                    int(args.builtin_memory_gib * 2**30))
+                    int(args.builtin_memory_gib * 2**30), args.warmup)
     print(json.dumps(data, indent=1) if args.json else format_report(data))
     return 0
 

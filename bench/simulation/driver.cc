@@ -5,13 +5,13 @@
 // there is no Python here.
 //
 //   smpirun ... driver --collective allreduce|reduce_scatter|allgather|builtin|agree
-//                      --case BYTES:DIMS [--case ...] [--iters N] [--check-bytes N]
+//                      --case BYTES:DIMS [--case ...] [--iters N] [--warmup N] [--check-bytes N]
 //                      [--small-bytes N] [--chunk-bytes N] [--missing-rank R --timeout S]
 //                      [--corrupt-rank R]  (R adds 1 to its first input: the check must fail)
 //
 // Per case it prints one line `result <collective> <bytes> <dims> <seconds>`:
 // the slowest rank's simulated time (MPI_Wtime) per call, averaged over the
-// timed iterations after one warm-up. `builtin` times MPI_Allreduce itself,
+// timed iterations after --warmup untimed ones (default 1). `builtin` times MPI_Allreduce itself,
 // whose algorithm smpirun's --cfg=smpi/allreduce:NAME chose; `agree` times the
 // per-call agreement alone (part of every ddlfast call).
 //
@@ -38,7 +38,13 @@
 
 #include "engine/core.h"
 
-double ddlfast_sim_wait_start = -1.0;  // smpi_compat.h: when this rank's current wait began
+// smpi_compat.h's per-rank state (globals: SMPI gives each rank its own copy).
+double ddlfast_sim_wait_start = -1.0;
+bool ddlfast_sim_blocking_waits = false;
+MPI_Request* ddlfast_sim_pending[kSimPendingMax];
+int ddlfast_sim_pending_count = 0;
+MPI_Request ddlfast_sim_unwaitable[kSimPendingMax];
+int ddlfast_sim_unwaitable_next = 0;
 
 namespace {
 
@@ -57,6 +63,7 @@ struct Options {
   std::string collective = "allreduce";
   std::vector<Case> cases;
   int iters = 2;
+  int warmup = 1;  // untimed calls first (none needed for simulated time: nothing is created lazily)
   std::size_t check_bytes = 1 << 20;
   int missing_rank = -1;
   int missing_last = -1;  // the last missing rank (a range R-S)
@@ -103,6 +110,8 @@ Options parse(int argc, char** argv, int rank, int size) {
       options.cases.push_back(entry);
     } else if (flag == "--iters") {
       options.iters = std::atoi(value.c_str());
+    } else if (flag == "--warmup") {
+      options.warmup = std::atoi(value.c_str());
     } else if (flag == "--check-bytes") {
       options.check_bytes = std::strtoull(value.c_str(), nullptr, 10);
     } else if (flag == "--small-bytes") {
@@ -130,6 +139,7 @@ Options parse(int argc, char** argv, int rank, int size) {
   }
   if (options.cases.empty()) usage(rank, "no --case given");
   if (options.iters < 1) usage(rank, "--iters must be >= 1");
+  if (options.warmup < 0) usage(rank, "--warmup must be >= 0");
   return options;
 }
 
@@ -179,7 +189,7 @@ long first_wrong(const float* data, std::size_t count, std::size_t offset, Expec
 }
 
 struct Runner {
-  ddlfast::Core& context;
+  ddlfast::Core* context;  // none for `builtin`: MPI_Allreduce alone
   const Options& options;
   int rank;
   int size;
@@ -197,18 +207,18 @@ struct Runner {
       const std::uint64_t digest = (static_cast<std::uint64_t>(entry.bytes) << 8) ^ options.collective.size();
       const std::vector<std::size_t> counts(static_cast<std::size_t>(size), entry.bytes / sizeof(float) / size);
       if (options.collective == "allreduce") {  // as ddlfast.allreduce runs it: the agreement in the same call
-        status = context.agreed_allreduce(digest, &agreed, input.segmented(), ddlfast::DType::kFloat32,
+        status = context->agreed_allreduce(digest, &agreed, input.segmented(), ddlfast::DType::kFloat32,
                                           ddlfast::ReduceOp::kSum, entry.dims, identity, engine_options);
       } else {
-        status = context.transport().agree(digest, &agreed);
+        status = context->transport().agree(digest, &agreed);
       }
       if (status.is_ok() && !agreed) status = ddlfast::Status(ddlfast::StatusCode::kInternal, "agreement failed");
       if (!status.is_ok() || options.collective == "agree" || options.collective == "allreduce") {
       } else if (options.collective == "reduce_scatter") {
-        status = context.reduce_scatter(input.segmented(), output.segmented(), counts, ddlfast::DType::kFloat32,
+        status = context->reduce_scatter(input.segmented(), output.segmented(), counts, ddlfast::DType::kFloat32,
                                         ddlfast::ReduceOp::kSum, entry.dims, identity, engine_options);
       } else {
-        status = context.allgather(input.segmented(), output.segmented(), counts, true, entry.dims, identity,
+        status = context->allgather(input.segmented(), output.segmented(), counts, true, entry.dims, identity,
                                    engine_options);
       }
     }
@@ -253,14 +263,17 @@ struct Runner {
     Buffer input(in_bytes, !checked);
     Buffer output(out_bytes, !checked);
     double total = 0.0;
-    for (int iteration = 0; iteration <= options.iters; ++iteration) {
+    for (int iteration = 1 - options.warmup; iteration <= options.iters; ++iteration) {
       if (checked) fill(input);
+      // Every call starts from the same simulator state, whatever ran before (smpi_compat.h's wait state).
+      ddlfast_sim_wait_start = -1.0;
+      ddlfast_sim_pending_count = 0;
       MPI_Barrier(MPI_COMM_WORLD);
       const double start = MPI_Wtime();
       if (!call(entry, input, output, options.engine)) return kExitEngine;
       double elapsed = MPI_Wtime() - start;
       MPI_Allreduce(MPI_IN_PLACE, &elapsed, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-      if (iteration > 0) total += elapsed;  // iteration 0 builds the schedule: a warm-up
+      if (iteration > 0) total += elapsed;  // iterations <= 0: warm-up
       if (checked) {
         long wrong = check(input, output);
         if (wrong >= 0) {
@@ -292,7 +305,7 @@ struct Runner {
     int named = 1;
     if (!missing) {
       const std::vector<int> identity;
-      const ddlfast::Status status = context.allreduce(data.segmented(), ddlfast::DType::kFloat32,
+      const ddlfast::Status status = context->allreduce(data.segmented(), ddlfast::DType::kFloat32,
                                                        ddlfast::ReduceOp::kSum, entry.dims, identity, options.engine);
       named = !status.is_ok() && status.message().find(who + " did not join") != std::string::npos;
       if (!named || rank == (first == 0 ? last + 1 : 0)) {
@@ -318,17 +331,22 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   const Options options = parse(argc, argv, rank, size);
+  // Without a stall limit a wait may block until one of its requests completes (smpi_compat.h); with one (the
+  // census runs) it polls, so that it can give up.
+  ddlfast_sim_blocking_waits = options.timeout_s <= 0;
   std::unique_ptr<ddlfast::Core> context;
   // The agreement's capacity as ddlfast/context.py gives it (2 x config.MAX_LATENCY_BYTES), so the latency path
   // takes the same calls.
   constexpr std::size_t kAgreementCapacity = 2 * 64 * 1024;
-  const ddlfast::Status created = ddlfast::Core::create(MPI_COMM_WORLD, options.timeout_s, kAgreementCapacity,
-                                                           &context);
-  if (!created.is_ok()) {
-    std::fprintf(stderr, "rank %d: %s\n", rank, created.message().c_str());
-    MPI_Abort(MPI_COMM_WORLD, kExitEngine);
+  if (options.collective != "builtin") {  // the built-ins' runs need no context (its creation costs at 1024 ranks)
+    const ddlfast::Status created =
+        ddlfast::Core::create(MPI_COMM_WORLD, options.timeout_s, kAgreementCapacity, &context);
+    if (!created.is_ok()) {
+      std::fprintf(stderr, "rank %d: %s\n", rank, created.message().c_str());
+      MPI_Abort(MPI_COMM_WORLD, kExitEngine);
+    }
   }
-  Runner runner{*context, options, rank, size};
+  Runner runner{context.get(), options, rank, size};
   int status = 0;
   if (options.missing_rank >= 0) {
     status = runner.missing_ranks(options.cases.front());

@@ -43,34 +43,83 @@ using ddlfast_sim_steady_clock = ::ddlfast_sim_clock;
 }
 #define steady_clock ddlfast_sim_steady_clock
 
-// Polling. smpirun runs with smpi/test:1e-7, so a poll costs 0.1 us of simulated time (a spinning rank's poll
-// rate); each yield or sleep of a wait (poll_backoff.h) is a simulated pause of 2 % of the simulated time this
-// rank has waited so far, from 0.2 us to 1 ms. A message is then noticed within ~2 % (or 0.2 us) of its
-// arrival, like a spinning rank, while a long wait (a stall limit, a census window) takes only a few hundred
-// polls to simulate.
+// Polling. A poll costs 0.1 us of simulated time (smpirun's smpi/test:1e-7), the same for every poll:
+// smpirun also passes smpi/grow-injected-times:no, because SMPI (3.32) otherwise multiplies that cost by a
+// counter that is one static for the whole simulation (every rank's failed MPI_Test raises it, any rank's
+// success resets it): a rank's poll cost then grew with the number of ranks polling, and a case's time depended
+// on the cases before it (the 256-rank agreement: 0.496 ms instead of 0.058; docs/scale.md).
+//
+// Waiting. Where the stall limit is off (every timed run; the driver sets ddlfast_sim_blocking_waits), a pause
+// of the engine's wait (a yield or sleep of poll_backoff.h) blocks in MPI_Waitany on the requests this rank
+// found pending since its last post: the rank resumes the simulated instant the first of them completes, as a
+// spinning rank would, at two simcalls per wait instead of hundreds of polls. The completed request's handle is
+// set to MPI_REQUEST_NULL in the engine's own storage, which the next MPI_Test reports as complete. Requests of
+// non-blocking collectives and receives from MPI_ANY_SOURCE (the census's) are never waited on here: SMPI's
+// MPI_Waitany would take a collective's request for a finished one. With the stall limit on (the census
+// runs), or nothing to wait on, a pause is a simulated sleep of 2 % of the simulated time this rank has waited
+// so far, from 0.2 us to 1 ms: a message is noticed within ~2 % of its arrival while a long wait (a stall limit,
+// a census window) takes only a few hundred polls to simulate.
 extern "C" int smpi_nanosleep(const struct timespec* tp, struct timespec* t);
 
-// When this rank's current wait began (simulated seconds; < 0: not waiting), defined in driver.cc. One per
-// rank: SMPI privatizes globals (not an `inline` variable: that would be a GNU unique symbol, one for all ranks;
-// build.sh passes -fno-gnu-unique for the engine's own inline statics).
-extern double ddlfast_sim_wait_start;
+// Per-rank state, defined in driver.cc. SMPI privatizes globals, one copy per rank (not `inline` variables:
+// those would be GNU unique symbols, one for all ranks; build.sh passes -fno-gnu-unique for the engine's own).
+constexpr int kSimPendingMax = 64;
+extern double ddlfast_sim_wait_start;               // when this rank's current wait began (< 0: not waiting)
+extern bool ddlfast_sim_blocking_waits;             // the stall limit is off: a pause may block
+extern MPI_Request* ddlfast_sim_pending[];          // requests found pending since the last post, pause or success
+extern int ddlfast_sim_pending_count;
+extern MPI_Request ddlfast_sim_unwaitable[];        // collectives' and any-source receives' handles (a ring)
+extern int ddlfast_sim_unwaitable_next;
+
+static inline void ddlfast_sim_unwaitable_add(MPI_Request request) {
+  ddlfast_sim_unwaitable[ddlfast_sim_unwaitable_next] = request;
+  ddlfast_sim_unwaitable_next = (ddlfast_sim_unwaitable_next + 1) % kSimPendingMax;
+}
+
+static inline bool ddlfast_sim_waitable(MPI_Request request) {
+  for (int i = 0; i < kSimPendingMax; ++i) {
+    if (ddlfast_sim_unwaitable[i] == request) return false;
+  }
+  return true;
+}
+
+// A post may move the engine's request storage (a growing vector): forget every pointer taken before it.
+static inline int ddlfast_sim_posted(int code) {
+  ddlfast_sim_pending_count = 0;
+  return code;
+}
 
 static inline int ddlfast_sim_test(MPI_Request* request, int* flag, MPI_Status* status) {
   if (*request == MPI_REQUEST_NULL) {  // SMPI (3.32) leaves *flag unset here; the standard says complete
     *flag = 1;
     return MPI_SUCCESS;
   }
+  const MPI_Request handle = *request;
   const int code = MPI_Test(request, flag, status);
   if (*flag) {
     ddlfast_sim_wait_start = -1.0;
-  } else if (ddlfast_sim_wait_start < 0) {
-    ddlfast_sim_wait_start = MPI_Wtime();
+    ddlfast_sim_pending_count = 0;  // a pointer taken before may belong to a wait that has ended
+  } else {
+    if (ddlfast_sim_wait_start < 0) ddlfast_sim_wait_start = MPI_Wtime();
+    bool known = false;
+    for (int i = 0; i < ddlfast_sim_pending_count; ++i) known = known || ddlfast_sim_pending[i] == request;
+    if (!known && ddlfast_sim_pending_count < kSimPendingMax && ddlfast_sim_waitable(handle)) {
+      ddlfast_sim_pending[ddlfast_sim_pending_count++] = request;
+    }
   }
   return code;
 }
-#define MPI_Test ddlfast_sim_test
 
 static inline int ddlfast_sim_pause() {
+  if (ddlfast_sim_blocking_waits && ddlfast_sim_pending_count > 0) {
+    MPI_Request handles[kSimPendingMax];
+    for (int i = 0; i < ddlfast_sim_pending_count; ++i) handles[i] = *ddlfast_sim_pending[i];
+    int index = MPI_UNDEFINED;
+    MPI_Waitany(ddlfast_sim_pending_count, handles, &index, MPI_STATUS_IGNORE);
+    if (index != MPI_UNDEFINED) *ddlfast_sim_pending[index] = handles[index];  // MPI_REQUEST_NULL: complete
+    ddlfast_sim_pending_count = 0;
+    if (index != MPI_UNDEFINED) return 0;
+  }
   const double waited = ddlfast_sim_wait_start < 0 ? 0.0 : MPI_Wtime() - ddlfast_sim_wait_start;
   double pause = 0.02 * waited;
   pause = pause < 2e-7 ? 2e-7 : (pause > 1e-3 ? 1e-3 : pause);
@@ -80,3 +129,61 @@ static inline int ddlfast_sim_pause() {
 #undef nanosleep
 #define nanosleep(interval, remaining) ((void)(interval), (void)(remaining), ddlfast_sim_pause())
 #define sched_yield ddlfast_sim_pause
+
+// The transport spins before its first pause when this machine has a core per rank of a host
+// (mpi_transport.cc, spin_us_for): that would make the simulation depend on the machine running it (a spin polls
+// every 0.1 us of simulated time for 200 us). A simulated rank has no core of its own: no spin, ever.
+static inline int ddlfast_sim_getaffinity(pid_t, size_t size, cpu_set_t* set) {
+  CPU_ZERO_S(size, set);
+  return 0;
+}
+#define sched_getaffinity ddlfast_sim_getaffinity
+
+static inline int ddlfast_sim_irecv(void* buffer, int count, MPI_Datatype type, int source, int tag, MPI_Comm comm,
+                                    MPI_Request* request) {
+  const int code = ddlfast_sim_posted(MPI_Irecv(buffer, count, type, source, tag, comm, request));
+  if (source == MPI_ANY_SOURCE) ddlfast_sim_unwaitable_add(*request);
+  return code;
+}
+
+// The non-blocking collectives (the small-message handoffs): never waited on by ddlfast_sim_pause.
+static inline int ddlfast_sim_collective(int code, MPI_Request* request) {
+  ddlfast_sim_unwaitable_add(*request);
+  return ddlfast_sim_posted(code);
+}
+static inline int ddlfast_sim_iallreduce(const void* send, void* receive, int count, MPI_Datatype type, MPI_Op op,
+                                         MPI_Comm comm, MPI_Request* request) {
+  return ddlfast_sim_collective(MPI_Iallreduce(send, receive, count, type, op, comm, request), request);
+}
+static inline int ddlfast_sim_ireduce_scatter(const void* send, void* receive, const int* counts, MPI_Datatype type,
+                                              MPI_Op op, MPI_Comm comm, MPI_Request* request) {
+  return ddlfast_sim_collective(MPI_Ireduce_scatter(send, receive, counts, type, op, comm, request), request);
+}
+static inline int ddlfast_sim_iallgather(const void* send, int send_count, MPI_Datatype send_type, void* receive,
+                                         int receive_count, MPI_Datatype receive_type, MPI_Comm comm,
+                                         MPI_Request* request) {
+  return ddlfast_sim_collective(
+      MPI_Iallgather(send, send_count, send_type, receive, receive_count, receive_type, comm, request), request);
+}
+static inline int ddlfast_sim_iallgatherv(const void* send, int send_count, MPI_Datatype send_type, void* receive,
+                                          const int* counts, const int* displacements, MPI_Datatype receive_type,
+                                          MPI_Comm comm, MPI_Request* request) {
+  return ddlfast_sim_collective(MPI_Iallgatherv(send, send_count, send_type, receive, counts, displacements,
+                                                receive_type, comm, request),
+                                request);
+}
+
+#undef MPI_Test
+#define MPI_Test ddlfast_sim_test
+#undef MPI_Isend
+#define MPI_Isend(...) ddlfast_sim_posted(MPI_Isend(__VA_ARGS__))
+#undef MPI_Irecv
+#define MPI_Irecv ddlfast_sim_irecv
+#undef MPI_Iallreduce
+#define MPI_Iallreduce ddlfast_sim_iallreduce
+#undef MPI_Ireduce_scatter
+#define MPI_Ireduce_scatter ddlfast_sim_ireduce_scatter
+#undef MPI_Iallgather
+#define MPI_Iallgather ddlfast_sim_iallgather
+#undef MPI_Iallgatherv
+#define MPI_Iallgatherv ddlfast_sim_iallgatherv

@@ -1,11 +1,15 @@
 """The scale study of docs/scale.md: runs ddlfast.simulate over platforms and rank counts and writes the tables
 (Markdown), the raw JSON and, where matplotlib is installed, the plots to out/scale/.
 
-    nice -n 10 .venv/bin/python bench/simulation/study.py sweep --platform fattree-8gpu --ranks 16,64,256
+    nice -n 10 .venv/bin/python bench/simulation/study.py sweep --platform fattree-8gpu --ranks 16,64,256,1024 --docs
     nice -n 10 .venv/bin/python bench/simulation/study.py resnet50 --ranks 8,16,32,64,128,256
     nice -n 10 .venv/bin/python bench/simulation/study.py planner --platform ddl-64x4,ethernet-10g --ranks 16,32
+    # one size per process, side by side, then the rank count's sweep from them:
+    python -m ddlfast.simulate --platform fattree-8gpu --ranks 1024 --sizes 4KiB --warmup 0 --iters 1 --json > 4k.json
+    .venv/bin/python bench/simulation/study.py join --platform fattree-8gpu --ranks 1024 --builtins ... 4k.json ...
 
-One simulation at a time (each is one process on one core).
+Each simulation is one process on one core; where cores are free, run rank counts (or sizes, then `join`) side by
+side.
 """
 
 from __future__ import annotations
@@ -38,14 +42,30 @@ def _write(name: str, text: str) -> None:
     print(text)
 
 
-def sweep(platform_name: str, ranks_list: list[int], sizes: list[int], builtins: list[str]) -> None:
+def sweep(platform_name: str, ranks_list: list[int], sizes: list[int], builtins: list[str],
+          docs: Path | None = None, kept_only: bool = False) -> None:
+    """ddlfast's automatic choice beside every built-in at each rank count. Each rank count's result is kept in
+    out/scale/sweep-PLATFORM-RANKS.json and reused when its sizes and built-ins match (a sweep interrupted or
+    run one rank count at a time resumes); the table and the plots cover every rank count asked."""
     platform = simulate.load_platform(platform_name)
     results = []
     for ranks in ranks_list:
-        data = simulate.simulate(platform, ranks, sizes, builtins=builtins, iters=1)
+        path = OUT / f"sweep-{platform_name}-{ranks}.json"
+        kept = json.loads(path.read_text()) if path.is_file() else None
+        if kept and (kept_only or [r["size_bytes"] for r in kept["rows"]] == sizes
+                     and kept.get("builtins") == builtins):
+            data = kept  # with --kept-only, whatever sizes it has
+        elif kept_only:
+            print(f"{path}: not there; --kept-only leaves {ranks} ranks out")
+            continue
+        else:
+            # One timed call, no warm-up: the simulation is deterministic and nothing is created lazily, so
+            # both give the same simulated time (docs/scale.md), and this halves the work at 1024 ranks.
+            data = simulate.simulate(platform, ranks, sizes, builtins=builtins, iters=1, warmup=0) | {
+                "builtins": builtins}
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(data, indent=1))
         results.append(data)
-        (OUT / f"sweep-{platform_name}-{ranks}.json").parent.mkdir(parents=True, exist_ok=True)
-        (OUT / f"sweep-{platform_name}-{ranks}.json").write_text(json.dumps(data, indent=1))
         print(simulate.format_report(data), flush=True)
     lines = ["| ranks | size | dims | ddlfast ms | busbw GB/s | planner ms | planner/sim | best built-in | its ms "
              "| ratio |", "|---|---|---|---|---|---|---|---|---|---|"]
@@ -56,11 +76,30 @@ def sweep(platform_name: str, ranks_list: list[int], sizes: list[int], builtins:
             lines.append(f"| {data['ranks']} | {simulate._size_text(row['size_bytes'])} | {row['dims']} | "
                          f"{row['ddlfast_s'] * 1e3:.3f} | {row['ddlfast_busbw_GBps']:.2f} | "
                          f"{row['planner_s'] * 1e3:.3f} | {row['planner_s'] / row['ddlfast_s']:.2f} | {best} |")
+        lines.append(f"| {data['ranks']} | agreement alone | | {data['agreement_s'] * 1e3:.3f} | | | | | | |")
     _write(f"sweep-{platform_name}.md", "\n".join(lines) + "\n")
-    _plot(platform_name, results)
+    _plot(platform_name, results, docs or OUT)
 
 
-def _plot(platform_name: str, results: list[dict]) -> None:
+def join(platform_name: str, ranks: int, builtins: list[str], files: list[Path]) -> None:
+    """One rank count's sweep from `python -m ddlfast.simulate --json` runs of one size each (run side by side,
+    one process per size, where a single sweep would take too long): written where `sweep` finds and reuses it."""
+    parts = [json.loads(path.read_text()) for path in files]
+    if any(part["platform"] != platform_name or part["ranks"] != ranks for part in parts):
+        raise SystemExit(f"join: every file must be a {platform_name} run at {ranks} ranks")
+    rows = sorted((row for part in parts for row in part["rows"]), key=lambda row: row["size_bytes"])
+    skipped = [part["builtins_skipped_above_bytes"] for part in parts if part["builtins_skipped_above_bytes"]]
+    data = parts[0] | {"rows": rows, "builtins": builtins, "builtins_skipped_above_bytes": max(skipped, default=None)}
+    path = OUT / f"sweep-{platform_name}-{ranks}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1))
+    print(f"{path}: {len(rows)} sizes")
+
+
+def _plot(platform_name: str, results: list[dict], folder: Path) -> None:
+    """FOLDER/scale-PLATFORM.png: busbw against size per rank count (ddlfast solid, the best built-in dashed),
+    ddlfast's time against the best built-in's, and the scaling efficiency: busbw at P ranks over busbw at the
+    fewest ranks swept, per size."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -68,23 +107,43 @@ def _plot(platform_name: str, results: list[dict]) -> None:
     except ImportError:
         print("matplotlib is not installed: no plot")
         return
-    figure, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for data in results:
-        sizes = [row["size_bytes"] for row in data["rows"]]
-        axes[0].plot(sizes, [row["ddlfast_busbw_GBps"] for row in data["rows"]], marker="o",
-                     label=f"{data['ranks']} ranks")
-        compared = [row for row in data["rows"] if row["ratio"]]
-        axes[1].plot([row["size_bytes"] for row in compared], [row["ratio"] for row in compared], marker="o",
-                     label=f"{data['ranks']} ranks")
-    for axis, label in ((axes[0], "ddlfast busbw (GB/s)"), (axes[1], "best built-in time / ddlfast time")):
+    figure, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for index, data in enumerate(results):
+        color, rows = colors[index % len(colors)], data["rows"]
+        axes[0].plot([r["size_bytes"] for r in rows], [r["ddlfast_busbw_GBps"] for r in rows], marker="o",
+                     color=color, label=f"ddlfast, {data['ranks']} ranks")
+        compared = [r for r in rows if r["ratio"]]
+        if compared:
+            axes[0].plot([r["size_bytes"] for r in compared],
+                         [simulate.busbw("allreduce", data["ranks"], r["size_bytes"], r["best_builtin_s"]) / 1e9
+                          for r in compared], marker="x", linestyle="--", color=color,
+                         label=f"best built-in, {data['ranks']} ranks")
+            axes[1].plot([r["size_bytes"] for r in compared], [r["ratio"] for r in compared], marker="o",
+                         color=color, label=f"{data['ranks']} ranks")
+    base = results[0]
+    for row in base["rows"]:
+        points = [(data["ranks"], other["ddlfast_busbw_GBps"] / row["ddlfast_busbw_GBps"])
+                  for data in results for other in data["rows"] if other["size_bytes"] == row["size_bytes"]]
+        axes[2].plot([p[0] for p in points], [p[1] for p in points], marker="o",
+                     label=simulate._size_text(row["size_bytes"]))
+    for axis, label in ((axes[0], "busbw (GB/s)"), (axes[1], "best built-in time / ddlfast time")):
         axis.set_xscale("log", base=2)
-        axis.set_xlabel("bytes")
+        axis.set_xlabel("bytes per allreduce")
         axis.set_ylabel(label)
-        axis.legend()
+        axis.legend(fontsize=7)
+    axes[0].set_yscale("log")
     axes[1].axhline(1.0, color="grey", linewidth=0.8)
-    figure.suptitle(f"{platform_name}, simulated (SimGrid SMPI)")
+    axes[1].axhline(0.95, color="red", linewidth=0.8, linestyle=":")
+    axes[2].set_xscale("log", base=2)
+    axes[2].set_xlabel("ranks")
+    axes[2].set_ylabel(f"ddlfast busbw / busbw at {base['ranks']} ranks")
+    axes[2].legend(fontsize=7, title="size")
+    figure.suptitle(f"{platform_name}, simulated (SimGrid SMPI): ddlfast's automatic choice beside the best of "
+                    f"SMPI's built-in allreduce algorithms")
     figure.tight_layout()
-    figure.savefig(OUT / f"sweep-{platform_name}.png", dpi=100)
+    folder.mkdir(parents=True, exist_ok=True)
+    figure.savefig(folder / f"scale-{platform_name}.png", dpi=90)
 
 
 def planner(platform_names: list[str], ranks_list: list[int], sizes: list[int], dims: list[str]) -> None:
@@ -99,7 +158,7 @@ def planner(platform_names: list[str], ranks_list: list[int], sizes: list[int], 
             shapes = [None] + [tuple(int(d) for d in text.split("x")) for text in dims
                                if math.prod(int(d) for d in text.split("x")) == ranks]
             for shape in shapes:
-                data = simulate.simulate(platform, ranks, sizes, shape, builtins=[], iters=1)
+                data = simulate.simulate(platform, ranks, sizes, shape, builtins=[], iters=1, warmup=0)
                 for row in data["rows"]:
                     lines.append(f"| {name} | {ranks} | {simulate._size_text(row['size_bytes'])} | {row['dims']}"
                                  f"{'' if shape else ' (auto)'} | {row['ddlfast_s'] * 1e3:.3f} | "
@@ -166,12 +225,16 @@ def resnet50(ranks_list: list[int]) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=("sweep", "resnet50", "planner"))
+    parser.add_argument("what", choices=("sweep", "resnet50", "planner", "join"))
+    parser.add_argument("files", nargs="*", type=Path, help="join: the per-size --json outputs")
     parser.add_argument("--platform", default="fattree-8gpu")
     parser.add_argument("--ranks", default="16,64")
     parser.add_argument("--sizes", default="4KiB,256KiB,16MiB,256MiB")
     parser.add_argument("--builtins", default=",".join(simulate.BUILTINS))
     parser.add_argument("--dims", default="", help="planner: shapes to simulate beside auto's pick, e.g. 64,4x16")
+    parser.add_argument("--docs", action="store_true", help="sweep: write the plot to docs/ (else out/scale/)")
+    parser.add_argument("--kept-only", action="store_true",
+                        help="sweep: table and plots from the rank counts already simulated, nothing run")
     args = parser.parse_args()
     ranks = [int(r) for r in args.ranks.split(",")]
     simulate.require_simgrid()
@@ -179,8 +242,11 @@ def main() -> int:
     if args.what == "planner":
         dims = [text for text in args.dims.split(",") if text]
         planner(args.platform.split(","), ranks, simulate.parse_sizes(args.sizes), dims)
+    elif args.what == "join":
+        join(args.platform, ranks[0], args.builtins.split(","), args.files)
     elif args.what == "sweep":
-        sweep(args.platform, ranks, simulate.parse_sizes(args.sizes), args.builtins.split(","))
+        docs = Path(__file__).resolve().parents[2] / "docs" if args.docs else None
+        sweep(args.platform, ranks, simulate.parse_sizes(args.sizes), args.builtins.split(","), docs, args.kept_only)
     else:
         resnet50(ranks)
     return 0
