@@ -332,8 +332,9 @@ def butterfly_seconds(cluster: Cluster, nbytes: float) -> float:
     return total
 
 
-# The agreement's header: 32 bytes of digest and flags per rank's message (src/transport/agreement_exchange.cc).
-AGREEMENT_BYTES = 32
+# The agreement's header: 48 bytes of fingerprint, flags and the previous collective's waits per rank's message
+# (kHeaderBytes in src/transport/agreement_exchange.cc).
+AGREEMENT_BYTES = 48
 
 
 def predict_call(cluster: Cluster, dims: Sequence[int], nbytes: float,
