@@ -68,8 +68,7 @@ ArrivalWaits waits_in(const char* message) {
 bool disagrees(const char* message, std::uint64_t fingerprint, std::size_t payload_bytes) {
   Header header;
   std::memcpy(&header, message, kHeaderBytes);
-  return header.fingerprint != fingerprint || header.payload_bytes != payload_bytes ||
-         (header.flags & kMismatch) != 0;
+  return header.fingerprint != fingerprint || header.payload_bytes != payload_bytes || (header.flags & kMismatch) != 0;
 }
 
 }  // namespace
@@ -79,7 +78,6 @@ void MpiTransport::allocate_exchange() {
   for (std::vector<char>& message : scratch_->exchange) message.assign(kHeaderBytes + agreement_capacity_, 0);
   arrivals_ = ArrivalLog(size_);
 }
-
 
 Status MpiTransport::exchange_step(int peer, const char* send, std::size_t send_bytes, char* receive,
                                    const char* what) {
@@ -112,12 +110,12 @@ Status MpiTransport::agree(std::uint64_t digest, bool* agreed, const AgreedReduc
   }
   const std::uint64_t fingerprint = mix(++sequence_, digest);
   *agreed = true;
-  flight_.begin(sequence_, digest);
+  const auto arrived = std::chrono::steady_clock::now();
+  flight_.begin(sequence_, digest, FlightLog::seconds(arrived));
   if (size_ == 1) {
-    flight_.agreed(0, true);
+    flight_.agreed(0, true, FlightLog::seconds(arrived));
     return Status::ok();
   }
-  const auto arrived = std::chrono::steady_clock::now();
   // This rank's wait in the previous collective (none before the first), reduced with every partner's.
   ArrivalWaits previous = sequence_ > 1 ? ArrivalWaits::of_rank(last_wait_us_, rank_) : ArrivalWaits{};
   const char* what = bytes ? "the small allreduce (its agreement in the same messages)"
@@ -167,9 +165,10 @@ Status MpiTransport::agree(std::uint64_t digest, bool* agreed, const AgreedReduc
   *agreed = !mismatch;
   if (*agreed && bytes) std::memcpy(reduction->data, mine + kHeaderBytes, bytes);
   arrivals_.add(sequence_ - 1, previous);
-  const std::chrono::duration<double> waited = std::chrono::steady_clock::now() - arrived;
+  const auto done = std::chrono::steady_clock::now();
+  const std::chrono::duration<double> waited = done - arrived;
   last_wait_us_ = static_cast<std::uint64_t>(waited.count() * 1e6);
-  flight_.agreed(waited.count(), *agreed);
+  flight_.agreed(waited.count(), *agreed, FlightLog::seconds(done));
   return Status::ok();
 }
 

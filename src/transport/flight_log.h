@@ -46,18 +46,19 @@ class FlightLog {
   // The site the next agreement's entry gets (set by the binding just before the call).
   void set_site(std::int64_t site) { site_ = site; }
 
-  void begin(std::uint64_t sequence, std::uint64_t fingerprint) {
+  // `arrived_s` and `agreed_s`: the agreement's own clock reads (seconds()), so the recorder adds no read but end's.
+  void begin(std::uint64_t sequence, std::uint64_t fingerprint, double arrived_s) {
     if (entries_.empty()) return;
     FlightEntry& entry = entries_[next_];
-    entry = FlightEntry{sequence, fingerprint, site_, now(), 0, 0, 0, kFlightAgreeing};
+    entry = FlightEntry{sequence, fingerprint, site_, arrived_s, 0, 0, 0, kFlightAgreeing};
     site_ = -1;
     latest_ = &entry;
     next_ = (next_ + 1) % entries_.size();
     if (count_ < entries_.size()) ++count_;
   }
-  void agreed(double wait_s, bool agreed) {
+  void agreed(double wait_s, bool agreed, double agreed_s) {
     if (latest_ == nullptr) return;
-    latest_->agreed_s = now();
+    latest_->agreed_s = agreed_s;
     latest_->wait_s = wait_s;
     latest_->state = agreed ? kFlightRunning : kFlightMismatch;
     if (!agreed) latest_->ended_s = latest_->agreed_s;
@@ -80,9 +81,10 @@ class FlightLog {
     return out;
   }
 
-  static double now() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  static double seconds(std::chrono::steady_clock::time_point when) {
+    return std::chrono::duration<double>(when.time_since_epoch()).count();
   }
+  static double now() { return seconds(std::chrono::steady_clock::now()); }
 
  private:
   std::vector<FlightEntry> entries_;
