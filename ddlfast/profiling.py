@@ -22,6 +22,7 @@ LABEL_PREFIX = "ddlfast:"
 # torch.cuda.nvtx once NVTX ranges are wanted; False once they never can be (no CUDA kernels in this build, or
 # torch.cuda without a device); None while that is not known yet (torch.cuda not imported).
 _nvtx: Any = None
+_cuda_build: bool | None = None  # whether this build has CUDA kernels, asked of the core once
 
 
 def range_label(name: str) -> str:
@@ -44,10 +45,12 @@ def nvtx_wanted(cuda_build: bool, torch_cuda: Any) -> bool | None:
 
 def _decide_nvtx() -> Any:
     """torch.cuda.nvtx when wanted, else False; None (decided later) while torch.cuda is not imported."""
-    global _nvtx
-    from ddlfast import _core
+    global _nvtx, _cuda_build
+    if _cuda_build is None:
+        from ddlfast import _core
 
-    wanted = nvtx_wanted(bool(_core.build_facts()["cuda"]), _modules_get(TORCH_CUDA))
+        _cuda_build = bool(_core.build_facts()["cuda"])
+    wanted = nvtx_wanted(_cuda_build, _modules_get(TORCH_CUDA))
     if wanted is None:
         return None
     if wanted:
@@ -63,7 +66,7 @@ def recording_range(label: str) -> Any:
     """A range named `label`: record_function's while a torch profiler records, and an NVTX range where those
     are wanted; None when neither."""
     nvtx = _nvtx
-    if nvtx is None:
+    if nvtx is None and _modules_get(TORCH_CUDA) is not None:  # else undecided, and no range: one lookup a call
         nvtx = _decide_nvtx()
     profiler: Any = _modules_get(PROFILER)
     recording = profiler is not None and getattr(profiler, "_is_profiler_enabled", False)
@@ -95,7 +98,7 @@ def traced(name: str) -> Callable[[Method], Method]:
         @functools.wraps(method)
         def run(*args: Any, **kwargs: Any) -> Any:
             nvtx = _nvtx
-            if nvtx is None:
+            if nvtx is None and _modules_get(TORCH_CUDA) is not None:  # recording_range's test, inline
                 nvtx = _decide_nvtx()
             profiler: Any = _modules_get(PROFILER)  # recording_range's test, inline: every collective pays it
             recording = profiler is not None and getattr(profiler, "_is_profiler_enabled", False)
