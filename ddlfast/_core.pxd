@@ -189,6 +189,8 @@ cdef extern from "transport/mpi_transport.h" namespace "ddlfast" nogil:
         Status agree(uint64_t digest, bool* agreed, const AgreedReduction* reduction) except +
         size_t agreement_capacity()
         uint64_t sequence()
+        void number_from_here()
+        int64_t shown(uint64_t sequence)
         ArrivalLog& arrivals()
         FlightLog& flight()
         uint64_t last_wait_us()

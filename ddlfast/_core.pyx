@@ -381,8 +381,14 @@ cdef class Core:
 
     @property
     def sequence(self) -> int:
-        """The number of the collective in progress (of the latest agreement) on this context."""
-        return self.get().transport().sequence()
+        """The number of the collective in progress (of the latest agreement) on this context, as users count
+        them from number_from_here() (the user's first call is #1)."""
+        cdef MpiTransport* transport = &self.get().transport()
+        return transport.shown(transport.sequence())
+
+    def number_from_here(self) -> None:
+        """The context's creation agreement passed: the next collective is #1 in every text and record."""
+        self.get().transport().number_from_here()
 
     @property
     def last_wait_s(self) -> float:
@@ -392,8 +398,9 @@ cdef class Core:
     def arrivals(self, size_t count):
         """The last `count` collectives' (sequence, rank that arrived last, least wait s, most wait s), oldest
         first: the same on every rank (transport/arrivals.h), up to the collective before the latest agreement."""
-        cdef vector[ArrivalRecord] records = self.get().transport().arrivals().last(count)
-        return [(r.sequence, r.last_rank, r.least_us * 1e-6, r.most_us * 1e-6) for r in records]
+        cdef MpiTransport* transport = &self.get().transport()
+        cdef vector[ArrivalRecord] records = transport.arrivals().last(count)
+        return [(transport.shown(r.sequence), r.last_rank, r.least_us * 1e-6, r.most_us * 1e-6) for r in records]
 
     def set_straggler_warning(self, double warn_s, double noise_s) -> None:
         """Have straggler_warning() name a rank once it held the others more than warn_s over the last
@@ -430,9 +437,10 @@ cdef class Core:
         """The latest `last` (0: all kept) [(sequence, fingerprint, site, arrived_s, agreed_s, ended_s, wait_s,
         state)], oldest first; times on the steady clock (time.perf_counter's), 0 where not reached; state as
         FlightState."""
-        cdef vector[FlightEntry] entries = self.get().transport().flight().entries(last)
-        return [(e.sequence, e.fingerprint, e.site, e.arrived_s, e.agreed_s, e.ended_s, e.wait_s, e.state)
-                for e in entries]
+        cdef MpiTransport* transport = &self.get().transport()
+        cdef vector[FlightEntry] entries = transport.flight().entries(last)
+        return [(transport.shown(e.sequence), e.fingerprint, e.site, e.arrived_s, e.agreed_s, e.ended_s, e.wait_s,
+                 e.state) for e in entries]
 
     def wait_requests(self, requests, what: str, waiting=None) -> None:
         """Complete mpi4py requests (any communicator) through the core's one stall-limited poll loop.

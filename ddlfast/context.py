@@ -124,6 +124,7 @@ class Context:
             # Settings that size messages or drive the topology must match on every rank; then placement detection
             # (collective) runs where every rank has just proven it is present.
             state.agreement.check(creation_layout(settings))
+            state.core.number_from_here()  # the user's first collective is #1 (the creation agreement was not theirs)
             topology = state.topology_for(settings.bucket_bytes)
         except BaseException:
             if self._ulfm:  # the other ranks must not wait for this one in its creation

@@ -80,8 +80,7 @@ class MpiTransport final : public Transport {
   static constexpr std::int64_t kWaitCollective = 0;
   static constexpr std::int64_t kWaitReceive = 1;
   static constexpr std::int64_t kWaitSend = 2;
-  Status wait_point_to_point(MPI_Request* request, const char* what, std::int64_t kind, int peer,
-                             std::int64_t tag);
+  Status wait_point_to_point(MPI_Request* request, const char* what, std::int64_t kind, int peer, std::int64_t tag);
   // What every wait does between polls (Transport::idle, through
   // StallWatch): fails when the context is being closed, answers a census,
   // and runs one (kTimeout) once nothing has moved since `since` for the
@@ -101,6 +100,11 @@ class MpiTransport final : public Transport {
   std::size_t agreement_capacity() const override { return agreement_capacity_; }
   // The sequence number of the latest agreement (the collective in progress).
   std::uint64_t sequence() const { return sequence_; }
+  // Collectives as users count them: the context's creation agreement is not one of theirs, so the binding calls
+  // number_from_here() once it passed, and the user's first call is #1 in every text, record and census report
+  // (all ranks count from the same agreement). The sequence itself, compared across ranks, is unchanged.
+  void number_from_here() { numbering_base_ = sequence_; }
+  std::int64_t shown(std::uint64_t sequence) const { return static_cast<std::int64_t>(sequence - numbering_base_); }
   // Who the others waited for in each collective (transport/arrivals.h): the same log on every rank, up to the
   // collective before the latest agreement. Thread: the one running collectives.
   ArrivalLog& arrivals() { return arrivals_; }
@@ -196,12 +200,13 @@ class MpiTransport final : public Transport {
   std::vector<MPI_Op> combine_ops_;
   int rank_ = 0;
   int size_ = 1;
-  double timeout_s_ = 0.0;  // 0: wait forever
-  double spin_us_ = 0.0;  // how long a wait spins before it yields (0 when this host's ranks outnumber its cores)
+  double timeout_s_ = 0.0;      // 0: wait forever
+  double spin_us_ = 0.0;        // how long a wait spins before it yields (0 when this host's ranks outnumber its cores)
   std::uint64_t sequence_ = 0;  // the collective this rank is in (agreements so far; in census answers too)
-  std::uint64_t last_wait_us_ = 0;  // this rank's wait in the latest agreement
-  ArrivalLog arrivals_{1};  // sized in allocate_exchange()
-  FlightLog flight_;  // off until the bindings size it (DDLFAST_FLIGHT_RECORDS)
+  std::uint64_t numbering_base_ = 0;  // number_from_here()
+  std::uint64_t last_wait_us_ = 0;    // this rank's wait in the latest agreement
+  ArrivalLog arrivals_{1};            // sized in allocate_exchange()
+  FlightLog flight_;                  // off until the bindings size it (DDLFAST_FLIGHT_RECORDS)
   // A rank that abandoned a later collective than the one this rank is still finishing (it had completed this
   // one): this one completes, and the notice fails this rank's next agreement instead (answer_census, agree).
   std::string later_failure_;
@@ -226,7 +231,7 @@ class MpiTransport final : public Transport {
   std::unique_ptr<Scratch> scratch_ = std::make_unique<Scratch>();
   MPI_Request census_ask_request_ = MPI_REQUEST_NULL;
   bool census_revoked_ = false;  // the census ask failed with a ULFM error: a survivor revoked the communicators
-  std::string broken_;  // written once, by the thread running collectives, then never again
+  std::string broken_;           // written once, by the thread running collectives, then never again
   std::atomic<bool> broken_flag_{false};
   std::atomic<bool> stop_requested_{false};
   InterruptCheck interrupt_check_ = nullptr;

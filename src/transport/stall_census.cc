@@ -1,5 +1,7 @@
 // MpiTransport's stall census (see transport/mpi_transport.h): who is alive when a wait passes the stall limit,
 // the answers and verdicts on the census communicator, and the failure texts that name the missing ranks.
+#include "transport/stall_census.h"
+
 #include <sched.h>
 
 #include <chrono>
@@ -8,7 +10,6 @@
 
 #include "transport/fault_tolerance.h"
 #include "transport/mpi_transport.h"
-#include "transport/stall_census.h"
 
 namespace ddlfast {
 
@@ -34,7 +35,7 @@ bool MpiTransport::census_ask_arrived() {
 Status MpiTransport::revoked(const char* what, int peer) {
   std::string text = "rank " + std::to_string(rank_) + " stopped waiting for " + what;
   if (peer >= 0) text += " from rank " + std::to_string(peer);
-  text += " in collective #" + std::to_string(sequence_) +
+  text += " in collective #" + std::to_string(shown(sequence_)) +
           ": another rank found a failed rank and revoked the communicators (MPI's fault tolerance, ULFM)";
   const Status status(StatusCode::kMpiError, text);
   abandon(status, /*force=*/true);
@@ -80,12 +81,12 @@ Status MpiTransport::answer_census(const char* what, int peer) {
       std::vector<int> ranks;
       for (std::int64_t i = 0; i < verdict[0] && i < size_; ++i) ranks.push_back(static_cast<int>(verdict[1 + i]));
       const bool point_to_point = asker_wait[0] > kWaitCollective || waiting_[0] > kWaitCollective;
-      missing = ranks.empty() ? std::string("every rank answered its census") +
-                                    (point_to_point ? ", so no rank is sending what these point-to-point waits need "
-                                                      "(the program's sends and receives do not match)"
-                                                    : "")
-                              : "rank" + std::string(ranks.size() > 1 ? "s " : " ") + rank_list(ranks) +
-                                    " did not join";
+      missing = ranks.empty()
+                    ? std::string("every rank answered its census") +
+                          (point_to_point ? ", so no rank is sending what these point-to-point waits need "
+                                            "(the program's sends and receives do not match)"
+                                          : "")
+                    : "rank" + std::string(ranks.size() > 1 ? "s " : " ") + rank_list(ranks) + " did not join";
     } else {
       MPI_Cancel(&receive);
       MPI_Wait(&receive, MPI_STATUS_IGNORE);
@@ -95,11 +96,12 @@ Status MpiTransport::answer_census(const char* what, int peer) {
   const std::string cause =
       "rank " + std::to_string(asker) +
       (asker_interrupted ? " was interrupted (a signal, e.g. Ctrl-C) in collective #" +
-                               std::to_string(asker_sequence) + " and abandoned it"
-       : asker_failed    ? " abandoned collective #" + std::to_string(asker_sequence) +
+                               std::to_string(shown(static_cast<std::uint64_t>(asker_sequence))) + " and abandoned it"
+       : asker_failed ? " abandoned collective #" + std::to_string(shown(static_cast<std::uint64_t>(asker_sequence))) +
                             " after an error there (its own message says which)"
-                         : " gave up waiting in " +
-                            wait_text(asker_wait[0], asker_wait[1], asker_wait[2], asker_sequence) +
+                      : " gave up waiting in " +
+                            wait_text(asker_wait[0], asker_wait[1], asker_wait[2],
+                                      shown(static_cast<std::uint64_t>(asker_sequence))) +
                             " after DDLFAST_TIMEOUT_S (" + seconds_text(timeout_s_) + " s)") +
       (missing.empty() ? "" : "; " + missing) + ". Abort the job: this communicator is out of step.";
   const StatusCode code = asker_failed ? StatusCode::kBroken : StatusCode::kTimeout;
@@ -107,14 +109,14 @@ Status MpiTransport::answer_census(const char* what, int peer) {
     // The asker had completed this collective (it abandoned a later one): finish this one, fail the next.
     if (later_failure_.empty()) {
       later_failure_ = "rank " + std::to_string(rank_) + " could not start collective #" +
-                       std::to_string(asker_sequence) + ": " + cause;
+                       std::to_string(shown(static_cast<std::uint64_t>(asker_sequence))) + ": " + cause;
       later_failure_code_ = code;
     }
     return Status::ok();
   }
   std::string text = "rank " + std::to_string(rank_) + " stopped waiting for " + what;
   if (peer >= 0) text += " from rank " + std::to_string(peer);
-  text += " (collective #" + std::to_string(sequence_) + "): " + cause;
+  text += " (collective #" + std::to_string(shown(sequence_)) + "): " + cause;
   mark_broken(text);
   return Status(code, text);
 }
@@ -122,10 +124,10 @@ Status MpiTransport::answer_census(const char* what, int peer) {
 // A signal handler raised during this wait (Ctrl-C): the collective cannot complete here, so abandon it now
 // and tell the other ranks, who fail naming this rank instead of waiting for their stall limit.
 Status MpiTransport::interrupted(const char* what, int peer) {
-  std::string text = "rank " + std::to_string(rank_) + " was interrupted (a signal, e.g. Ctrl-C) while it waited for " +
-                     what;
+  std::string text =
+      "rank " + std::to_string(rank_) + " was interrupted (a signal, e.g. Ctrl-C) while it waited for " + what;
   if (peer >= 0) text += " from rank " + std::to_string(peer);
-  text += " in collective #" + std::to_string(sequence_);
+  text += " in collective #" + std::to_string(shown(sequence_));
   const Status status(StatusCode::kInterrupted, text);
   abandon(status, /*force=*/true);
   return status;
@@ -135,15 +137,16 @@ Status MpiTransport::interrupted(const char* what, int peer) {
 Status MpiTransport::stalled(const char* what, int peer, double waited) {
   std::string text = "rank " + std::to_string(rank_) + " waited " + seconds_text(waited) + " s for " + what;
   if (peer >= 0) text += " from rank " + std::to_string(peer);
-  text += " in collective #" + std::to_string(sequence_) + " (DDLFAST_TIMEOUT_S=" + seconds_text(timeout_s_) + ")";
+  text +=
+      " in collective #" + std::to_string(shown(sequence_)) + " (DDLFAST_TIMEOUT_S=" + seconds_text(timeout_s_) + ")";
   std::vector<std::int64_t> waits;
   const std::vector<int> missing = census(kAskAfterStall, &waits);
   bool point_to_point = false;
   for (int r = 0; r < size_; ++r) point_to_point |= waits[3 * static_cast<std::size_t>(r)] > kWaitCollective;
   if (size_ > 1 && missing.empty() && point_to_point) {
     // Every rank is alive and waiting, some for a point-to-point message: a send/recv that nobody matches.
-    text += "; every rank answered the census within " + seconds_text(kCensusSeconds) + " s: " +
-            waits_text(waits) + ". No rank is sending (or receiving) what these point-to-point waits need: the "
+    text += "; every rank answered the census within " + seconds_text(kCensusSeconds) + " s: " + waits_text(waits) +
+            ". No rank is sending (or receiving) what these point-to-point waits need: the "
             "program's sends and receives do not match (a missing send, another peer or another tag)";
   } else if (size_ > 1 && missing.empty()) {
     text += "; every rank answered the census within " + seconds_text(kCensusSeconds) +
@@ -183,7 +186,7 @@ std::vector<int> MpiTransport::census(std::int64_t kind, std::vector<std::int64_
     }
     return missing;
   }
-  const std::int64_t ask[6] = {rank_, static_cast<std::int64_t>(sequence_), kind, waiting_[0], waiting_[1],
+  const std::int64_t ask[6] = {rank_,      static_cast<std::int64_t>(sequence_), kind, waiting_[0], waiting_[1],
                                waiting_[2]};
   std::vector<MPI_Request> receives(static_cast<std::size_t>(size_), MPI_REQUEST_NULL);
   std::vector<char> answered(static_cast<std::size_t>(size_), 0);
@@ -244,7 +247,7 @@ std::string MpiTransport::waits_text(const std::vector<std::int64_t>& waits) con
     const std::int64_t* wait = &waits[4 * static_cast<std::size_t>(r)];
     if (wait[0] < 0) continue;
     text += (text.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + (r == rank_ ? " (this rank)" : "") +
-            " waits in " + wait_text(wait[0], wait[1], wait[2], wait[3]);
+            " waits in " + wait_text(wait[0], wait[1], wait[2], shown(static_cast<std::uint64_t>(wait[3])));
   }
   return text;
 }
