@@ -2,8 +2,7 @@
 
 namespace ddlfast {
 
-Status Core::create(MPI_Comm comm, double timeout_s, std::size_t agreement_capacity,
-                       std::unique_ptr<Core>* out) {
+Status Core::create(MPI_Comm comm, double timeout_s, std::size_t agreement_capacity, std::unique_ptr<Core>* out) {
   std::unique_ptr<Core> context(new Core());
   DDLFAST_RETURN_IF_ERROR(MpiTransport::create(comm, timeout_s, agreement_capacity, &context->transport_));
   context->latency_ = std::make_unique<LatencyAllreduce>(*context->transport_);
@@ -16,8 +15,7 @@ namespace {
 // The engine of `Engine` type for (dims, order) from `cache`, made on first use.
 template <typename Engine>
 Status cached_engine(std::map<std::pair<std::vector<int>, std::vector<int>>, std::unique_ptr<Engine>>& cache,
-                     Transport& transport, const std::vector<int>& dims, const std::vector<int>& order,
-                     Engine** out) {
+                     Transport& transport, const std::vector<int>& dims, const std::vector<int>& order, Engine** out) {
   auto key = std::make_pair(dims, order);
   auto found = cache.find(key);
   if (found == cache.end()) {
@@ -35,8 +33,7 @@ Status Core::engine_for(const std::vector<int>& dims, const std::vector<int>& or
   return cached_engine(engines_, *transport_, dims, order, out);
 }
 
-Status Core::device_engine_for(const std::vector<int>& dims, const std::vector<int>& order,
-                                  DeviceRingAllreduce** out) {
+Status Core::device_engine_for(const std::vector<int>& dims, const std::vector<int>& order, DeviceRingAllreduce** out) {
   return cached_engine(device_engines_, *transport_, dims, order, out);
 }
 
@@ -46,46 +43,46 @@ Status Core::finish(const Status& status) {
 }
 
 Status Core::allreduce(const SegmentedBuffer& data, DType dtype, ReduceOp op, const std::vector<int>& dims,
-                          const std::vector<int>& order, const EngineOptions& options) {
+                       const std::vector<int>& order, const EngineOptions& options) {
   RingAllreduce* engine = nullptr;
   DDLFAST_RETURN_IF_ERROR(engine_for(dims, order, &engine));
   return finish(engine->run(data, dtype, op, options));
 }
 
-Status Core::agreed_allreduce(std::uint64_t digest, bool* agreed, const SegmentedBuffer& data, DType dtype,
-                                 ReduceOp op, const std::vector<int>& dims, const std::vector<int>& order,
-                                 const EngineOptions& options) {
+Status Core::agreed_allreduce(std::uint64_t digest, bool* agreed, const SegmentedBuffer& data, DType dtype, ReduceOp op,
+                              const std::vector<int>& dims, const std::vector<int>& order,
+                              const EngineOptions& options) {
   Status status;
-  if (latency_->takes(data, dtype, op, options)) {
+  const bool latency = latency_->takes(data, dtype, op, options);
+  if (latency) {
     status = finish(latency_->run(digest, agreed, data, dtype, op, options));
   } else {
     status = finish(transport_->agree(digest, agreed));
     if (status.is_ok() && *agreed) status = allreduce(data, dtype, op, dims, order, options);
   }
-  transport_->flight().end(status.is_ok());  // the whole collective was this one call
+  transport_->flight().end(status.is_ok(), latency);  // the whole collective was this one call
   return status;
 }
 
 Status Core::reduce_scatter(const SegmentedBuffer& input, const SegmentedBuffer& output,
-                               const std::vector<std::size_t>& counts, DType dtype, ReduceOp op,
-                               const std::vector<int>& dims, const std::vector<int>& order,
-                               const EngineOptions& options) {
+                            const std::vector<std::size_t>& counts, DType dtype, ReduceOp op,
+                            const std::vector<int>& dims, const std::vector<int>& order, const EngineOptions& options) {
   RingAllreduce* engine = nullptr;
   DDLFAST_RETURN_IF_ERROR(engine_for(dims, order, &engine));
   return finish(engine->reduce_scatter(input, output, counts, dtype, op, options));
 }
 
 Status Core::allgather(const SegmentedBuffer& input, const SegmentedBuffer& output,
-                          const std::vector<std::size_t>& counts, bool float32, const std::vector<int>& dims,
-                          const std::vector<int>& order, const EngineOptions& options) {
+                       const std::vector<std::size_t>& counts, bool float32, const std::vector<int>& dims,
+                       const std::vector<int>& order, const EngineOptions& options) {
   RingAllreduce* engine = nullptr;
   DDLFAST_RETURN_IF_ERROR(engine_for(dims, order, &engine));
   return finish(engine->allgather(input, output, counts, float32, options));
 }
 
 Status Core::device_allreduce(const SegmentedBuffer& data, DType dtype, ReduceOp op, const std::vector<int>& dims,
-                                 const std::vector<int>& order, const EngineOptions& options,
-                                 const DeviceRunOptions& run, DeviceLanes* lanes, const DeviceStaging& staging) {
+                              const std::vector<int>& order, const EngineOptions& options, const DeviceRunOptions& run,
+                              DeviceLanes* lanes, const DeviceStaging& staging) {
   DeviceRingAllreduce* engine = nullptr;
   DDLFAST_RETURN_IF_ERROR(device_engine_for(dims, order, &engine));
   const Status status = engine->run(data, dtype, op, options, run, lanes, staging);

@@ -63,10 +63,11 @@ class FlightLog {
     latest_->state = agreed ? kFlightRunning : kFlightMismatch;
     if (!agreed) latest_->ended_s = latest_->agreed_s;
   }
-  // The latest collective ended (done or failed); a mismatch stays a mismatch.
-  void end(bool ok) {
+  // The latest collective ended (done or failed); a mismatch stays a mismatch. `with_agreement`: its data rode in
+  // the agreement's messages (the latency path), so it ended when the agreement did: no clock read more.
+  void end(bool ok, bool with_agreement = false) {
     if (latest_ == nullptr || latest_->state == kFlightMismatch || latest_->ended_s != 0) return;
-    latest_->ended_s = now();
+    latest_->ended_s = with_agreement && latest_->agreed_s != 0 ? latest_->agreed_s : now();
     latest_->state = ok ? kFlightDone : kFlightFailed;
   }
 
