@@ -301,11 +301,10 @@ def load_settings() -> Settings:
             raw = tuple(map(_RAW_ENVIRON.get, _RAW_KEYS))
         else:
             raw = tuple(map(os.environ.get, _VARIABLES))
-        if cache is not None and cache[0] == raw:
-            settings = cache[1]
-        else:
-            settings = _parse_settings()
-            _cache = (raw, settings)
+        # Equal values in new objects (a variable set again to what it was): the same settings, and the values'
+        # objects kept, so that the identity check above holds again from the next call on.
+        settings = cache[1] if cache is not None and cache[0] == raw else _parse_settings()
+        _cache = (raw, settings)
     if STALL_LIMITS:
         limit = STALL_LIMITS.get(threading.get_ident())
         if limit is not None and limit != settings.timeout_s:

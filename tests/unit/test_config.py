@@ -525,3 +525,19 @@ def test_reproducible_argument_overrides_the_variable() -> None:
     for bad in ("yes", 1, None.__class__):
         with pytest.raises(DdlfastError, match="reproducible=.* on rank 3 must be True, False or None"):
             config.with_reproducible(settings, bad, 3)
+
+
+def test_settings_set_again_to_the_same_value_keep_the_fast_check(monkeypatch) -> None:
+    """A DDLFAST_* variable set again to its value (a new object): the same Settings, and the identity check every
+    collective makes (config._same_values, in C) holds again afterwards instead of failing on every later call."""
+    import ddlfast._core  # noqa: F401 - it hands config its compare
+
+    if config._same_values is None:
+        pytest.skip("os.environ has no plain dict here")
+    monkeypatch.setenv("DDLFAST_BUCKET_BYTES", "1MiB")
+    first = config.load_settings()
+    monkeypatch.setenv("DDLFAST_BUCKET_BYTES", "1MiB")
+    assert config.load_settings() is first
+    assert config._same_values(config._RAW_ENVIRON, config._RAW_KEYS, config._cache[0])
+    monkeypatch.setenv("DDLFAST_BUCKET_BYTES", "2MiB")
+    assert config.load_settings().bucket_bytes == 2 * config.MIB
