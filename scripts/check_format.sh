@@ -13,7 +13,6 @@ not_yet_formatted="
   src/common/cuda/cuda_device.h
   src/common/half.h
   src/common/status.h
-  src/engine/core.cc
   src/engine/core.h
   src/engine/cuda/device_runtime.cc
   src/engine/cuda/fence.cc
@@ -33,11 +32,8 @@ not_yet_formatted="
   src/kernels/cuda/cuda_reduce.cu
   src/testing/emulated_lanes.h
   src/testing/kernel_bench.h
-  src/transport/agreement_exchange.cc
   src/transport/mpi_transport.cc
-  src/transport/mpi_transport.h
   src/transport/poll_backoff.h
-  src/transport/stall_census.cc
 "
 files=()
 while IFS= read -r file; do
