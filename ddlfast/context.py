@@ -405,16 +405,18 @@ class Context:
             self._check_open()
             state = self._created_on(merged, load_settings())
             self._state.fused.clear()
-            self._survivors, self._state = merged, state
-            self._fast = FastPath(state)
-            self._generation += 1
+            self._go_on_with(merged, state)
+
+    def _go_on_with(self, comm: MPI.Intracomm, state: EngineState) -> None:
+        """The world changed (ranks lost, or replacements merged): collectives run on `comm` through `state`."""
+        self._survivors, self._state = comm, state
+        self._fast = FastPath(state)
+        self._generation += 1
 
     def _lost(self, before: MPI.Intracomm, survivors: MPI.Intracomm, state: EngineState,
               failure: BaseException) -> RanksLostError:
         """Go on with `state` on `survivors`; the RanksLostError that says so."""
-        self._survivors, self._state = survivors, state
-        self._fast = FastPath(state)
-        self._generation += 1
+        self._go_on_with(survivors, state)
         lost = ulfm.lost_ranks(before, survivors)
         self._last_loss = RanksLostError(
             f"rank {before.Get_rank()} (now rank {state.rank}): rank{'s' if len(lost) != 1 else ''} "
