@@ -1,7 +1,8 @@
 """Runs on every rank (ranks may share one GPU): the GPU ring on device memory against the host engine
 on host copies, bit for bit, over dims, dtypes, segments (with misaligned starts), chunk sizes, slot
 counts and rank orders; staged transfers always, direct (device pointers to MPI) when MPI reports CUDA
-support. Every rank must end with identical bits."""
+support. Every rank must end with identical bits. `--cases N` runs the first N cases (40 by default; fewer under
+compute-sanitizer, scripts/gpu_check.sh)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ modes = [False] + ([True] if _cuda.mpi_cuda_support()[0] else [])
 case_rng = np.random.default_rng(99)
 shapes, dtypes = shapes_for(world), tuple(SIZES)
 cases = 0
-for case in range(40):
+CASES = int(sys.argv[sys.argv.index("--cases") + 1]) if "--cases" in sys.argv else 40
+for case in range(CASES):
     dims = shapes[int(case_rng.integers(0, len(shapes)))]
     dtype = dtypes[int(case_rng.integers(0, len(dtypes)))]
     sizes = [0, 1, 3, world - 1, 17, 1000, 4099, 300_001]
