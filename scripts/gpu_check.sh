@@ -52,7 +52,6 @@ step() {
   [ "$rc" = 0 ] || failed=$((failed + 1))
 }
 
-mpiexec_n() { "$BIN/mpiexec" -n "$@"; }
 
 for s in $STEPS; do
   case $s in
@@ -78,7 +77,7 @@ for s in $STEPS; do
     step info_ddlfast 60 "$PY" -m ddlfast.info
     ;;
   tests)
-    TAIL=30 step tests 300 "$PY" -m pytest tests/cuda -q -ra -p no:cacheprovider -n 8 --timeout 250
+    TAIL=30 step tests 230 "$PY" -m pytest tests/cuda -v -ra -p no:cacheprovider -n 8 --timeout 200
     ;;
   bandwidth)
     step bandwidth 120 "$PY" tests/cuda/programs/kernel_bandwidth.py 0 256
@@ -86,27 +85,27 @@ for s in $STEPS; do
   gpubench)
     mkdir -p /tmp/gpu-traces
     for p in 2 4; do
-      TAIL=8 step "gpubench_P$p" 180 mpiexec_n "$p" "$PY" bench/gpu_pipeline.py --sizes 1,16,64,256 --iters 5 \
+      TAIL=8 step "gpubench_P$p" 180 "$BIN/mpiexec" -n "$p" "$PY" bench/gpu_pipeline.py --sizes 1,16,64,256 --iters 5 \
         --trace /tmp/gpu-traces --json "/tmp/gpu-traces/gpu_pipeline_P$p.json"
     done
     tar -C /tmp/gpu-traces -czf "$OUT/traces.tgz" .
     ;;
   memcheck | racecheck)
-    step "$s" 180 mpiexec_n 2 compute-sanitizer --tool "$s" --error-exitcode 9 --print-limit 20 \
+    step "$s" 180 "$BIN/mpiexec" -n 2 compute-sanitizer --tool "$s" --error-exitcode 9 --print-limit 20 \
       "$PY" tests/cuda/programs/device_ring_cases.py --cases "${SANITIZER_CASES:-6}"
     ;;
   hostbench)
     for p in 8 16; do
-      TAIL=14 step "hostbench_P$p" 150 mpiexec_n "$p" "$PY" -m ddlfast.bench \
+      TAIL=14 step "hostbench_P$p" 150 "$BIN/mpiexec" -n "$p" "$PY" -m ddlfast.bench \
         --sizes 4KiB,64KiB,1MiB,16MiB,64MiB
     done
     ;;
   overlap)
-    step overlap_cuda 150 mpiexec_n 2 "$PY" bench/overlap_torch.py --device cuda --steps 7
+    step overlap_cuda 150 "$BIN/mpiexec" -n 2 "$PY" bench/overlap_torch.py --device cuda --steps 7
     ;;
   torchstep)
     for p in 4 8; do
-      step "torchstep_P$p" 120 mpiexec_n "$p" "$PY" bench/torch_step.py
+      step "torchstep_P$p" 120 "$BIN/mpiexec" -n "$p" "$PY" bench/torch_step.py
     done
     ;;
   *)

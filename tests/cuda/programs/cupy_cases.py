@@ -5,6 +5,7 @@ synchronization: the fences must order producer -> ddlfast -> consumer. Also a b
 
 from __future__ import annotations
 
+import faulthandler
 import sys
 
 import cupy as cp
@@ -14,6 +15,9 @@ from ddlfast import _core
 from ddlfast.buffers import device as device_arrays
 from ddlfast.config import load_settings
 from ddlfast.engine import device as gpu_executor
+
+# A hang prints every thread's stack and ends this rank, so the test fails with a trace, not pytest's timeout.
+faulthandler.dump_traceback_later(150, exit=True)
 
 comm = MPI.COMM_WORLD
 rank, world = comm.Get_rank(), comm.Get_size()

@@ -6,6 +6,7 @@ compute-sanitizer, scripts/gpu_check.sh)."""
 
 from __future__ import annotations
 
+import faulthandler
 import hashlib
 import sys
 
@@ -14,6 +15,9 @@ from mpi4py import MPI
 
 from ddlfast import _core, _cuda, _testing_cuda
 from ddlfast.buffers.dtypes import DTYPE_CODES
+
+# A hang prints every thread's stack and ends this rank, so the test fails with a trace, not pytest's timeout.
+faulthandler.dump_traceback_later(150, exit=True)
 
 comm = MPI.COMM_WORLD
 rank, world = comm.Get_rank(), comm.Get_size()

@@ -9,6 +9,7 @@ emulated lanes (tests/cuda/emulated_gpu.py), which checks DeviceExecutor's own l
 
 from __future__ import annotations
 
+import faulthandler
 import hashlib
 import os
 import sys
@@ -20,6 +21,9 @@ from ddlfast.buffers import device as device_arrays
 from ddlfast.config import load_settings
 from ddlfast.engine import device as gpu_executor
 from tests.mpi.programs.harness import comm, failures, rank, report_and_exit, world
+
+# A hang prints every thread's stack and ends this rank, so the test fails with a trace, not pytest's timeout.
+faulthandler.dump_traceback_later(150, exit=True)
 
 if "--emulated" in sys.argv:
     from tests.cuda import emulated_gpu
