@@ -380,6 +380,8 @@ def run_bench(
             theirs = np.empty(out_count, np_dtype)
             run_ours, run_theirs = _calls(collective, pristine, op, dims, comm, compression)
             algorithm = _algorithm(comm, dims, nbytes, settings, compression)
+            reach = 0 if settings.reproducible else ddlfast.topology(comm).latency_reach(settings.small_bytes,
+                                                                                        settings.algorithm)
             resets = collective in ("allreduce", "broadcast")  # in place: each call starts from the input
 
             samples = np.zeros((n_iters, 2), dtype=np.float64)
@@ -412,6 +414,8 @@ def run_bench(
                 # path; MPI's allreduce with DDLFAST_ALGORITHM=mpi), the passes go to MPI's own collective; above,
                 # DDLFAST_ALGORITHM chooses (the name here, the shape in "algorithm").
                 "path": ("local" if world == 1 else "mpi-bcast" if collective == "broadcast"
+                         else "latency" if collective == "allreduce" and compression == "none"
+                         and settings.small_bytes < nbytes <= reach
                          else algorithm.name if nbytes > settings.small_bytes
                          else "latency" if collective == "allreduce" and settings.algorithm != "mpi"
                          else "mpi-handoff"),

@@ -155,8 +155,15 @@ class EngineState:
         self._algorithm_cache[key] = choice
         return choice
 
+    def latency_reach(self, settings: Settings) -> int:
+        """The largest uncompressed allreduce the latency path takes (Topology.latency_reach): DDLFAST_SMALL_BYTES,
+        more under auto on an oversubscribed placement. Agreed values only, so every rank reaches as far."""
+        if settings.reproducible:
+            return 0
+        return self.topology.latency_reach(settings.small_bytes, settings.algorithm)
+
     def call_options(self, nbytes: int, dims: tuple[int, ...], settings: Settings,
-                     wire: tuple[int, ...] = (), half_sum: bool = False) -> _core.CallOptions:
+                     wire: tuple[int, ...] = (), half_sum: bool = False, reach: int = 0) -> _core.CallOptions:
         """The core's options for one call of `nbytes` (one object across the binding, cached per kind of call):
         DDLFAST_ALGORITHM's choice for that size (algorithm_for) with the settings that size messages. `mpi` hands
         every size to MPI's own allreduce, after the agreement; every other choice leaves buffers of at most
@@ -164,6 +171,8 @@ class EngineState:
         rounds at every hop, is chosen for as a 16-bit wire is (the direct step adds in float32, rounds once)."""
         if settings.reproducible:
             return self.reproducible_options(settings, wire)
+        if settings.small_bytes < nbytes <= reach and not wire:
+            return self.latency_options(dims, settings, reach)
         choice = self.algorithm_for(nbytes, dims, settings, compressed_dims(dims, wire, half_sum))
         key = (choice, settings, wire, self.rank_order)
         try:
@@ -174,6 +183,20 @@ class EngineState:
         options = _core.CallOptions(choice.dims, settings.chunk_bytes, settings.receives_in_flight,
                                     MAX_SMALL_BYTES if mpi else settings.small_bytes, self.rank_order, wire,
                                     choice.direct, mpi)
+        if len(self._options_cache) >= MAX_CACHED_ALGORITHMS:
+            self._options_cache.clear()
+        self._options_cache[key] = options
+        return options
+
+    def latency_options(self, dims: tuple[int, ...], settings: Settings, reach: int) -> _core.CallOptions:
+        """An allreduce above DDLFAST_SMALL_BYTES within `reach` (latency_reach; call_options' `reach` for an
+        allreduce): the core's small-message limit raised to `reach`, so the latency path takes it."""
+        key = ("latency", reach, dims, settings, self.rank_order)
+        try:
+            return self._options_cache[key]
+        except KeyError:
+            pass
+        options = _core.CallOptions(dims, settings.chunk_bytes, settings.receives_in_flight, reach, self.rank_order)
         if len(self._options_cache) >= MAX_CACHED_ALGORITHMS:
             self._options_cache.clear()
         self._options_cache[key] = options

@@ -6,6 +6,7 @@ import warnings
 
 import pytest
 
+from ddlfast.config import MAX_LATENCY_BYTES
 from ddlfast.errors import DdlfastError
 from ddlfast.topology.cost_model import Link
 from ddlfast.topology.placement import Placement, TopologyWarning, decide, hosts_per_group, probe_pairs
@@ -112,3 +113,18 @@ def test_as_dict_is_json_ready() -> None:
     data = decide(0, _placement(0, 1, 0, 1), 1, SLOW, 64 << 20).as_dict()
     assert json.loads(json.dumps(data))["auto_dims"] == "2x2"
     assert data["order"] == [0, 2, 1, 3] and data["links"]["source"] == "test"
+
+
+@pytest.mark.parametrize(("cores", "oversubscribed"), [((), False), ((2, 2), False), ((2, 1), True), ((4, 4), False)])
+def test_oversubscribed_is_more_ranks_than_cores_on_some_host(cores: tuple[int, ...], oversubscribed: bool) -> None:
+    assert Placement((0, 0, 1, 1), ("a", "b"), cores).oversubscribed is oversubscribed
+
+
+def test_latency_reach_grows_under_auto_on_an_oversubscribed_placement() -> None:
+    crowded = decide(0, Placement((0, 0, 0, 0), ("a",), (2,)), 1, SLOW, 64 << 20)
+    roomy = decide(0, Placement((0, 0, 0, 0), ("a",), (4,)), 1, SLOW, 64 << 20)
+    assert crowded.latency_reach(8 << 10) == MAX_LATENCY_BYTES
+    assert crowded.latency_reach(1 << 20) == 1 << 20  # never below DDLFAST_SMALL_BYTES
+    assert crowded.latency_reach(8 << 10, "ring") == 8 << 10  # only auto chooses
+    assert roomy.latency_reach(8 << 10) == 8 << 10
+    assert crowded.algorithms()[64 << 10] == "latency path" and roomy.algorithms()[64 << 10] != "latency path"
