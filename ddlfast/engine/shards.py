@@ -274,7 +274,8 @@ def _run(state: EngineState, request: ShardRequest) -> None:
     for method, arguments, nbytes in core_calls(request, inputs, state.rank, state.size, bool(wire)):
         # (the allgather half has no direct step to run)
         options = state.call_options(nbytes, dims, settings, wire,
-                                     request.kind != ALLGATHER and is_half_sum(request.specs[0].dtype, request.op))
+                                     request.kind != ALLGATHER and is_half_sum(request.specs[0].dtype, request.op),
+                                     chain=False)  # the canonical chain runs allreduce only
         if method == "reduce_scatter_segments":
             state.core.reduce_scatter_segments(*arguments, OPS[request.op], options)
         else:

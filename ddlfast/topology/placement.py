@@ -98,7 +98,15 @@ class Placement:
 
 
 def detect_placement(comm: MPI.Intracomm) -> Placement:
-    """Collective over `comm`."""
+    """Collective over `comm`. DDLFAST_EMULATED_HOSTS=H (tests): H hosts of consecutive ranks instead."""
+    emulated = config.emulated_hosts()
+    if emulated:
+        if comm.size % emulated:
+            raise DdlfastError(f"DDLFAST_EMULATED_HOSTS={emulated} on rank {comm.rank} must divide the "
+                               f"{comm.size} ranks")
+        per_host = comm.size // emulated
+        return Placement(tuple(r // per_host for r in range(comm.size)),
+                         tuple(f"emulated-host-{h}" for h in range(emulated)))
     local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
     try:
         leader = local.allreduce(comm.rank, op=MPI.MIN)

@@ -93,8 +93,45 @@ Status RingAllreduce::reduce(const SegmentedBuffer& data, DType dtype, ReduceOp 
   DDLFAST_RETURN_IF_ERROR(check_direct(options.direct_by_dim, ring_.torus.num_dims()));
   bool compressed = false;
   DDLFAST_RETURN_IF_ERROR(prepare_wire(data, dtype == DType::kFloat32, op, options, &divisor, &compressed));
+  if (options.chain) return run_chain(data, dtype, op, divisor, compressed, options);
   return run_phases(data, build_rank_schedule(ring_, count, options.direct_by_dim), dtype, op, divisor, compressed,
                     options, RingPasses::kBoth);
+}
+
+// The schedule of dims (H, G) with direct reduce-scatters: phase 0 is dimension 1's (the own block, the host's
+// ranks), phase 1 dimension 2's (the peers on the other hosts); the chain replaces both and dimension 2's
+// allgather (every coordinate j ends with all of block j), so only dimension 1's allgather (the last phase) is
+// left. The chain's tags are phase 1's band, the allgather's phase 0's.
+Status RingAllreduce::run_chain(const SegmentedBuffer& data, DType dtype, ReduceOp op, int divisor, bool compressed,
+                                const EngineOptions& options) {
+  DDLFAST_RETURN_IF_ERROR(check_chain(ring_.torus.dims()));
+  const std::size_t chunk_elems = std::max<std::size_t>(1, options.chunk_bytes / data.element_size());
+  const int slots = std::max(2, options.receives_in_flight);
+  const RingSchedule schedule = build_rank_schedule(ring_, data.count(), {1, 1});
+  const RingPhase& within = schedule.phases[0];
+  const ChainPlan plan = chain_plan(data, within, schedule.phases[1], chunk_elems);
+  const DirectChunks contributions = direct_chunks(data, within, chunk_elems);
+  const double start = monotonic_seconds();
+  auto chain = [&](auto wire) {
+    DirectHostSteps<decltype(wire)> steps(data, within, contributions, slots, chunk_elems, wire, &scratch_);
+    steps.prepare_chain(plan, &scratch_);
+    return run_chain_phase(transport_, within, plan, kTagsPerPhase, divisor, steps);
+  };
+  const int wire = compressed ? options.wire_by_dim[0] : -1;
+  if (wire >= 0) {
+    DDLFAST_RETURN_IF_ERROR(chain(HalfWire(wire, op, &scratch_.decoded, &overflows_)));
+  } else if (sums_halves_in_float32(dtype, op)) {
+    DDLFAST_RETURN_IF_ERROR(chain(HalfSum(dtype)));
+  } else {
+    DDLFAST_RETURN_IF_ERROR(chain(PlainWire(dtype, op, data.element_size())));
+  }
+  if (options.events) {
+    options.events->push_back({EventKind::kReduceScatter, 1, start, monotonic_seconds(),
+                               data.count() * data.element_size()});
+  }
+  RingSchedule gather;
+  gather.phases.push_back(schedule.phases.back());
+  return run_phases(data, gather, dtype, op, 1, compressed, options, RingPasses::kAllgather);
 }
 
 Status RingAllreduce::prepare_wire(const SegmentedBuffer& data, bool float32, ReduceOp op,
@@ -177,6 +214,7 @@ Status RingAllreduce::reduce_scatter(const SegmentedBuffer& input, const Segment
                                      const EngineOptions& options) {
   const int world = ring_.torus.world_size();
   const int me = transport_.rank();
+  if (options.chain) return Status::invalid("the canonical chain runs allreduce only; reduce_scatter takes the flat order");
   DDLFAST_RETURN_IF_ERROR(check_counts(counts, world, input.count(), output.count(), me));
   const std::size_t esize = dtype_size(dtype);
   const std::size_t total = input.count();
