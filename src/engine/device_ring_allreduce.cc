@@ -283,13 +283,15 @@ Status DeviceRingAllreduce::run(const SegmentedBuffer& data, DType dtype, Reduce
 // policy, then the allgather within each host. 16-bit data sums in float32 on this executor, whose one float32
 // slot holds a chunk's sum only until the next chunk begins: the caller runs it on the flat order instead.
 Status DeviceRingAllreduce::run_chain(const SegmentedBuffer& data, DType dtype, ReduceOp op, int divisor,
-                                      std::size_t chunk_elems, const EngineOptions& options,
+                                      std::size_t call_chunk_elems, const EngineOptions& options,
                                       const DeviceRunOptions& run, DeviceLanes* lanes, const DeviceStaging& staging) {
   DDLFAST_RETURN_IF_ERROR(check_chain(ring_.torus.dims()));
   if (sums_halves_in_float32(dtype, op)) {
     return Status::invalid("the GPU executor runs the canonical chain on float32/float64 sums only; 16-bit data "
                            "takes the flat order");
   }
+  const std::size_t chunk_elems =
+      chain_chunk_elems(data.count(), ring_.torus.dims()[0], call_chunk_elems, data.element_size());
   const RingSchedule schedule = build_rank_schedule(ring_, data.count(), {1, 1});
   const RingPhase& within = schedule.phases[0];
   const ChainPlan plan = chain_plan(data, within, schedule.phases[1], chunk_elems);

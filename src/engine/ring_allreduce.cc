@@ -105,7 +105,9 @@ Status RingAllreduce::reduce(const SegmentedBuffer& data, DType dtype, ReduceOp 
 Status RingAllreduce::run_chain(const SegmentedBuffer& data, DType dtype, ReduceOp op, int divisor, bool compressed,
                                 const EngineOptions& options) {
   DDLFAST_RETURN_IF_ERROR(check_chain(ring_.torus.dims()));
-  const std::size_t chunk_elems = std::max<std::size_t>(1, options.chunk_bytes / data.element_size());
+  const std::size_t chunk_elems =
+      chain_chunk_elems(data.count(), ring_.torus.dims()[0],
+                        std::max<std::size_t>(1, options.chunk_bytes / data.element_size()), data.element_size());
   const int slots = std::max(2, options.receives_in_flight);
   const RingSchedule schedule = build_rank_schedule(ring_, data.count(), {1, 1});
   const RingPhase& within = schedule.phases[0];

@@ -112,3 +112,18 @@ def test_as_dict_is_json_ready() -> None:
     data = decide(0, _placement(0, 1, 0, 1), 1, SLOW, 64 << 20).as_dict()
     assert json.loads(json.dumps(data))["auto_dims"] == "2x2"
     assert data["order"] == [0, 2, 1, 3] and data["links"]["source"] == "test"
+
+
+def test_emulated_hosts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DDLFAST_EMULATED_HOSTS: the placement is that many hosts of consecutive ranks; one that does not divide
+    the rank count is refused, naming the variable."""
+    from mpi4py import MPI
+
+    from ddlfast.topology.placement import detect_placement
+
+    monkeypatch.setenv("DDLFAST_EMULATED_HOSTS", "1")
+    placement = detect_placement(MPI.COMM_SELF)
+    assert placement.host_of_rank == (0,) and placement.host_names == ("emulated-host-0",)
+    monkeypatch.setenv("DDLFAST_EMULATED_HOSTS", "2")
+    with pytest.raises(DdlfastError, match="DDLFAST_EMULATED_HOSTS=2 on rank 0 must divide the 1 ranks"):
+        detect_placement(MPI.COMM_SELF)
