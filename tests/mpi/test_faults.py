@@ -8,7 +8,8 @@ import pytest
 from tests.mpi.launcher import run_mpi
 
 CASES = ["mismatch-after-cache", "skipped-call", "alignment", "aliasing", "bad-input-one-rank", "broadcast-roots",
-         "env-differs-at-creation", "env-differs-later", "error-then-calls", "bad-environment"]
+         "env-differs-at-creation", "env-differs-later", "error-then-calls", "bad-environment",
+         "emulated-hosts-differ"]
 
 
 def outcomes(stdout: str, case: str, ranks: int) -> None:
