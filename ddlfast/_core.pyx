@@ -316,7 +316,8 @@ cdef class CallOptions:
     dimension, -1 float32, 0 fp16, 1 bf16 (empty: no compression); direct: per ring dimension, 1 for the direct
     reduce-scatter, 0 for the ring (empty: the ring everywhere); mpi_small_path: buffers of at most small_bytes go
     to MPI's own allreduce after the agreement instead of the latency path; chain: reproducible=True's canonical
-    order host by host on dims (ranks per host, hosts), allreduce only (src/engine/chain_phase.h).
+    order host by host on dims (ranks per host, hosts) (src/engine/chain_phase.h; an uncompressed reduce_scatter
+    runs its allreduce and keeps its block).
     """
 
     def __cinit__(self, dims, size_t chunk_bytes, int receives_in_flight, size_t small_bytes, order=(), wire=(),

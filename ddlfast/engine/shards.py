@@ -273,9 +273,10 @@ def _run(state: EngineState, request: ShardRequest) -> None:
         wire = ()  # "auto" leaves other dtypes uncompressed (explicit codecs were refused for them)
     for method, arguments, nbytes in core_calls(request, inputs, state.rank, state.size, bool(wire)):
         # (the allgather half has no direct step to run)
+        # The canonical chain reduce-scatters uncompressed only (the wire's reduce-scatter keeps float32 sums).
         options = state.call_options(nbytes, dims, settings, wire,
                                      request.kind != ALLGATHER and is_half_sum(request.specs[0].dtype, request.op),
-                                     chain=False)  # the canonical chain runs allreduce only
+                                     chain=request.kind == REDUCE_SCATTER and not wire)
         if method == "reduce_scatter_segments":
             state.core.reduce_scatter_segments(*arguments, OPS[request.op], options)
         else:

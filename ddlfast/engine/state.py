@@ -162,7 +162,7 @@ class EngineState:
         every size to MPI's own allreduce, after the agreement; every other choice leaves buffers of at most
         DDLFAST_SMALL_BYTES to the latency path. `half_sum` (is_half_sum): fp16/bf16 data summed, which the ring
         rounds at every hop, is chosen for as a 16-bit wire is (the direct step adds in float32, rounds once).
-        `chain`: reproducible=True may run the canonical chain across hosts (allreduce only)."""
+        `chain`: reproducible=True may run the canonical chain across hosts."""
         if settings.reproducible:
             return self.reproducible_options(settings, wire, chain)
         choice = self.algorithm_for(nbytes, dims, settings, compressed_dims(dims, wire, half_sum))
@@ -184,12 +184,13 @@ class EngineState:
                              ) -> _core.CallOptions:
         """reproducible=True: whatever the dims, algorithm and size, every element summed in rank order at its
         owner and no small-message path (its tree's order depends on the rank count's shape), so the bits
-        depend only on the inputs and the rank count. On one host (or where `chain` is False: reduce_scatter,
-        16-bit data on the GPU executor), one flat ring of every rank in rank order whose reduce-scatter is
-        direct (src/engine/direct_phase.h: each element's owner adds the P contributions in rank order). Across
-        hosts of the same number of consecutive ranks, the same order host by host (chain_hosts): ring dims
-        (ranks per host, hosts) and the chain phase (src/engine/chain_phase.h), the ring's bytes on the host
-        link. A compressed wire carries its one wire type everywhere (reproducible_wire)."""
+        depend only on the inputs and the rank count. On one host (or where `chain` is False: reduce_scatter on
+        the 16-bit wire, 16-bit data on the GPU executor), one flat ring of every rank in rank order whose
+        reduce-scatter is direct (src/engine/direct_phase.h: each element's owner adds the P contributions in rank
+        order). Across hosts of the same number of consecutive ranks, the same order host by host
+        (chain_hosts): ring dims (ranks per host, hosts) and the chain phase (src/engine/chain_phase.h), the
+        ring's bytes on the host link. A compressed wire carries its one wire type everywhere
+        (reproducible_wire)."""
         flat = reproducible_wire(wire, self.rank)
         hosts = self.chain_hosts(settings) if chain else 1
         key = ("reproducible", settings, flat, hosts)

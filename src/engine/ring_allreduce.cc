@@ -216,8 +216,8 @@ Status RingAllreduce::reduce_scatter(const SegmentedBuffer& input, const Segment
                                      const EngineOptions& options) {
   const int world = ring_.torus.world_size();
   const int me = transport_.rank();
-  if (options.chain) return Status::invalid("the canonical chain runs allreduce only; reduce_scatter takes the flat order");
   DDLFAST_RETURN_IF_ERROR(check_counts(counts, world, input.count(), output.count(), me));
+  if (options.chain) return reduce_scatter_by_chain(input, output, counts, dtype, op, options);
   const std::size_t esize = dtype_size(dtype);
   const std::size_t total = input.count();
   // The working copy, in rank order: this rank's block is `output` itself, the other blocks live in work_.
@@ -285,6 +285,29 @@ Status RingAllreduce::reduce_scatter(const SegmentedBuffer& input, const Segment
     return finish_fp16_bf16_reduce_scatter(input, output, counts, dtype, op);
   }
   return exact_.after(transport_);
+}
+
+// reproducible=True across hosts, uncompressed: the canonical chain's allreduce of the whole input (its bits are
+// the flat order's, reduce-scatter's too: the wire is the one case where they differ, as the reduce-scatter keeps
+// the float32 sum, and it takes the flat order), then this rank's block. The host link carries the ring's bytes
+// each way where the flat direct reduce-scatter sends P/4 times them (2 hosts); the allgather within the hosts
+// is the extra work.
+Status RingAllreduce::reduce_scatter_by_chain(const SegmentedBuffer& input, const SegmentedBuffer& output,
+                                              const std::vector<std::size_t>& counts, DType dtype, ReduceOp op,
+                                              const EngineOptions& options) {
+  if (std::any_of(options.wire_by_dim.begin(), options.wire_by_dim.end(), [](int wire) { return wire >= 0; })) {
+    return Status::invalid("the canonical chain's reduce-scatter runs uncompressed; a 16-bit wire takes the flat order");
+  }
+  const std::size_t esize = dtype_size(dtype);
+  const std::size_t total = input.count();
+  if (whole_.size() < total * esize + 1) whole_.resize(total * esize + 1);
+  const SegmentedBuffer whole = contiguous(whole_.data(), total, esize);
+  copy_elements(input, whole);
+  DDLFAST_RETURN_IF_ERROR(run(whole, dtype, op, options));
+  std::size_t start = 0;
+  for (int q = 0; q < transport_.rank(); ++q) start += counts[q];
+  copy_elements(select_ranges(whole, {{start, counts[transport_.rank()]}}), output);
+  return Status::ok();
 }
 
 // Tiny buffers: MPI_Reduce_scatter, on the blocks put back in rank order.

@@ -66,6 +66,10 @@ class RingAllreduce {
   // is (divisor: average's, on the last reduce-scatter step).
   Status run_phases(const SegmentedBuffer& data, const RingSchedule& schedule, DType dtype, ReduceOp op, int divisor,
                     bool compressed, const EngineOptions& options, RingPasses halves);
+  // reduce_scatter with options.chain: the chain's allreduce of the whole input, then this rank's block.
+  Status reduce_scatter_by_chain(const SegmentedBuffer& input, const SegmentedBuffer& output,
+                                 const std::vector<std::size_t>& counts, DType dtype, ReduceOp op,
+                                 const EngineOptions& options);
   // The chain phase (engine/chain_phase.h, options.chain) and the allgather within each host.
   Status run_chain(const SegmentedBuffer& data, DType dtype, ReduceOp op, int divisor, bool compressed,
                    const EngineOptions& options);
@@ -87,6 +91,7 @@ class RingAllreduce {
   RankedTorus ring_;
   HostScratch scratch_;  // persistent across calls
   std::vector<char> work_;  // reduce-scatter's working copy of the other ranks' blocks
+  std::vector<char> whole_;  // reduce_scatter_by_chain's copy of the whole input
   ExactArithmetic exact_;
 
  public:
