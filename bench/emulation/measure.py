@@ -14,8 +14,9 @@ passes reproducible=True (across hosts: the canonical chain, src/engine/chain_ph
 same on a Context created with DDLFAST_EMULATED_HOSTS=1, which sees one host and so runs the flat canonical
 order: the chain's baseline. Every reproducible variant's result must equal the others' bit for bit (a failure
 otherwise). E.g. the default 16-bit path against the fp16 ring: 'auto@fp16,ring:auto@fp16'; the chain against
-the flat order and the plain path: 'auto,auto+reproducible,auto+flat-reproducible'. The report names the
-algorithm each variant ran.
+the flat order and the plain path: 'auto,auto+reproducible,auto+flat-reproducible'. --reduce-scatter times
+reduce_scatter (this rank's block of the sum; 'mpi': MPI_Reduce_scatter_block) instead of allreduce. The report
+names the algorithm each variant ran.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--variants", default="auto,flat,mpi")
     parser.add_argument("--check", action="store_true")
+    parser.add_argument("--reduce-scatter", action="store_true", help="time reduce_scatter instead of allreduce")
     parser.add_argument("--data", choices=("integers", "random"), default="integers",
                         help="random: normal floats, and every ddlfast variant's relative error against MPI's fp32 sum")
     args = parser.parse_args()
@@ -100,35 +102,46 @@ def main() -> None:
             del os.environ["DDLFAST_EMULATED_HOSTS"]
     reproducible_bits: dict[str, bytes] = {}  # this iteration's result of each bit-reproducible variant
 
-    def run(variant: str) -> None:
-        """'mpi', or ddlfast dims with an optional wire codec: 'auto', 'flat', '2x2@fp16', 'auto@none;fp16'."""
+    block = slice(comm.rank * (count // comm.size), (comm.rank + 1) * (count // comm.size))
+    if args.reduce_scatter:
+        expected = expected[block]  # this rank's block of the sum
+
+    def run(variant: str) -> np.ndarray:
+        """'mpi', or ddlfast dims with an optional wire codec: 'auto', 'flat', '2x2@fp16', 'auto@none;fp16'.
+        Returns the result: the buffer (allreduce, in place), or this rank's block (--reduce-scatter)."""
         if variant == "mpi":
+            if args.reduce_scatter:
+                out = np.empty(count // comm.size, np.float32)
+                comm.Reduce_scatter_block(buffer, out, op=MPI.SUM)
+                return out
             comm.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)
-        else:
-            algorithm, dims, codec, flag = parse_variant(variant)
-            with algorithm_set(algorithm):
-                (one_host if flag == "flat-reproducible" else context).allreduce(
-                    buffer, dims=dims, compression=codec.replace(";", ",") or None, reproducible=bool(flag) or None)
+            return buffer
+        algorithm, dims, codec, flag = parse_variant(variant)
+        on = one_host if flag == "flat-reproducible" else context
+        collective = on.reduce_scatter if args.reduce_scatter else on.allreduce
+        with algorithm_set(algorithm):
+            return collective(buffer, dims=dims, compression=codec.replace(";", ",") or None,
+                              reproducible=bool(flag) or None)
 
     for iteration in range(args.warmup + args.iters):
         for variant in variants:
             buffer[...] = pristine
             comm.Barrier()
             start = time.perf_counter()
-            run(variant)
+            result = run(variant)
             elapsed = comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
             if iteration >= args.warmup:
                 times[variant].append(elapsed)
             if args.data == "random":
-                errors[variant] = float(np.linalg.norm(buffer - expected) / np.linalg.norm(expected))
-                exact_enough = "@" in variant or np.allclose(buffer, expected, rtol=1e-4, atol=1e-4)
+                errors[variant] = float(np.linalg.norm(result - expected) / np.linalg.norm(expected))
+                exact_enough = "@" in variant or np.allclose(result, expected, rtol=1e-4, atol=1e-4)
             else:
-                exact_enough = np.array_equal(buffer, expected)
+                exact_enough = np.array_equal(result, expected)
             if args.check and not exact_enough:
                 failures += 1
                 print(f"rank {comm.rank}: {variant} gave a wrong result", flush=True)
             if "reproducible" in variant:
-                reproducible_bits[variant] = buffer.tobytes()
+                reproducible_bits[variant] = result.tobytes()
         if len(set(reproducible_bits.values())) > 1:
             failures += 1
             print(f"rank {comm.rank}: {sorted(reproducible_bits)} differ bit-wise", flush=True)
