@@ -94,7 +94,7 @@ class CMakeBuild(build_ext):
             f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={out_dir}",
         ]
         subprocess.run(configure, check=True)
-        subprocess.run(["cmake", "--build", str(build_dir), "--parallel", "2"], check=True)
+        subprocess.run(["cmake", "--build", str(build_dir), "--parallel", str(max(2, os.cpu_count() or 2))], check=True)
         text = ("# Written by setup.py: the MPI this build of ddlfast was compiled against (ddlfast/mpi_check.py).\n"
                 f"MPICC = {mpicc!r}\nVENDOR = {identity.vendor!r}\nFAMILY = {identity.family!r}\n"
                 f"VERSION = {identity.version!r}\nBUILD_KEY = {build_dir.name!r}\n")

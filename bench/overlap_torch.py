@@ -2,7 +2,7 @@
 model: step time of DDP + ddlfast.torch.allreduce_hook and of
 ddlfast.torch.distribute vs compute only vs compute + one blocking
 fused_allreduce after backward (medians, same run).
-Run: mpiexec -n 2 python bench/overlap_torch.py"""
+Run: mpiexec -n 2 python bench/overlap_torch.py [--device cuda]"""
 
 from __future__ import annotations
 
@@ -32,13 +32,19 @@ def set_up(parser: argparse.ArgumentParser
     parser.add_argument("--steps", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--width", type=int, default=2048)
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda (ranks share the GPUs: rank %% count)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        device = torch.device("cuda", MPI.COMM_WORLD.Get_rank() % torch.cuda.device_count())
+        torch.cuda.set_device(device)
     dt.init_process_group("gloo")
     torch.manual_seed(0)
-    model = model_25m(width=args.width)
+    model = model_25m(width=args.width).to(device)
     dt.broadcast_parameters(model)
-    return args, model, torch.randn(args.batch, 512), torch.randint(0, 10, (args.batch,))
+    return (args, model, torch.randn(args.batch, 512, device=device),
+            torch.randint(0, 10, (args.batch,), device=device))
 
 
 def main() -> int:

@@ -116,9 +116,9 @@ def fused_allreduce(
     ranks, not on the dims, algorithm, chunk or bucket sizes, or fused vs separate calls; None:
     DDLFAST_REPRODUCIBLE (docs/numerics.md). Every rank must pass the same value.
     """
-    return _context_for(comm).fused_allreduce(arrays, op=op, dims=dims, compression=compression,
-                                              error_feedback=error_feedback, stream=stream, name=name,
-                                              reproducible=reproducible)
+    context = _default if comm is None and _default is not None else _context_for(comm)
+    return context.fused_allreduce(arrays, op=op, dims=dims, compression=compression, error_feedback=error_feedback,
+                                   stream=stream, name=name, reproducible=reproducible)
 
 
 def allreduce(array: np.ndarray, *, op: str = "sum", dims: object = None, comm: MPI.Comm | None = None,

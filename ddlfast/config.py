@@ -229,7 +229,7 @@ _VARIABLES = (
 RUNTIME_VARIABLES = frozenset(_VARIABLES + (
     "DDLFAST_ABORT_ON_STALL", "DDLFAST_TIMELINE", "DDLFAST_TIMELINE_MAX_EVENTS", "DDLFAST_PROBE",
     "DDLFAST_PROBE_TIMEOUT_S", "DDLFAST_CACHE_DIR", "DDLFAST_HOSTS_PER_GROUP", "DDLFAST_EMULATED_HOSTS",
-    "DDLFAST_CUDA_AWARE_MPI",
+    "DDLFAST_CUDA_AWARE_MPI", "DDLFAST_GPU_RING_MIN_BYTES",
     "DDLFAST_SPIN_US", "DDLFAST_ALLOW_SINGLE", "DDLFAST_STRAGGLER_WARN_S", "DDLFAST_FLIGHT_RECORDS",
     "DDLFAST_FLIGHT_DIR", "DDLFAST_DEBUG",
 ))
@@ -345,6 +345,7 @@ def check_environment() -> None:
     timeline_max_events()
     abort_on_stall()
     cuda_aware_mpi()
+    gpu_ring_min_bytes()
     spin_us()
     allow_single()
     straggler_warn_s()
@@ -455,6 +456,18 @@ def allow_single(environ: Mapping[str, str] | None = None) -> bool:
     """DDLFAST_ALLOW_SINGLE: whether a process MPI sees alone may run although its launcher (torchrun, srun, another
     MPI's mpiexec) started several (default off: that is an error saying how to launch; ddlfast/launch.py)."""
     return _env_choice("DDLFAST_ALLOW_SINGLE", "0", _ON_OFF, environ) == "1"
+
+
+# GPU calls below this size go through pinned host copies and the host engine while MPI is not CUDA-aware: one
+# copy each way and the host's latency and direct algorithms beat the staged GPU ring's 2(P-1) steps of copy, MPI,
+# copy and kernel there. On an H100 shared by the ranks (bench/gpu_pipeline.py, GPU ring vs host copies): 1 MiB
+# 0.75 vs 0.80 ms at P=2 and 2.24 vs 0.99 ms at P=4; 16 MiB 4.05 vs 8.25 and 9.18 vs 11.94 ms.
+DEFAULT_GPU_RING_MIN_BYTES = 4 << 20
+
+
+def gpu_ring_min_bytes(environ: Mapping[str, str] | None = None) -> int:
+    """DDLFAST_GPU_RING_MIN_BYTES: the smallest GPU call (bytes of all its arrays) the staged GPU ring runs; 0: all."""
+    return _env_size("DDLFAST_GPU_RING_MIN_BYTES", DEFAULT_GPU_RING_MIN_BYTES, 0, MAX_BUCKET_BYTES, environ)
 
 
 def cuda_aware_mpi(environ: Mapping[str, str] | None = None) -> str:

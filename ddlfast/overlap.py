@@ -92,7 +92,7 @@ def training_steps(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.
     steps["compute only"] = step_of(plain, sgd(plain))
     blocking = copy.deepcopy(model)
     steps["blocking fused_allreduce"] = step_of(blocking, sgd(blocking), lambda: context.fused_allreduce(
-        [p.grad.numpy() for p in blocking.parameters()], op="average"))
+        [p.grad if p.grad.is_cuda else p.grad.numpy() for p in blocking.parameters()], op="average"))
     for name, hook in (ddp_hooks or {}).items():
         ddp = torch.nn.parallel.DistributedDataParallel(  # DDP's buckets as large as ddlfast's
             copy.deepcopy(model), bucket_cap_mb=(bucket_bytes or 25 * 2**20) / 2**20)
@@ -107,10 +107,18 @@ def training_steps(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.
 
 def timed(step: Callable[[], None], comm: MPI.Intracomm) -> float:
     """Seconds `step` took on the slowest rank."""
+    synchronize_cuda()
     comm.Barrier()
     start = time.perf_counter()
     step()
+    synchronize_cuda()
     return comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
+
+
+def synchronize_cuda() -> None:
+    """A step on the GPU ends when its kernels have run, not when the host has queued them."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 def median_times(steps: dict[str, Callable[[], None]], rounds: int, warmup: int,

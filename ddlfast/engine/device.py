@@ -49,6 +49,13 @@ def use_direct_transfers(setting: str, mpi_reports_cuda: bool) -> bool:
     return setting == "on" or (setting == "auto" and mpi_reports_cuda)
 
 
+def takes_gpu_ring(total_bytes: int, direct: bool, ring_min_bytes: int) -> bool:
+    """Whether a plain GPU call runs on the GPU ring, or through pinned host copies and the host engine: a staged
+    ring below DDLFAST_GPU_RING_MIN_BYTES pays 2(P-1) latency-bound steps where the host pays one copy each way
+    (config.DEFAULT_GPU_RING_MIN_BYTES has the measurement). Every rank decides the same: the sizes are agreed."""
+    return direct or total_bytes >= ring_min_bytes
+
+
 class Submission(NamedTuple):
     """A GPU collective as submitted on the caller's thread."""
 
@@ -237,14 +244,17 @@ def executor(state: EngineState) -> DeviceExecutor:
 
 
 def reduce(state: EngineState, request: DeviceRequest, layout: tuple) -> None:
-    """Uncompressed: the GPU ring (CUDA kernels, ddlfast's streams). Compression, user codecs and the host's
-    exact arithmetic: the host executor on pinned copies, so every codec behaves exactly as on host arrays."""
+    """Uncompressed: the GPU ring (CUDA kernels, ddlfast's streams). Compression, user codecs, the host's exact
+    arithmetic and small staged calls (takes_gpu_ring): the host executor on pinned copies, so every codec behaves
+    exactly as on host arrays."""
     gpu = executor(state)
     submission = request.submission
     plain = isinstance(request.compression, tuple) and not wire_by_dim(
         request.compression, request.dims, state.hosts_tier(request.dims))
     exact = any(b.dtype_name in _HOST_ARITHMETIC.get(request.op, ()) for b in submission.buffers)
-    if plain and not request.error_feedback and not exact:
+    direct = use_direct_transfers(config.cuda_aware_mpi(), gpu.mpi_reports_cuda)
+    ring = takes_gpu_ring(sum(b.nbytes for b in submission.buffers), direct, config.gpu_ring_min_bytes())
+    if plain and not request.error_feedback and not exact and ring:
         settings = request.settings
         gpu.run(submission, request.op, request.dims, settings, state.rank_order, request.wait_on_host,
                 lambda half: state.reproducible_options(settings, (), chain=not half))

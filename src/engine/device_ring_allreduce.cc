@@ -238,15 +238,21 @@ Status DeviceRingAllreduce::create(Transport& transport, const std::vector<int>&
 // (and with its arithmetic, so the bits agree).
 Status DeviceRingAllreduce::run(const SegmentedBuffer& data, DType dtype, ReduceOp op, const EngineOptions& options,
                                 const DeviceRunOptions& run, DeviceLanes* lanes, const DeviceStaging& staging) {
-  const int world = ring_.torus.world_size();
-  const std::size_t count = data.count();
-  if (count == 0 || world == 1) return Status::ok();
   // min, max and product run in the host engine on pinned copies (ddlfast/engine/device.py, _HOST_ARITHMETIC): its
   // kernels alone carry their nan and signed-zero rules.
   if (op != ReduceOp::kSum && op != ReduceOp::kAverage) {
     return Status::invalid(std::string("op='") + reduce_op_name(op) + "' is not implemented in the GPU ring; stage "
                            "through host memory");
   }
+  // So do the exact integer average (the floor of the exact sum) and the 16-bit average (scaled against overflow):
+  // dividing in the ring's last step gives other bits (seen on an H100 when a test asked the ring for them).
+  if (op == ReduceOp::kAverage && dtype != DType::kFloat32 && dtype != DType::kFloat64) {
+    return Status::invalid(std::string("op='average' of ") + dtype_name(dtype) + " is not implemented in the GPU "
+                           "ring (the host engine's exact arithmetic); stage through host memory");
+  }
+  const int world = ring_.torus.world_size();
+  const std::size_t count = data.count();
+  if (count == 0 || world == 1) return Status::ok();
   if (std::any_of(options.wire_by_dim.begin(), options.wire_by_dim.end(), [](int wire) { return wire >= 0; })) {
     return Status::invalid("wire compression is not implemented in the GPU ring; stage through host memory");
   }

@@ -95,6 +95,10 @@ Status stream_device(cudaStream_t stream, int* device) {
 Status copy_blocking(void* dst, const void* src, std::size_t bytes) {
   if (bytes == 0) return Status::ok();
   DDLFAST_CUDA_RETURN_IF_ERROR(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+  // cudaMemcpy may return before a copy from pageable host memory or between device buffers has landed; work on
+  // ddlfast's non-blocking streams is not ordered after it. Seen on an H100: the GPU ring read inputs a test had
+  // just copied up.
+  DDLFAST_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cudaStreamLegacy));
   return Status::ok();
 }
 

@@ -48,9 +48,16 @@ class CudaStream {
     if (stream_) cudaStreamDestroy(stream_);
   }
   // Non-blocking: never implicitly ordered with the legacy default stream, so
-  // ordering with the caller's work is always explicit (events).
+  // ordering with the caller's work is always explicit (events). At the
+  // device's greatest priority: a ring step's reduce kernel is short and the
+  // pipeline waits on it, so it should get the next free multiprocessor ahead
+  // of the caller's compute (on an H100 with default-priority streams, a
+  // 64 MiB collective and matrix products on another stream took 23.2 ms
+  // together, against 14.3 and 12.0 ms alone).
   Status create() {
-    DDLFAST_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    int least = 0, greatest = 0;
+    DDLFAST_CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    DDLFAST_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
     return Status::ok();
   }
   cudaStream_t get() const { return stream_; }

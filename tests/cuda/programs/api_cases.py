@@ -8,6 +8,7 @@ Prints "<n> failures" on rank 0."""
 
 from __future__ import annotations
 
+import faulthandler
 import hashlib
 import os
 import sys
@@ -18,6 +19,9 @@ import numpy as np
 import ddlfast
 from ddlfast.buffers import device as device_arrays
 from tests.mpi.programs.harness import comm, failures, rank, report_and_exit, world
+
+# A hang prints every thread's stack and ends this rank, so the test fails with a trace, not pytest's timeout.
+faulthandler.dump_traceback_later(150, exit=True)
 
 if "--emulated" in sys.argv:
     from tests.cuda import emulated_gpu

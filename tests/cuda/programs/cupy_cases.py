@@ -5,6 +5,7 @@ synchronization: the fences must order producer -> ddlfast -> consumer. Also a b
 
 from __future__ import annotations
 
+import faulthandler
 import sys
 
 import cupy as cp
@@ -14,6 +15,9 @@ from ddlfast import _core
 from ddlfast.buffers import device as device_arrays
 from ddlfast.config import load_settings
 from ddlfast.engine import device as gpu_executor
+
+# A hang prints every thread's stack and ends this rank, so the test fails with a trace, not pytest's timeout.
+faulthandler.dump_traceback_later(150, exit=True)
 
 comm = MPI.COMM_WORLD
 rank, world = comm.Get_rank(), comm.Get_size()
@@ -30,12 +34,16 @@ for repeat in range(5):
         b = cp.arange(1000, dtype=cp.int64) * (rank + 1)
     submission = gpu_executor.submit(device_arrays.device_buffers([a, b], rank, stream=stream))
     path.run(submission, "sum", (world,), load_settings())
-    with stream:
-        doubled = a * 2  # consumer on the caller's stream, ordered by the fence alone
     expected = world * (world + 1) / 2
-    if not bool(cp.all(doubled == 2 * expected).get()):
+    # Consumers and checks all on the caller's stream, ordered by the fence alone. (A check on the legacy default
+    # stream is not ordered after a non-blocking stream's work: on an H100 such a check read `doubled` unfinished.)
+    with stream:
+        doubled = a * 2
+        float_ok = cp.all(doubled == 2 * expected).get()
+        int_ok = cp.all(b == cp.arange(1000, dtype=cp.int64) * int(expected)).get()
+    if not bool(float_ok):
         failures.append(f"rank {rank} repeat {repeat}: float32 result not ordered or wrong")
-    if not bool(cp.all(b == cp.arange(1000, dtype=cp.int64) * int(expected)).get()):
+    if not bool(int_ok):
         failures.append(f"rank {rank} repeat {repeat}: int64 result wrong")
 path.close()
 total = comm.allreduce(len(failures))

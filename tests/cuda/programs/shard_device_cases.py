@@ -8,6 +8,7 @@ checks the Context's GPU wiring; on a GPU the same cases run for real. Prints "<
 
 from __future__ import annotations
 
+import faulthandler
 import hashlib
 import os
 import sys
@@ -17,6 +18,9 @@ import numpy as np
 import ddlfast
 from ddlfast.buffers import device as device_arrays
 from tests.mpi.programs.harness import comm, failures, rank, report, world
+
+# A hang prints every thread's stack and ends this rank, so the test fails with a trace, not pytest's timeout.
+faulthandler.dump_traceback_later(150, exit=True)
 
 if "--emulated" in sys.argv:
     from tests.cuda import emulated_gpu

@@ -127,10 +127,12 @@ def profiler_names_collectives() -> None:
     array = np.ones(16, dtype=np.float32)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
         ddlfast.allreduce(array)
+        ddlfast.fused_allreduce([array])
+        ddlfast.fused_allreduce([array, array.copy()])
         ddlfast.broadcast(array, root=0)
         ddlfast.barrier()
     names = {event.key for event in profile.key_averages()}
-    for expected in ("ddlfast:allreduce", "ddlfast:broadcast", "ddlfast:barrier"):
+    for expected in ("ddlfast:allreduce", "ddlfast:fused_allreduce", "ddlfast:broadcast", "ddlfast:barrier"):
         if expected not in names:
             fail("profiler_names_collectives", f"{expected} is not in the trace ({sorted(names)[:20]})")
 
