@@ -125,6 +125,7 @@ cdef extern from "engine/ring_allreduce.h" namespace "ddlfast" nogil:
         vector[PhaseEvent]* events
         vector[int] wire_by_dim
         vector[int] direct_by_dim
+        bool chain
 
 
 cdef extern from "engine/segmented_buffer.h" namespace "ddlfast" nogil:

@@ -315,15 +315,18 @@ cdef class CallOptions:
     dims: the ring shape; order: the communicator rank of each torus position (empty: identity); wire: per ring
     dimension, -1 float32, 0 fp16, 1 bf16 (empty: no compression); direct: per ring dimension, 1 for the direct
     reduce-scatter, 0 for the ring (empty: the ring everywhere); mpi_small_path: buffers of at most small_bytes go
-    to MPI's own allreduce after the agreement instead of the latency path.
+    to MPI's own allreduce after the agreement instead of the latency path; chain: reproducible=True's canonical
+    order host by host on dims (ranks per host, hosts) (src/engine/chain_phase.h; an uncompressed reduce_scatter
+    runs its allreduce and keeps its block).
     """
 
     def __cinit__(self, dims, size_t chunk_bytes, int receives_in_flight, size_t small_bytes, order=(), wire=(),
-                  direct=(), bint mpi_small_path=False):
+                  direct=(), bint mpi_small_path=False, bint chain=False):
         self.dims = to_dims(dims)
         self.order = to_dims(order)
         fill_options(&self.options, chunk_bytes, receives_in_flight, small_bytes, NULL, wire, direct)
         self.options.small_path = SmallPath.kMpi if mpi_small_path else SmallPath.kLatency
+        self.options.chain = chain
 
     @property
     def small_bytes(self) -> int:

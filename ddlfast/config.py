@@ -228,8 +228,8 @@ _VARIABLES = (
 # What the library reads (each parsed by check_environment() at context creation).
 RUNTIME_VARIABLES = frozenset(_VARIABLES + (
     "DDLFAST_ABORT_ON_STALL", "DDLFAST_TIMELINE", "DDLFAST_TIMELINE_MAX_EVENTS", "DDLFAST_PROBE",
-    "DDLFAST_PROBE_TIMEOUT_S", "DDLFAST_CACHE_DIR", "DDLFAST_HOSTS_PER_GROUP", "DDLFAST_CUDA_AWARE_MPI",
-    "DDLFAST_GPU_RING_MIN_BYTES",
+    "DDLFAST_PROBE_TIMEOUT_S", "DDLFAST_CACHE_DIR", "DDLFAST_HOSTS_PER_GROUP", "DDLFAST_EMULATED_HOSTS",
+    "DDLFAST_CUDA_AWARE_MPI", "DDLFAST_GPU_RING_MIN_BYTES",
     "DDLFAST_SPIN_US", "DDLFAST_ALLOW_SINGLE", "DDLFAST_STRAGGLER_WARN_S", "DDLFAST_FLIGHT_RECORDS",
     "DDLFAST_FLIGHT_DIR", "DDLFAST_DEBUG",
 ))
@@ -340,6 +340,7 @@ def check_environment() -> None:
     probe_timeout_s()
     cache_dir()
     hosts_per_group()
+    emulated_hosts()
     timeline_path()
     timeline_max_events()
     abort_on_stall()
@@ -424,6 +425,12 @@ def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
 def hosts_per_group(environ: Mapping[str, str] | None = None) -> int:
     """DDLFAST_HOSTS_PER_GROUP: hosts per rack (default 1: no racks)."""
     return _env_int("DDLFAST_HOSTS_PER_GROUP", 1, 1, MAX_HOSTS_PER_GROUP, environ)
+
+
+def emulated_hosts(environ: Mapping[str, str] | None = None) -> int:
+    """DDLFAST_EMULATED_HOSTS: for tests on one machine, the placement ddlfast sees is this many hosts of
+    consecutive ranks (they must divide the rank count), whatever MPI reports (default 0: what MPI reports)."""
+    return _env_int("DDLFAST_EMULATED_HOSTS", 0, 0, MAX_HOSTS_PER_GROUP, environ)
 
 
 def timeline_path(environ: Mapping[str, str] | None = None) -> str | None:

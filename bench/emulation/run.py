@@ -67,6 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=7)
     parser.add_argument("--variants", default="auto,flat,mpi")
     parser.add_argument("--check", action="store_true", help="also verify every result")
+    parser.add_argument("--reduce-scatter", action="store_true", help="time reduce_scatter instead of allreduce")
     parser.add_argument("--data", choices=("integers", "random"), default="integers",
                         help="random: normal floats and each variant's relative error against MPI's fp32 sum")
     parser.add_argument("--json", help="write the raw report here")
@@ -77,7 +78,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bench.emulation.run: {reason}", file=sys.stderr)
         return 2
     program = [sys.executable, str(MEASURE), "--bytes", args.bytes, "--iters", str(args.iters),
-               "--variants", args.variants, "--data", args.data, *(["--check"] if args.check else [])]
+               "--variants", args.variants, "--data", args.data, *(["--check"] if args.check else []),
+               *(["--reduce-scatter"] if args.reduce_scatter else [])]
     with EmulatedCluster(args.hosts, args.rate, args.burst, args.queue) as cluster:
         if args.placement == "block":
             slots, ranks = [args.ranks_per_host] * args.hosts, None

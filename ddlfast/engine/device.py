@@ -22,7 +22,7 @@ A bucket runs on one of two paths:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -36,7 +36,7 @@ from ddlfast.config import Settings
 from ddlfast.engine import host
 from ddlfast.engine.agreement import allreduce_layout
 from ddlfast.engine.host import codec_key
-from ddlfast.engine.state import EngineState
+from ddlfast.engine.state import HALF_DTYPES, EngineState
 from ddlfast.errors import DdlfastError
 from ddlfast.fusion.pack_policy import DEVICE_ALIGN_BYTES, aligned_offsets, bucket_indices, packed_positions
 from ddlfast.ops import OPS
@@ -106,11 +106,13 @@ class DeviceExecutor:
         self._pinned = None
 
     def run(self, submission: Submission, op: str, dims: tuple[int, ...], settings: Any,
-            order: Sequence[int] = (), wait_on_host: bool = False) -> None:
+            order: Sequence[int] = (), wait_on_host: bool = False,
+            canonical: Callable[[bool], Any] | None = None) -> None:
         """Allreduce the submission's arrays in place, bucket by bucket, on the device path.
 
         Afterwards the caller streams wait for the result; with wait_on_host (asynchronous handles, or
-        arrays that named no stream) the host waits for it too.
+        arrays that named no stream) the host waits for it too. canonical(half): reproducible=True's options
+        for a bucket of 16-bit data or not (EngineState.reproducible_options; None: one flat ring).
         """
         device = submission.device
         if device is None:
@@ -122,7 +124,8 @@ class DeviceExecutor:
         buffers = submission.buffers
         for indices in bucket_indices([b.dtype_name for b in buffers], [b.nbytes for b in buffers],
                                       settings.bucket_bytes, settings.first_bucket_bytes):
-            self._reduce_bucket(device, [buffers[j] for j in indices], OPS[op], dims, settings, tuple(order), direct)
+            self._reduce_bucket(device, [buffers[j] for j in indices], OPS[op], dims, settings, tuple(order), direct,
+                                canonical)
         self.finish(submission, wait_on_host)
 
     def finish(self, submission: Submission, wait_on_host: bool) -> None:
@@ -136,7 +139,8 @@ class DeviceExecutor:
             done.synchronize()
 
     def _reduce_bucket(self, device: int, members: list[DeviceBuffer], op: int, dims: tuple[int, ...],
-                       settings: Any, order: tuple[int, ...], direct: bool) -> None:
+                       settings: Any, order: tuple[int, ...], direct: bool,
+                       canonical: Callable[[bool], Any] | None = None) -> None:
         """Large arrays are reduced where they lie; the small ones are packed (one kernel) into the bucket."""
         code, esize = members[0].dtype_code, ELEMENT_SIZES[members[0].dtype_name]
         small = [members[i] for i in packed_positions([b.nbytes for b in members])]
@@ -154,7 +158,9 @@ class DeviceExecutor:
             if id(b) not in packed:
                 pointers.append(b.pointer)
                 counts.append(b.count)
-        if settings.reproducible:  # one flat ring, direct reduce-scatter, no small path (state.reproducible_options)
+        if settings.reproducible and canonical is not None:  # the flat order, or the chain across hosts
+            options = canonical(members[0].dtype_name in HALF_DTYPES)
+        elif settings.reproducible:  # one flat ring, direct reduce-scatter, no small path
             options = _core.CallOptions((math.prod(dims),), settings.chunk_bytes, settings.receives_in_flight, 0, (),
                                         (), (1,))
         else:
@@ -249,7 +255,9 @@ def reduce(state: EngineState, request: DeviceRequest, layout: tuple) -> None:
     direct = use_direct_transfers(config.cuda_aware_mpi(), gpu.mpi_reports_cuda)
     ring = takes_gpu_ring(sum(b.nbytes for b in submission.buffers), direct, config.gpu_ring_min_bytes())
     if plain and not request.error_feedback and not exact and ring:
-        gpu.run(submission, request.op, request.dims, request.settings, state.rank_order, request.wait_on_host)
+        settings = request.settings
+        gpu.run(submission, request.op, request.dims, settings, state.rank_order, request.wait_on_host,
+                lambda half: state.reproducible_options(settings, (), chain=not half))
         state.record_events(gpu.take_events, prefix="gpu ")
         state.flush_timeline()
         return

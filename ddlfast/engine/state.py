@@ -163,14 +163,16 @@ class EngineState:
         return self.topology.latency_reach(settings.small_bytes, settings.algorithm)
 
     def call_options(self, nbytes: int, dims: tuple[int, ...], settings: Settings,
-                     wire: tuple[int, ...] = (), half_sum: bool = False, reach: int = 0) -> _core.CallOptions:
+                     wire: tuple[int, ...] = (), half_sum: bool = False, reach: int = 0, chain: bool = True
+                     ) -> _core.CallOptions:
         """The core's options for one call of `nbytes` (one object across the binding, cached per kind of call):
         DDLFAST_ALGORITHM's choice for that size (algorithm_for) with the settings that size messages. `mpi` hands
         every size to MPI's own allreduce, after the agreement; every other choice leaves buffers of at most
         DDLFAST_SMALL_BYTES to the latency path. `half_sum` (is_half_sum): fp16/bf16 data summed, which the ring
-        rounds at every hop, is chosen for as a 16-bit wire is (the direct step adds in float32, rounds once)."""
+        rounds at every hop, is chosen for as a 16-bit wire is (the direct step adds in float32, rounds once).
+        `chain`: reproducible=True may run the canonical chain across hosts."""
         if settings.reproducible:
-            return self.reproducible_options(settings, wire)
+            return self.reproducible_options(settings, wire, chain)
         if settings.small_bytes < nbytes <= reach and not wire:
             return self.latency_options(dims, settings, reach)
         choice = self.algorithm_for(nbytes, dims, settings, compressed_dims(dims, wire, half_sum))
@@ -202,24 +204,44 @@ class EngineState:
         self._options_cache[key] = options
         return options
 
-    def reproducible_options(self, settings: Settings, wire: tuple[int, ...]) -> _core.CallOptions:
-        """reproducible=True: whatever the dims, algorithm and size, one flat ring of every rank in rank order
-        whose reduce-scatter is direct (src/engine/direct_phase.h: each element's owner adds the P contributions
-        in rank order) and no small-message path (its tree's order depends on the rank count's shape), so the
-        bits depend only on the inputs and the rank count. A compressed wire carries its one wire type over
-        the flat ring (reproducible_wire)."""
+    def reproducible_options(self, settings: Settings, wire: tuple[int, ...], chain: bool = True
+                             ) -> _core.CallOptions:
+        """reproducible=True: whatever the dims, algorithm and size, every element summed in rank order at its
+        owner and no small-message path (its tree's order depends on the rank count's shape), so the bits
+        depend only on the inputs and the rank count. On one host (or where `chain` is False: reduce_scatter on
+        the 16-bit wire, 16-bit data on the GPU executor), one flat ring of every rank in rank order whose
+        reduce-scatter is direct (src/engine/direct_phase.h: each element's owner adds the P contributions in rank
+        order). Across hosts of the same number of consecutive ranks, the same order host by host
+        (chain_hosts): ring dims (ranks per host, hosts) and the chain phase (src/engine/chain_phase.h), the
+        ring's bytes on the host link. A compressed wire carries its one wire type everywhere
+        (reproducible_wire)."""
         flat = reproducible_wire(wire, self.rank)
-        key = ("reproducible", settings, flat)
+        hosts = self.chain_hosts(settings) if chain else 1
+        key = ("reproducible", settings, flat, hosts)
         try:
             return self._options_cache[key]
         except KeyError:
             pass
-        options = _core.CallOptions((self.size,), settings.chunk_bytes, settings.receives_in_flight, 0, (), flat,
-                                    (1,), False)
+        if hosts > 1:
+            per_host = self.size // hosts
+            options = _core.CallOptions((per_host, hosts), settings.chunk_bytes, settings.receives_in_flight, 0,
+                                        (), flat * 2, (1, 1), False, True)
+        else:
+            options = _core.CallOptions((self.size,), settings.chunk_bytes, settings.receives_in_flight, 0, (),
+                                        flat, (1,), False)
         if len(self._options_cache) >= MAX_CACHED_ALGORITHMS:
             self._options_cache.clear()
         self._options_cache[key] = options
         return options
+
+    def chain_hosts(self, settings: Settings) -> int:
+        """How many hosts reproducible=True's canonical chain runs across: the topology's hosts where each holds
+        the same number (at least 2) of consecutive ranks, so rank order goes host by host; 1 (the flat order)
+        otherwise."""
+        placement = self.topology_for(settings.bucket_bytes).placement  # known: every call resolved its dims
+        if placement.hosts < 2 or not placement.regular or not placement.contiguous:
+            return 1
+        return placement.hosts if placement.ranks_per_host[0] >= 2 else 1
 
     def check_algorithm(self, settings: Settings, dims: tuple[int, ...], compressed: bool, largest_call: int,
                         gpu: bool) -> None:

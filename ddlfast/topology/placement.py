@@ -105,16 +105,29 @@ class Placement:
 
 
 def detect_placement(comm: MPI.Intracomm) -> Placement:
-    """Collective over `comm`."""
+    """Collective over `comm`. DDLFAST_EMULATED_HOSTS=H (tests): H hosts of consecutive ranks instead, refused on
+    every rank where the ranks' values differ or H does not divide the rank count."""
+    emulated = config.emulated_hosts()
     local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
     try:
         leader = local.allreduce(comm.rank, op=MPI.MIN)
     finally:
         local.Free()
-    entries = comm.allgather((leader, MPI.Get_processor_name(), usable_cores()))
+    entries = comm.allgather((leader, MPI.Get_processor_name(), emulated, usable_cores()))
+    if len({entry[2] for entry in entries}) > 1:
+        values = ", ".join(f"rank {r}: {entry[2]}" for r, entry in enumerate(entries))
+        raise DdlfastError(f"DDLFAST_EMULATED_HOSTS differs between the ranks ({values}); set it alike everywhere")
+    if emulated:
+        if comm.size % emulated:
+            raise DdlfastError(f"DDLFAST_EMULATED_HOSTS={emulated} on rank {comm.rank} must divide the "
+                               f"{comm.size} ranks")
+        per_host = comm.size // emulated
+        # Cores unknown (not split between emulated hosts): auto does not treat them as oversubscribed.
+        return Placement(tuple(r // per_host for r in range(comm.size)),
+                         tuple(f"emulated-host-{h}" for h in range(emulated)))
     leaders = sorted({entry[0] for entry in entries})
     index = {leader: i for i, leader in enumerate(leaders)}
-    cores = [min(entry[2] for entry in entries if entry[0] == leader) for leader in leaders]
+    cores = [min(entry[3] for entry in entries if entry[0] == leader) for leader in leaders]
     return Placement(tuple(index[entry[0]] for entry in entries), tuple(entries[r][1] for r in leaders), tuple(cores))
 
 

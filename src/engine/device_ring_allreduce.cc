@@ -4,6 +4,7 @@
 #include <climits>
 #include <cstdint>
 
+#include "engine/chain_phase.h"
 #include "engine/direct_phase.h"
 #include "engine/ring_phases.h"
 #include "engine/small_allreduce.h"
@@ -154,7 +155,28 @@ class DeviceSteps {
   }
   Status consumed(std::size_t index) { return lanes_->mark(recv_marker(receive_slot(index)), Lane::kInbound); }
 
+  // The chain phase's verbs (engine/chain_phase.h), for data summed in its own type (DeviceRingAllreduce::run
+  // runs the chain for no other): a seed is received and loaded as a contribution is, the finished partial sum
+  // or final is in the data, and its sends go out as a ring's forwards do, after the inbound work.
+  std::size_t partial_bytes(std::size_t count) const { return count * esize_; }
+  void* seed_buffer(std::size_t index, const ChunkItem& chunk) const { return receive_buffer(index, chunk); }
+  Status load_seed(std::size_t index, const ChunkItem& chunk) { return load(index, chunk); }
+  Status keep_partial(const ChunkItem& chunk) { return finish_chunk(chunk); }
+  Status stage_partial(std::size_t index, const ChunkItem& send) { return stage(index, forward(send)); }
+  const void* partial_send_buffer(std::size_t index, const ChunkItem& send) const {
+    return send_buffer(index, forward(send));
+  }
+  Status stage_final(std::size_t index, const ChunkItem& send, bool) { return stage(index, forward(send)); }
+  const void* final_send_buffer(std::size_t index, const ChunkItem& send) const {
+    return send_buffer(index, forward(send));
+  }
+  void* final_buffer(std::size_t index, const ChunkItem& chunk) const {  // as an allgather chunk lands
+    return staged_ ? host_recv(receive_slot(index)) : data_.address(chunk.offset);
+  }
+  Status place_final(std::size_t index, const ChunkItem& chunk) { return receive_copy(index, chunk); }
+
  private:
+  static ChunkSend forward(const ChunkItem& send) { return ChunkSend{send.offset, send.count, 0, 0}; }
   int receive_slot(std::size_t index) const {
     return static_cast<int>(index % static_cast<std::size_t>(receive_slots_));
   }
@@ -249,6 +271,7 @@ Status DeviceRingAllreduce::run(const SegmentedBuffer& data, DType dtype, Reduce
     return Status(StatusCode::kInternal, "GPU ring: staging slots missing or smaller than one chunk");
   }
   DDLFAST_RETURN_IF_ERROR(check_direct(options.direct_by_dim, ring_.torus.num_dims()));
+  if (options.chain) return run_chain(data, dtype, op, divisor, chunk_elems, options, run, lanes, staging);
   return run_ring_schedule(
       data, build_rank_schedule(ring_, count, options.direct_by_dim), RingPasses::kBoth, divisor, chunk_elems,
       options.events, [&](const RingPhase& phase, const PhaseChunks& chunks, int tag_base, int final_divisor) {
@@ -260,6 +283,42 @@ Status DeviceRingAllreduce::run(const SegmentedBuffer& data, DType dtype, Reduce
         }
         return run_ring_phase(transport_, phase, chunks, tag_base, final_divisor, steps);
       });
+}
+
+// The host executor's RingAllreduce::run_chain, on the device: the chain phase with the direct phase's step
+// policy, then the allgather within each host. 16-bit data sums in float32 on this executor, whose one float32
+// slot holds a chunk's sum only until the next chunk begins: the caller runs it on the flat order instead.
+Status DeviceRingAllreduce::run_chain(const SegmentedBuffer& data, DType dtype, ReduceOp op, int divisor,
+                                      std::size_t call_chunk_elems, const EngineOptions& options,
+                                      const DeviceRunOptions& run, DeviceLanes* lanes, const DeviceStaging& staging) {
+  DDLFAST_RETURN_IF_ERROR(check_chain(ring_.torus.dims()));
+  if (sums_halves_in_float32(dtype, op)) {
+    return Status::invalid("the GPU executor runs the canonical chain on float32/float64 sums only; 16-bit data "
+                           "takes the flat order");
+  }
+  const std::size_t chunk_elems =
+      chain_chunk_elems(data.count(), ring_.torus.dims()[0], call_chunk_elems, data.element_size());
+  const RingSchedule schedule = build_rank_schedule(ring_, data.count(), {1, 1});
+  const RingPhase& within = schedule.phases[0];
+  const ChainPlan plan = chain_plan(data, within, schedule.phases[1], chunk_elems);
+  const double start = monotonic_seconds();
+  {
+    DeviceSteps steps(data, within, dtype, op, run.transfer, lanes, staging);
+    DDLFAST_RETURN_IF_ERROR(steps.begin());
+    DDLFAST_RETURN_IF_ERROR(run_chain_phase(transport_, within, plan, kTagsPerPhase, divisor, steps));
+  }
+  if (options.events) {
+    options.events->push_back({EventKind::kReduceScatter, 1, start, monotonic_seconds(),
+                               data.count() * data.element_size()});
+  }
+  RingSchedule gather;
+  gather.phases.push_back(schedule.phases.back());
+  return run_ring_schedule(data, gather, RingPasses::kAllgather, 1, chunk_elems, options.events,
+                           [&](const RingPhase& phase, const PhaseChunks& chunks, int tag_base, int final_divisor) {
+                             DeviceSteps steps(data, phase, dtype, op, run.transfer, lanes, staging);
+                             DDLFAST_RETURN_IF_ERROR(steps.begin());
+                             return run_ring_phase(transport_, phase, chunks, tag_base, final_divisor, steps);
+                           });
 }
 
 }  // namespace ddlfast

@@ -70,6 +70,10 @@ class DeviceRingAllreduce {
              const DeviceRunOptions& run, DeviceLanes* lanes, const DeviceStaging& staging);
 
  private:
+  // options.chain: the canonical chain across hosts (engine/chain_phase.h), as the host executor runs it.
+  Status run_chain(const SegmentedBuffer& data, DType dtype, ReduceOp op, int divisor, std::size_t chunk_elems,
+                   const EngineOptions& options, const DeviceRunOptions& run, DeviceLanes* lanes,
+                   const DeviceStaging& staging);
   DeviceRingAllreduce(Transport& transport, RankedTorus ring) : transport_(transport), ring_(std::move(ring)) {}
 
   Transport& transport_;

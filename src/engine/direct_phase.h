@@ -191,8 +191,67 @@ class DirectHostSteps {
   }
   Status consumed(std::size_t) const { return Status::ok(); }
 
+  // The chain phase's verbs (engine/chain_phase.h). Seeds take a receive slot (partial sums are wider than a
+  // 16-bit wire); a 16-bit sum's unrounded partial (HalfSum) and a 16-bit wire's rounded final (HalfWire) wait in
+  // chain_stage, at their place in the own block, until their sends complete; the rest go out of the data.
+  template <class Plan>
+  void prepare_chain(const Plan& plan, HostScratch* scratch) {
+    if (send_from_.size() < plan.sends.size()) send_from_.resize(plan.sends.size());
+    const std::size_t chunk_elems = slot_bytes_ / wire_.bytes(1);
+    slot_bytes_ = std::max(slot_bytes_, sum_bytes(chunk_elems));
+    if (scratch->receive_slots.size() < window_ * slot_bytes_) scratch->receive_slots.resize(window_ * slot_bytes_);
+    receive_slots_ = scratch->receive_slots.data();
+    chain_origin_ = plan.own.offset;
+    const std::size_t stage_bytes = plan.own.count * std::max(sum_bytes(1), wire_.bytes(1));
+    if (scratch->chain_stage.size() < stage_bytes) scratch->chain_stage.resize(stage_bytes);
+    chain_stage_ = scratch->chain_stage.data();
+  }
+  std::size_t partial_bytes(std::size_t count) const { return sum_bytes(count); }
+  void* seed_buffer(std::size_t index, const ChunkItem&) const { return slot(index); }
+  Status load_seed(std::size_t index, const ChunkItem& chunk) {
+    std::memcpy(sum_, slot(index), sum_bytes(chunk.count));
+    return Status::ok();
+  }
+  Status keep_partial(const ChunkItem& chunk) {
+    if constexpr (sum_in_scratch()) {
+      std::memcpy(chain_at(chunk, sum_bytes(1)), sum_, sum_bytes(chunk.count));
+      return Status::ok();
+    }
+    return finish_chunk(chunk);
+  }
+  Status stage_partial(std::size_t, const ChunkItem&) const { return Status::ok(); }
+  const void* partial_send_buffer(std::size_t, const ChunkItem& chunk) const {
+    if constexpr (sum_in_scratch()) return chain_at(chunk, sum_bytes(1));
+    return data_.address(chunk.offset);
+  }
+  Status stage_final(std::size_t, const ChunkItem& chunk, bool first) {
+    if constexpr (!Wire::kInPlace) {
+      if (first) {  // rounded as the allgather's stage rounds it; the owner keeps what the others get
+        unsigned char* wire = chain_at(chunk, wire_.bytes(1));
+        wire_.encode(wire, data_.address(chunk.offset), chunk.count);
+        wire_.decode(data_.address(chunk.offset), wire, chunk.count);
+      }
+    }
+    return Status::ok();
+  }
+  const void* final_send_buffer(std::size_t, const ChunkItem& chunk) const {
+    if constexpr (!Wire::kInPlace) return chain_at(chunk, wire_.bytes(1));
+    return data_.address(chunk.offset);
+  }
+  void* final_buffer(std::size_t index, const ChunkItem& chunk) const {
+    if constexpr (!Wire::kInPlace) return slot(index);
+    return data_.address(chunk.offset);
+  }
+  Status place_final(std::size_t index, const ChunkItem& chunk) {
+    if constexpr (!Wire::kInPlace) wire_.decode(data_.address(chunk.offset), slot(index), chunk.count);
+    return Status::ok();
+  }
+
  private:
   unsigned char* slot(std::size_t index) const { return receive_slots_ + (index % window_) * slot_bytes_; }
+  unsigned char* chain_at(const ChunkItem& chunk, std::size_t element_bytes) const {
+    return chain_stage_ + (chunk.offset - chain_origin_) * element_bytes;
+  }
   // Whether the sum builds in float32 scratch whatever the order (HalfSum), and that scratch's size.
   static constexpr bool sum_in_scratch() { return Wire::kSumInScratch; }
   std::size_t sum_bytes(std::size_t count) const {
@@ -210,6 +269,8 @@ class DirectHostSteps {
   unsigned char* stage_cursor_ = nullptr;
   unsigned char* own_stage_ = nullptr;
   std::vector<const unsigned char*> send_from_;
+  std::size_t chain_origin_ = 0;  // the chain phase: the own block's first element
+  unsigned char* chain_stage_ = nullptr;
 };
 
 // Runs one direct phase, on either executor. `Steps` provides what the ring's phase loop asks of a policy

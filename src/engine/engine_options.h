@@ -39,6 +39,9 @@ struct EngineOptions {
   // Reduce-scatter per torus dimension: 1 direct (all-to-all, engine/direct_phase.h), 0 the ring. Empty: the
   // ring everywhere. Both executors run it.
   std::vector<int> direct_by_dim;
+  // reproducible=True across hosts: the ring's dims are (ranks per host, hosts) and the reduce-scatter is the
+  // canonical order host by host (engine/chain_phase.h), whose bits are the flat direct order's. Both executors.
+  bool chain = false;
 };
 
 inline double monotonic_seconds() {

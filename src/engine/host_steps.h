@@ -34,6 +34,7 @@ struct HostScratch {
   std::vector<float> decoded;                // a received chunk decoded for compressed min/max
   std::vector<double> accumulator;           // a direct reduce-scatter's sum of one chunk (double: aligned)
   std::vector<unsigned char> own_stage;      // a direct reduce-scatter's own contribution on its way to the wire type
+  std::vector<unsigned char> chain_stage;    // the chain phase's partial sums or rounded finals (engine/chain_phase.h)
 };
 
 class PlainWire {

@@ -93,8 +93,47 @@ Status RingAllreduce::reduce(const SegmentedBuffer& data, DType dtype, ReduceOp 
   DDLFAST_RETURN_IF_ERROR(check_direct(options.direct_by_dim, ring_.torus.num_dims()));
   bool compressed = false;
   DDLFAST_RETURN_IF_ERROR(prepare_wire(data, dtype == DType::kFloat32, op, options, &divisor, &compressed));
+  if (options.chain) return run_chain(data, dtype, op, divisor, compressed, options);
   return run_phases(data, build_rank_schedule(ring_, count, options.direct_by_dim), dtype, op, divisor, compressed,
                     options, RingPasses::kBoth);
+}
+
+// The schedule of dims (H, G) with direct reduce-scatters: phase 0 is dimension 1's (the own block, the host's
+// ranks), phase 1 dimension 2's (the peers on the other hosts); the chain replaces both and dimension 2's
+// allgather (every coordinate j ends with all of block j), so only dimension 1's allgather (the last phase) is
+// left. The chain's tags are phase 1's band, the allgather's phase 0's.
+Status RingAllreduce::run_chain(const SegmentedBuffer& data, DType dtype, ReduceOp op, int divisor, bool compressed,
+                                const EngineOptions& options) {
+  DDLFAST_RETURN_IF_ERROR(check_chain(ring_.torus.dims()));
+  const std::size_t chunk_elems =
+      chain_chunk_elems(data.count(), ring_.torus.dims()[0],
+                        std::max<std::size_t>(1, options.chunk_bytes / data.element_size()), data.element_size());
+  const int slots = std::max(2, options.receives_in_flight);
+  const RingSchedule schedule = build_rank_schedule(ring_, data.count(), {1, 1});
+  const RingPhase& within = schedule.phases[0];
+  const ChainPlan plan = chain_plan(data, within, schedule.phases[1], chunk_elems);
+  const DirectChunks contributions = direct_chunks(data, within, chunk_elems);
+  const double start = monotonic_seconds();
+  auto chain = [&](auto wire) {
+    DirectHostSteps<decltype(wire)> steps(data, within, contributions, slots, chunk_elems, wire, &scratch_);
+    steps.prepare_chain(plan, &scratch_);
+    return run_chain_phase(transport_, within, plan, kTagsPerPhase, divisor, steps);
+  };
+  const int wire = compressed ? options.wire_by_dim[0] : -1;
+  if (wire >= 0) {
+    DDLFAST_RETURN_IF_ERROR(chain(HalfWire(wire, op, &scratch_.decoded, &overflows_)));
+  } else if (sums_halves_in_float32(dtype, op)) {
+    DDLFAST_RETURN_IF_ERROR(chain(HalfSum(dtype)));
+  } else {
+    DDLFAST_RETURN_IF_ERROR(chain(PlainWire(dtype, op, data.element_size())));
+  }
+  if (options.events) {
+    options.events->push_back({EventKind::kReduceScatter, 1, start, monotonic_seconds(),
+                               data.count() * data.element_size()});
+  }
+  RingSchedule gather;
+  gather.phases.push_back(schedule.phases.back());
+  return run_phases(data, gather, dtype, op, 1, compressed, options, RingPasses::kAllgather);
 }
 
 Status RingAllreduce::prepare_wire(const SegmentedBuffer& data, bool float32, ReduceOp op,
@@ -178,6 +217,7 @@ Status RingAllreduce::reduce_scatter(const SegmentedBuffer& input, const Segment
   const int world = ring_.torus.world_size();
   const int me = transport_.rank();
   DDLFAST_RETURN_IF_ERROR(check_counts(counts, world, input.count(), output.count(), me));
+  if (options.chain) return reduce_scatter_by_chain(input, output, counts, dtype, op, options);
   const std::size_t esize = dtype_size(dtype);
   const std::size_t total = input.count();
   // The working copy, in rank order: this rank's block is `output` itself, the other blocks live in work_.
@@ -245,6 +285,29 @@ Status RingAllreduce::reduce_scatter(const SegmentedBuffer& input, const Segment
     return finish_fp16_bf16_reduce_scatter(input, output, counts, dtype, op);
   }
   return exact_.after(transport_);
+}
+
+// reproducible=True across hosts, uncompressed: the canonical chain's allreduce of the whole input (its bits are
+// the flat order's, reduce-scatter's too: the wire is the one case where they differ, as the reduce-scatter keeps
+// the float32 sum, and it takes the flat order), then this rank's block. The host link carries the ring's bytes
+// each way where the flat direct reduce-scatter sends P/4 times them (2 hosts); the allgather within the hosts
+// is the extra work.
+Status RingAllreduce::reduce_scatter_by_chain(const SegmentedBuffer& input, const SegmentedBuffer& output,
+                                              const std::vector<std::size_t>& counts, DType dtype, ReduceOp op,
+                                              const EngineOptions& options) {
+  if (std::any_of(options.wire_by_dim.begin(), options.wire_by_dim.end(), [](int wire) { return wire >= 0; })) {
+    return Status::invalid("the canonical chain's reduce-scatter runs uncompressed; a 16-bit wire takes the flat order");
+  }
+  const std::size_t esize = dtype_size(dtype);
+  const std::size_t total = input.count();
+  if (whole_.size() < total * esize + 1) whole_.resize(total * esize + 1);
+  const SegmentedBuffer whole = contiguous(whole_.data(), total, esize);
+  copy_elements(input, whole);
+  DDLFAST_RETURN_IF_ERROR(run(whole, dtype, op, options));
+  std::size_t start = 0;
+  for (int q = 0; q < transport_.rank(); ++q) start += counts[q];
+  copy_elements(select_ranges(whole, {{start, counts[transport_.rank()]}}), output);
+  return Status::ok();
 }
 
 // Tiny buffers: MPI_Reduce_scatter, on the blocks put back in rank order.

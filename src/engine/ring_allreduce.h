@@ -1,7 +1,8 @@
 // The host executor: runs a RingSchedule on host memory through the phase
 // loop (engine/ring_phases.h) with the host step policy and its wire codecs
 // (engine/host_steps.h), or a dimension's direct reduce-scatter
-// (engine/direct_phase.h) where EngineOptions::direct_by_dim asks, plus the
+// (engine/direct_phase.h) where EngineOptions::direct_by_dim asks, or the
+// canonical chain across hosts (engine/chain_phase.h) where EngineOptions::chain does, plus the
 // small-message path and the two passes on their own. Its GPU twin is DeviceRingAllreduce, over the same Transport.
 #pragma once
 
@@ -12,6 +13,7 @@
 
 #include "algo/ring_schedule.h"
 #include "common/dtype.h"
+#include "engine/chain_phase.h"
 #include "engine/direct_phase.h"
 #include "engine/engine_options.h"
 #include "engine/exact_arithmetic.h"
@@ -64,6 +66,13 @@ class RingAllreduce {
   // is (divisor: average's, on the last reduce-scatter step).
   Status run_phases(const SegmentedBuffer& data, const RingSchedule& schedule, DType dtype, ReduceOp op, int divisor,
                     bool compressed, const EngineOptions& options, RingPasses halves);
+  // reduce_scatter with options.chain: the chain's allreduce of the whole input, then this rank's block.
+  Status reduce_scatter_by_chain(const SegmentedBuffer& input, const SegmentedBuffer& output,
+                                 const std::vector<std::size_t>& counts, DType dtype, ReduceOp op,
+                                 const EngineOptions& options);
+  // The chain phase (engine/chain_phase.h, options.chain) and the allgather within each host.
+  Status run_chain(const SegmentedBuffer& data, DType dtype, ReduceOp op, int divisor, bool compressed,
+                   const EngineOptions& options);
   // A rank-order buffer (block q: counts[q] elements) seen in the schedule's block order, and the owned-block
   // size of each torus position.
   SegmentedBuffer in_block_order(const SegmentedBuffer& rank_ordered, const std::vector<std::size_t>& counts) const;
@@ -82,6 +91,7 @@ class RingAllreduce {
   RankedTorus ring_;
   HostScratch scratch_;  // persistent across calls
   std::vector<char> work_;  // reduce-scatter's working copy of the other ranks' blocks
+  std::vector<char> whole_;  // reduce_scatter_by_chain's copy of the whole input
   ExactArithmetic exact_;
 
  public:

@@ -104,6 +104,17 @@ inline PhaseChunks phase_chunks(const SegmentedBuffer& data, const RingPhase& ph
 // No bound on posted receives or sends.
 constexpr std::size_t kUnbounded = std::numeric_limits<std::size_t>::max();
 
+// The bytes one message carries: the policy's item_bytes(item) where it has one (the chain phase's partial sums
+// travel wider than its contributions, engine/chain_phase.h), else wire_bytes of the item's count.
+template <class Steps, class Item>
+auto message_bytes(const Steps& steps, const Item& item, int) -> decltype(steps.item_bytes(item)) {
+  return steps.item_bytes(item);
+}
+template <class Steps, class Item>
+std::size_t message_bytes(const Steps& steps, const Item& item, long) {
+  return steps.wire_bytes(item.count);
+}
+
 // The message bookkeeping every phase loop shares (the ring's below, the direct reduce-scatter's in
 // engine/direct_phase.h): receives posted as far ahead as the window and the policy allow and taken strictly
 // in order; sends started (staged) strictly in order within the send window and posted once staged; the send
@@ -135,7 +146,7 @@ class PhaseMessages {
       DDLFAST_RETURN_IF_ERROR(steps_.receive_room(posted_, &free));
       if (!free) break;
       const Receive& item = receives_[posted_];
-      DDLFAST_RETURN_IF_ERROR(transport_.irecv(steps_.receive_buffer(posted_, item), steps_.wire_bytes(item.count),
+      DDLFAST_RETURN_IF_ERROR(transport_.irecv(steps_.receive_buffer(posted_, item), message_bytes(steps_, item, 0),
                                                peer(posted_), tag(posted_), &receive_ids_[posted_]));
       ++posted_;
       *progress = true;
@@ -154,7 +165,7 @@ class PhaseMessages {
         if (!ready) break;
         const Send& send = sends_[sent_];
         RequestId id;
-        DDLFAST_RETURN_IF_ERROR(transport_.isend(steps_.send_buffer(sent_, send), steps_.wire_bytes(send.count),
+        DDLFAST_RETURN_IF_ERROR(transport_.isend(steps_.send_buffer(sent_, send), message_bytes(steps_, send, 0),
                                                  peer(sent_), tag(sent_), &id));
         if (send_window_ == kUnbounded) {
           ++completed_;  // wait_all at the end completes it

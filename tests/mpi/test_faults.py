@@ -8,7 +8,8 @@ import pytest
 from tests.mpi.launcher import run_mpi
 
 CASES = ["mismatch-after-cache", "skipped-call", "alignment", "aliasing", "bad-input-one-rank", "broadcast-roots",
-         "env-differs-at-creation", "env-differs-later", "error-then-calls", "bad-environment"]
+         "env-differs-at-creation", "env-differs-later", "error-then-calls", "bad-environment",
+         "emulated-hosts-differ"]
 
 
 def outcomes(stdout: str, case: str, ranks: int) -> None:
@@ -39,3 +40,15 @@ def test_a_missing_rank(case: str) -> None:
 def test_async_calls_below_thread_multiple_say_how_to_fix_it(level: str) -> None:
     result = run_mpi(2, "faults.py", "thread-level", env={"MPI4PY_RC_THREAD_LEVEL": level}, timeout=120)
     outcomes(result.stdout, "thread-level", 2)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("case", ["mismatch-after-cache", "skipped-call", "stall-then-calls",
+                                  "close-with-work-in-flight"])
+def test_faults_on_the_canonical_chain(case: str) -> None:
+    """The mismatch and missing-rank cases with DDLFAST_REPRODUCIBLE=1 on 2 emulated hosts of 2 ranks, where
+    every allreduce runs the canonical chain (src/engine/chain_phase.h)."""
+    env = {"DDLFAST_REPRODUCIBLE": "1", "DDLFAST_EMULATED_HOSTS": "2", "DDLFAST_ABORT_ON_STALL": "0",
+           "DDLFAST_TIMEOUT_S": "3" if case in ("stall-then-calls", "close-with-work-in-flight") else "60"}
+    result = run_mpi(4, "faults.py", case, env=env, timeout=120)
+    outcomes(result.stdout, case, 4)

@@ -370,6 +370,8 @@ def test_parse_dims_bounds_api_arguments_too() -> None:
      ["0", "0.05", "3601", "nan", "inf", "soon"]),
     (config.hosts_per_group, "DDLFAST_HOSTS_PER_GROUP", 1, {"1": 1, "4": 4, str(1 << 20): 1 << 20},
      ["0", str((1 << 20) + 1), "racks", "2.0", "-2", "\u0664"]),
+    (config.emulated_hosts, "DDLFAST_EMULATED_HOSTS", 0, {"0": 0, "2": 2, str(1 << 20): 1 << 20},
+     ["-1", str((1 << 20) + 1), "two", "2.0"]),
     (config.timeline_max_events, "DDLFAST_TIMELINE_MAX_EVENTS", 100_000, {"1": 1, "10000000": 10_000_000},
      ["0", "10000001", str(2**70), "many"]),
     (config.abort_on_stall, "DDLFAST_ABORT_ON_STALL", True, {"0": False, "off": False, "1": True, "Yes": True},

@@ -128,3 +128,18 @@ def test_latency_reach_grows_under_auto_on_an_oversubscribed_placement() -> None
     assert crowded.latency_reach(8 << 10, "ring") == 8 << 10  # only auto chooses
     assert roomy.latency_reach(8 << 10) == 8 << 10
     assert crowded.algorithms()[64 << 10] == "latency path" and roomy.algorithms()[64 << 10] != "latency path"
+
+
+def test_emulated_hosts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DDLFAST_EMULATED_HOSTS: the placement is that many hosts of consecutive ranks; one that does not divide
+    the rank count is refused, naming the variable."""
+    from mpi4py import MPI
+
+    from ddlfast.topology.placement import detect_placement
+
+    monkeypatch.setenv("DDLFAST_EMULATED_HOSTS", "1")
+    placement = detect_placement(MPI.COMM_SELF)
+    assert placement.host_of_rank == (0,) and placement.host_names == ("emulated-host-0",)
+    monkeypatch.setenv("DDLFAST_EMULATED_HOSTS", "2")
+    with pytest.raises(DdlfastError, match="DDLFAST_EMULATED_HOSTS=2 on rank 0 must divide the 1 ranks"):
+        detect_placement(MPI.COMM_SELF)

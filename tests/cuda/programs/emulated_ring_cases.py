@@ -42,6 +42,19 @@ def storage(dtype: str) -> np.dtype:
     return np.dtype(np.uint16) if dtype == "bfloat16" else np.dtype(dtype)
 
 
+def compare(label: str, got: list[np.ndarray], expected: list[np.ndarray]) -> None:
+    """The GPU executor's segments against the host engine's, bit for bit, and the same on every rank."""
+    global checked
+    for i, (g, e) in enumerate(zip(got, expected, strict=True)):
+        if g.tobytes() != e.tobytes():
+            bad = np.flatnonzero(g.view(np.uint8) != e.view(np.uint8))
+            failures.append(f"rank {rank} {label}: segment {i} differs from the host engine at bytes {bad[:8]}")
+    digest = hashlib.sha256(b"".join(g.tobytes() for g in got)).hexdigest()
+    if len(set(comm.allgather(digest))) != 1:
+        failures.append(f"rank {rank} {label}: ranks hold different bits")
+    checked += 1
+
+
 # A hang anywhere (not only in the executor, which has its own stall limit) prints every thread's stack and
 # ends this rank, so the test fails with a trace instead of running into pytest's timeout.
 faulthandler.dump_traceback_later(120, exit=True)
@@ -83,15 +96,37 @@ for case in range(64):
                                 direct, seed + rank)  # stalls fail at 60 s
     label = (f"case {case}: dims={dims} {dtype} segments={segments} chunk={chunk_bytes} slots={slots} "
              f"small={small_bytes} op={op} order={order} direct={direct} direct_by_dim={direct_by_dim}")
-    for i, (g, e) in enumerate(zip(got, expected, strict=True)):
-        if g.tobytes() != e.tobytes():
-            bad = np.flatnonzero(g.view(np.uint8) != e.view(np.uint8))
-            failures.append(f"rank {rank} {label}: segment {i} differs from the host engine at bytes {bad[:8]}")
-    digest = hashlib.sha256(b"".join(g.tobytes() for g in got)).hexdigest()
-    if len(set(comm.allgather(digest))) != 1:
-        failures.append(f"rank {rank} {label}: ranks hold different bits")
-    checked += 1
+    compare(label, got, expected)
     print(f"rank {rank} finished case {case}", file=sys.stderr, flush=True)
+
+# reproducible=True's canonical chain across hosts (src/engine/chain_phase.h) on dims (per host, hosts): the
+# GPU executor's bits equal the host engine's, for the data it sums in its own type (16-bit data takes the flat
+# order on the GPU executor).
+chain_rng = np.random.default_rng(999)
+chain_shapes = [dims for dims in shapes if len(dims) == 2 and min(dims) >= 2]
+for case in range(16 if chain_shapes else 0):
+    dims = chain_shapes[int(chain_rng.integers(0, len(chain_shapes)))]
+    dtype = ("float32", "float64", "int32", "int64")[int(chain_rng.integers(0, 4))]
+    segments = [int(chain_rng.choice([1, 3, 17, 1000, 4099, 300_001])) for _ in range(int(chain_rng.integers(1, 4)))]
+    chunk_bytes = int(chain_rng.choice([24, 1000, 4096, 65536]))
+    if sum(segments) * np.dtype(storage(dtype)).itemsize // chunk_bytes > 20_000:
+        chunk_bytes = 65536
+    slots = int(chain_rng.choice([2, 3, 4]))
+    op = int(chain_rng.integers(0, 2)) if dtype in ("float32", "float64") else 0
+    direct = bool(chain_rng.random() < 0.5)
+    seed = int(chain_rng.integers(0, 1 << 30))
+    data_rng = np.random.default_rng([1000 + case, rank])
+    inputs = [values(dtype, n, data_rng) for n in segments]
+    expected = [a.copy() for a in inputs]
+    got = [a.copy() for a in inputs]
+    code = DTYPE_CODES[dtype]
+    options = _core.CallOptions(dims, chunk_bytes, slots, 0, (), (), (1, 1), False, True)
+    host.allreduce_segments([a.ctypes.data for a in expected], [a.size for a in expected], code, op, options)
+    _testing.emulated_allreduce(host, [a.ctypes.data for a in got], [a.size for a in got], code, op, options,
+                                direct, seed + rank)
+    label = (f"chain case {case}: dims={dims} {dtype} segments={segments} chunk={chunk_bytes} slots={slots} "
+             f"op={op} direct={direct}")
+    compare(label, got, expected)
 
 host.close()
 report_and_exit(f"{checked} cases, ")

@@ -25,6 +25,11 @@ if CASE == "env-differs-at-creation":
 
     if _MPI.COMM_WORLD.Get_rank() == 1:
         os.environ["DDLFAST_SMALL_BYTES"] = "65536"
+if CASE == "emulated-hosts-differ":
+    from mpi4py import MPI as _MPI
+
+    if _MPI.COMM_WORLD.Get_rank() == 1:
+        os.environ["DDLFAST_EMULATED_HOSTS"] = "2"
 
 from mpi4py import MPI  # noqa: E402
 
@@ -182,6 +187,13 @@ def env_differs_at_creation() -> None:
            "rank 1 passed DDLFAST_SMALL_BYTES=65536")
 
 
+def emulated_hosts_differ() -> None:
+    """DDLFAST_EMULATED_HOSTS (the placement reproducible=True's chain follows) set on rank 1 only: every rank
+    names it when the context is created, instead of running different orders."""
+    raises(lambda: ddlfast.allreduce(np.ones(10, np.float32), reproducible=True), ddlfast.DdlfastError,
+           "DDLFAST_EMULATED_HOSTS differs between the ranks", "rank 1: 2")
+
+
 def env_differs_later() -> None:
     """An engine setting changed on one rank after layouts were cached: the next call names it."""
     x = np.ones(300_000, np.float32)
@@ -284,7 +296,7 @@ CASES = {
     "aliasing": aliasing, "bad-input-one-rank": bad_input_one_rank, "broadcast-roots": broadcast_roots,
     "env-differs-at-creation": env_differs_at_creation, "env-differs-later": env_differs_later,
     "error-then-calls": error_then_calls, "stall-then-calls": stall_then_calls, "thread-level": thread_level,
-    "close-with-work-in-flight": close_with_work_in_flight,
+    "close-with-work-in-flight": close_with_work_in_flight, "emulated-hosts-differ": emulated_hosts_differ,
     "bad-environment": bad_environment,
 }
 

@@ -15,6 +15,7 @@ import hashlib
 import os
 import sys
 from functools import reduce
+from itertools import product
 
 import ml_dtypes
 import numpy as np
@@ -36,6 +37,10 @@ HALVES = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 # Below and above DDLFAST_SMALL_BYTES (8 KiB): float32 elements.
 SIZES = (1, 5, 300, 9000)
 SHORT = "short" in sys.argv[1:]
+# DDLFAST_EMULATED_HOSTS=H (the test sets it): every context sees H hosts of WORLD/H consecutive ranks, so
+# reproducible=True's allreduce runs the canonical chain host by host (src/engine/chain_phase.h).
+HOSTS = int(os.environ.get("DDLFAST_EMULATED_HOSTS", "0") or 0)
+PER_HOST = WORLD // HOSTS if HOSTS else WORLD
 failures: list[str] = []
 cases = 0
 
@@ -112,7 +117,10 @@ def bits_equal(name: str, got: np.ndarray, want: np.ndarray, everywhere: bool = 
 
 # The settings swept: each runs the same calls, which must all give the canonical bits.
 def settings_list() -> list[dict[str, str]]:
-    shapes = ["x".join(map(str, dims)) for dims in factorizations(WORLD)]
+    # Under emulated hosts, the shapes whose first dimension the placement allows (a divisor of the ranks per
+    # host, or whole hosts).
+    shapes = ["x".join(map(str, dims)) for dims in factorizations(WORLD)
+              if not HOSTS or PER_HOST % dims[0] == 0 or dims[0] % PER_HOST == 0]
     sweep = [{"DDLFAST_RING_DIMS": shape} for shape in shapes]
     sweep += [{"DDLFAST_ALGORITHM": algorithm} for algorithm in ("ring", "direct", "mpi", "latency")]
     sweep += [{"DDLFAST_CHUNK_BYTES": "4096", "DDLFAST_RECEIVES_IN_FLIGHT": "2", "DDLFAST_RING_DIMS": shapes[-1]},
@@ -221,19 +229,22 @@ def device_executor_cases() -> None:
     at random) with the options reproducible=True runs on (EngineState.reproducible_options): the canonical bits,
     whatever the chunk size and transfer mode. What it cannot check: the CUDA kernels themselves."""
     engine = _core.Core(comm, 60.0)
+    shapes = [((WORLD,), (1,), False)]
+    if HOSTS > 1 and PER_HOST > 1:  # the canonical chain across the emulated hosts
+        shapes.append(((PER_HOST, HOSTS), (1, 1), True))
     try:
         for case, (dtype_name, op) in enumerate([("float32", "sum"), ("float32", "average"), ("float64", "sum")]):
             dtype = np.dtype(dtype_name).type
             for n in (5, 2000):
                 everyone = [inputs_of(r, n, 50 + case, dtype) for r in range(WORLD)]
                 want = canonical(everyone, op)
-                for chunk_bytes, transfer in ((64, False), (4096, True)):
-                    options = _core.CallOptions((WORLD,), chunk_bytes, 2, 0, (), (), (1,))
+                for (dims, direct, chain), (chunk_bytes, transfer) in product(shapes, ((64, False), (4096, True))):
+                    options = _core.CallOptions(dims, chunk_bytes, 2, 0, (), (), direct, False, chain)
                     got = everyone[RANK].copy()
                     _testing.emulated_allreduce(engine, [got.ctypes.data], [n], DTYPE_CODES[dtype_name], OPS[op],
                                                 options, transfer, 7 + RANK)
-                    bits_equal(f"GPU executor (emulated lanes) {dtype_name} {op} n={n} chunk={chunk_bytes} "
-                               f"transfer={transfer}", got, want)
+                    bits_equal(f"GPU executor (emulated lanes) dims={dims} chain={chain} {dtype_name} {op} n={n} "
+                               f"chunk={chunk_bytes} transfer={transfer}", got, want)
     finally:
         engine.close()
 
