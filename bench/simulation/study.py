@@ -87,13 +87,12 @@ def join(platform_name: str, ranks: int, builtins: list[str], files: list[Path])
     parts = [json.loads(path.read_text()) for path in files]
     if any(part["platform"] != platform_name or part["ranks"] != ranks for part in parts):
         raise SystemExit(f"join: every file must be a {platform_name} run at {ranks} ranks")
-    rows = sorted((row for part in parts for row in part["rows"]), key=lambda row: row["size_bytes"])
-    skipped = [part["builtins_skipped_above_bytes"] for part in parts if part["builtins_skipped_above_bytes"]]
-    data = parts[0] | {"rows": rows, "builtins": builtins, "builtins_skipped_above_bytes": max(skipped, default=None)}
+    data = simulate.join_reports(parts) | {"builtins": builtins}
     path = OUT / f"sweep-{platform_name}-{ranks}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1))
-    print(f"{path}: {len(rows)} sizes")
+    print(simulate.format_report(data))
+    print(f"{path}: {len(data['rows'])} sizes")
 
 
 def _plot(platform_name: str, results: list[dict], folder: Path) -> None:
