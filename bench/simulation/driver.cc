@@ -241,8 +241,12 @@ struct Runner {
     const std::vector<int> identity;
     ddlfast::Status status;
     if (options.collective == "builtin") {
-      const int code = MPI_Allreduce(MPI_IN_PLACE, input.data(), static_cast<int>(input.count()), MPI_FLOAT,
-                                     checked ? MPI_SUM : folded_sum, MPI_COMM_WORLD);
+      // In place where checked; on folded buffers into the other folded buffer: SMPI's MPI_IN_PLACE copies the
+      // data into a private buffer of the whole message first (64 MiB per rank resident at 64 ranks).
+      const int code = checked ? MPI_Allreduce(MPI_IN_PLACE, input.data(), static_cast<int>(input.count()),
+                                               MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD)
+                               : MPI_Allreduce(input.data(), output.data(), static_cast<int>(input.count()),
+                                               MPI_FLOAT, folded_sum, MPI_COMM_WORLD);
       if (code != MPI_SUCCESS) status = ddlfast::Status(ddlfast::StatusCode::kMpiError, "MPI_Allreduce failed");
     } else {
       bool agreed = false;
@@ -273,7 +277,8 @@ struct Runner {
     const std::size_t block = entry.bytes / sizeof(float) / size * sizeof(float);
     if (options.collective == "reduce_scatter") return {block * size, block};
     if (options.collective == "allgather") return {block, block * size};
-    return {entry.bytes / sizeof(float) * sizeof(float), sizeof(float)};
+    const std::size_t whole = entry.bytes / sizeof(float) * sizeof(float);
+    return {whole, options.collective == "builtin" ? whole : sizeof(float)};
   }
 
   void fill(const Buffer& input) const {
