@@ -67,16 +67,21 @@ def sweep(platform_name: str, ranks_list: list[int], sizes: list[int], builtins:
             path.write_text(json.dumps(data, indent=1))
         results.append(data)
         print(simulate.format_report(data), flush=True)
-    lines = ["| ranks | size | dims | ddlfast ms | busbw GB/s | planner ms | planner/sim | best built-in | its ms "
-             "| ratio |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| ranks | size | auto's algorithm | ddlfast ms | busbw GB/s | planner ms | planner/sim | best built-in "
+             "| its ms | ratio |", "|---|---|---|---|---|---|---|---|---|---|"]
     for data in results:
         for row in data["rows"]:
-            best = (f"{row['best_builtin']} | {row['best_builtin_s'] * 1e3:.3f} | {row['ratio']:.2f}"
-                    if row["best_builtin"] else "not run (memory) | - | -")
-            lines.append(f"| {data['ranks']} | {simulate._size_text(row['size_bytes'])} | {row['dims']} | "
-                         f"{row['ddlfast_s'] * 1e3:.3f} | {row['ddlfast_busbw_GBps']:.2f} | "
-                         f"{row['planner_s'] * 1e3:.3f} | {row['planner_s'] / row['ddlfast_s']:.2f} | {best} |")
-        lines.append(f"| {data['ranks']} | agreement alone | | {data['agreement_s'] * 1e3:.3f} | | | | | | |")
+            ours = row["ddlfast_s"]
+            ratio = f"{row['ratio']:.2f}" if row["ratio"] else "-"
+            best = (f"{row['best_builtin']} | {row['best_builtin_s'] * 1e3:.3f} | {ratio}"
+                    if row["best_builtin"] else "not run | - | -")
+            planned = row["planner_s"] * 1e3
+            simulated = (f"{ours * 1e3:.3f} | {row['ddlfast_busbw_GBps']:.2f} | {planned:.3f} | "
+                         f"{row['planner_s'] / ours:.2f}" if ours else f"not run | - | {planned:.3f} | -")
+            lines.append(f"| {data['ranks']} | {simulate._size_text(row['size_bytes'])} | {row['algorithm']} | "
+                         f"{simulated} | {best} |")
+        if data["agreement_s"] is not None:
+            lines.append(f"| {data['ranks']} | agreement alone | | {data['agreement_s'] * 1e3:.3f} | | | | | | |")
     _write(f"sweep-{platform_name}.md", "\n".join(lines) + "\n")
     _plot(platform_name, results, docs or OUT)
 
@@ -109,7 +114,7 @@ def _plot(platform_name: str, results: list[dict], folder: Path) -> None:
     figure, axes = plt.subplots(1, 3, figsize=(16, 4.5))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for index, data in enumerate(results):
-        color, rows = colors[index % len(colors)], data["rows"]
+        color, rows = colors[index % len(colors)], [r for r in data["rows"] if r["ddlfast_s"]]
         axes[0].plot([r["size_bytes"] for r in rows], [r["ddlfast_busbw_GBps"] for r in rows], marker="o",
                      color=color, label=f"ddlfast, {data['ranks']} ranks")
         compared = [r for r in rows if r["ratio"]]
@@ -121,9 +126,10 @@ def _plot(platform_name: str, results: list[dict], folder: Path) -> None:
             axes[1].plot([r["size_bytes"] for r in compared], [r["ratio"] for r in compared], marker="o",
                          color=color, label=f"{data['ranks']} ranks")
     base = results[0]
-    for row in base["rows"]:
+    for row in (r for r in base["rows"] if r["ddlfast_s"]):
         points = [(data["ranks"], other["ddlfast_busbw_GBps"] / row["ddlfast_busbw_GBps"])
-                  for data in results for other in data["rows"] if other["size_bytes"] == row["size_bytes"]]
+                  for data in results for other in data["rows"]
+                  if other["size_bytes"] == row["size_bytes"] and other["ddlfast_s"]]
         axes[2].plot([p[0] for p in points], [p[1] for p in points], marker="o",
                      label=simulate._size_text(row["size_bytes"]))
     for axis, label in ((axes[0], "busbw (GB/s)"), (axes[1], "best built-in time / ddlfast time")):
@@ -145,10 +151,11 @@ def _plot(platform_name: str, results: list[dict], folder: Path) -> None:
     figure.savefig(folder / f"scale-{platform_name}.png", dpi=90)
 
 
-def planner(platform_names: list[str], ranks_list: list[int], sizes: list[int], dims: list[str]) -> None:
+def planner(platform_names: list[str], ranks_list: list[int], sizes: list[int], dims: list[str],
+            docs: Path | None = None) -> None:
     """The planner's prediction of a whole call (cost_model.predict_call: the agreement and the ring, or the
     latency path) beside the simulated time, for auto's pick at every size and for any --dims given."""
-    lines = ["| platform | ranks | size | dims | simulated ms | planner ms | planner/simulated |",
+    lines = ["| platform | ranks | size | algorithm | simulated ms | planner ms | planner/simulated |",
              "|---|---|---|---|---|---|---|"]
     series: dict[str, list[tuple[int, float]]] = {}
     for name in platform_names:
@@ -159,17 +166,17 @@ def planner(platform_names: list[str], ranks_list: list[int], sizes: list[int], 
             for shape in shapes:
                 data = simulate.simulate(platform, ranks, sizes, shape, builtins=[], iters=1, warmup=0)
                 for row in data["rows"]:
-                    lines.append(f"| {name} | {ranks} | {simulate._size_text(row['size_bytes'])} | {row['dims']}"
-                                 f"{'' if shape else ' (auto)'} | {row['ddlfast_s'] * 1e3:.3f} | "
+                    lines.append(f"| {name} | {ranks} | {simulate._size_text(row['size_bytes'])} | "
+                                 f"{row['algorithm']}{'' if shape else ' (auto)'} | {row['ddlfast_s'] * 1e3:.3f} | "
                                  f"{row['planner_s'] * 1e3:.3f} | {row['planner_s'] / row['ddlfast_s']:.2f} |")
                     print(lines[-1], flush=True)
                     label = f"{name}, {ranks} ranks" + ("" if shape is None else f", {row['dims']}")
                     series.setdefault(label, []).append((row["size_bytes"], row["planner_s"] / row["ddlfast_s"]))
     _write(f"planner-{'-'.join(platform_names)}.md", "\n".join(lines) + "\n")
-    _plot_planner(series, f"planner-{'-'.join(platform_names)}.png")
+    _plot_planner(series, (docs / "scale-planner.png") if docs else OUT / f"planner-{'-'.join(platform_names)}.png")
 
 
-def _plot_planner(series: dict[str, list[tuple[int, float]]], name: str) -> None:
+def _plot_planner(series: dict[str, list[tuple[int, float]]], path: Path) -> None:
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -187,7 +194,8 @@ def _plot_planner(series: dict[str, list[tuple[int, float]]], name: str) -> None
     axis.legend(fontsize=7)
     figure.suptitle("ddlfast.plan's cost model against SimGrid SMPI")
     figure.tight_layout()
-    figure.savefig(OUT / name, dpi=100)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100)
 
 
 def resnet50_buckets() -> list[int]:
@@ -236,16 +244,17 @@ def main() -> int:
     parser.add_argument("--sizes", default="4KiB,256KiB,16MiB,256MiB")
     parser.add_argument("--builtins", default=",".join(simulate.BUILTINS))
     parser.add_argument("--dims", default="", help="planner: shapes to simulate beside auto's pick, e.g. 64,4x16")
-    parser.add_argument("--docs", action="store_true", help="sweep: write the plot to docs/ (else out/scale/)")
+    parser.add_argument("--docs", action="store_true", help="sweep, planner: write the plot to docs/ (else out/scale/)")
     parser.add_argument("--kept-only", action="store_true",
                         help="sweep: table and plots from the rank counts already simulated, nothing run")
-    args = parser.parse_args()
+    args = parser.parse_intermixed_args()  # join: the files after the options
     ranks = [int(r) for r in args.ranks.split(",")]
     simulate.require_simgrid()
     simulate.build_driver()
     if args.what == "planner":
         dims = [text for text in args.dims.split(",") if text]
-        planner(args.platform.split(","), ranks, simulate.parse_sizes(args.sizes), dims)
+        docs = Path(__file__).resolve().parents[2] / "docs" if args.docs else None
+        planner(args.platform.split(","), ranks, simulate.parse_sizes(args.sizes), dims, docs)
     elif args.what == "join":
         join(args.platform, ranks[0], args.builtins.split(","), args.files)
     elif args.what == "sweep":
