@@ -4,8 +4,10 @@ beside SMPI's own allreduce algorithms on the same platform (issue 23, docs/scal
     python -m ddlfast.simulate --platform fattree-8gpu --ranks 1024 --sizes 4KiB,1MiB,256MiB
     python -m ddlfast.simulate --platform my_cluster.xml --ranks 64 --sizes 64MiB --dims 8x8 --json
 
-It builds the driver (bench/simulation) with smpicxx when needed, runs one simulation for ddlfast (the ring dims
-ddlfast.plan's model picks for each size on the platform's described links, or --dims) and one per built-in
+It builds the driver (bench/simulation) with smpicxx when needed, runs one simulation for ddlfast (what ddlfast's
+auto runs for each size on the platform's described links: `engine_choice`, the latency path, the ring or
+Rabenseifner's all-2 shape, with a direct reduce-scatter in the dims where the model predicts it faster; or
+--dims) and one per built-in
 MPI_Allreduce algorithm (--cfg=smpi/allreduce:NAME), and prints per size the simulated time and busbw of each, the
 best built-in and the ratio best_builtin_s / ddlfast_s (> 1: ddlfast faster).
 """
@@ -25,11 +27,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddlfast.config import DEFAULT_CHUNK_BYTES, DEFAULT_SMALL_BYTES
+from ddlfast.config import DEFAULT_BUCKET_BYTES, DEFAULT_CHUNK_BYTES, DEFAULT_SMALL_BYTES
 from ddlfast.topology.cost_model import (
     SMPI_FACTORS,
+    Algorithm,
     Cluster,
     PlanError,
+    choose_algorithm,
     parse_bytes,
     parse_link,
     plan,
@@ -46,8 +50,19 @@ COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")
 # The planner's reduction rate where the simulation charges no reduction time (--compute off: SMPI's built-ins
 # never charge theirs, so neither side does).
 FREE_REDUCTION = 1e18
-# Sizes up to this are checked against the exact reference inside the driver; larger ones use shared buffers.
+# Sizes up to this are checked against the exact reference inside the driver, in private memory, as long as all
+# ranks' checked buffers together stay within CHECKED_MEMORY_BYTES (1 MiB at up to 256 ranks, 256 KiB at 1024);
+# larger ones use folded buffers (SMPI_SHARED_MALLOC; the driver copies no large payload and the built-ins reduce
+# nothing on them: bench/simulation/driver.cc).
 CHECK_BYTES = 1 << 20
+CHECKED_MEMORY_BYTES = 256 << 20
+
+
+def check_bytes(ranks: int) -> int:
+    """The largest size the driver checks at `ranks` ranks."""
+    return min(CHECK_BYTES, CHECKED_MEMORY_BYTES // ranks)
+
+
 EXIT_BAD_INPUT = 2
 # SMPI_SHARED_MALLOC folds a buffer by mapping one file block over it again and again: one mapping per block per
 # buffer per rank. With SMPI's default 1 MiB block, 256 ranks x 2 buffers of 256 MiB need 131072 mappings, past
@@ -60,8 +75,11 @@ MAX_MAP_COUNT = 65530  # Linux's default vm.max_map_count
 def shared_mappings(ranks: int, nbytes: int, block: int = SHARED_BLOCK_BYTES) -> int:
     """Memory mappings the driver's two folded buffers of `nbytes` take on `ranks` ranks."""
     return 2 * ranks * -(-nbytes // block)
-# SMPI's built-in algorithms allocate real temporary buffers of the whole message per rank (SMPI_SHARED_MALLOC
-# does not reach inside them): about 3 x ranks x size bytes. Sizes above this budget run ddlfast only.
+
+
+# SMPI's built-in algorithms allocate temporary buffers of the whole message per rank (SMPI_SHARED_MALLOC does
+# not reach inside them): on checked sizes, whose payloads are copied and reduced, about 3 x ranks x size bytes
+# of real memory. Checked sizes above this budget run ddlfast only. (Folded sizes never touch those buffers.)
 BUILTIN_MEMORY_BYTES = 6 << 30
 
 
@@ -94,8 +112,9 @@ class Platform:
         hosts, per_host = self.placement(ranks)
         # SMPI scales every message's latency and rate by its size (smpi/lat-factor, smpi/bw-factor): the
         # planner is told so, as it would be told a real network's per-message costs.
+        # SimGrid's cluster loopback (the link inside a host) is a fat pipe: flows on it do not share it.
         kwargs = {"hosts": hosts, "ranks_per_host": per_host, "gamma": 1 / FREE_REDUCTION, "factors": SMPI_FACTORS,
-                  "chunk_bytes": DEFAULT_CHUNK_BYTES}
+                  "chunk_bytes": DEFAULT_CHUNK_BYTES, "intra_fatpipe": True}
         try:
             if "ddlfast:intra" in self.props:
                 kwargs["intra"] = parse_link(self.props["ddlfast:intra"])
@@ -108,6 +127,27 @@ class Platform:
             return Cluster(**kwargs)
         except (PlanError, ValueError) as error:
             raise SimulationError(f"platform {self.name}: bad ddlfast:* property ({error})") from None
+
+
+def engine_choice(cluster: Cluster, nbytes: int, dims: tuple[int, ...] | None = None) -> Algorithm:
+    """What ddlfast runs for one allreduce of `nbytes` with its defaults: the ring dims auto plans once for the
+    job (`plan` at DDLFAST_BUCKET_BYTES, as topology.placement.decide) or `dims`, then the algorithm per call
+    size (topology.placement.Topology.algorithm): the latency path at or below DDLFAST_SMALL_BYTES, else
+    cost_model.choose_algorithm (a direct reduce-scatter per dimension, or the all-2 shape where auto's dims
+    may be reshaped)."""
+    auto = plan(cluster, DEFAULT_BUCKET_BYTES)[0].dims
+    shape = auto if dims is None else dims
+    if nbytes <= DEFAULT_SMALL_BYTES:
+        return Algorithm("latency", shape)
+    return choose_algorithm(cluster, shape, nbytes, "auto", reshape=shape == auto)
+
+
+def case_text(nbytes: int, choice: Algorithm) -> str:
+    """The driver's --case for one choice: BYTES:DIMS, and :DIRECT (a digit per dimension) where any is direct."""
+    text = f"{nbytes}:{'x'.join(map(str, choice.dims))}"
+    if any(choice.direct):
+        text += ":" + "".join(str(flag) for flag in choice.direct)
+    return text
 
 
 def _expand_radical(radical: str) -> list[int]:
@@ -237,30 +277,68 @@ def busbw(collective: str, ranks: int, nbytes: int, seconds: float) -> float:
     return nbytes / seconds * factor if seconds > 0 else 0.0
 
 
+def _compare(row: dict, collective: str, ranks: int) -> dict:
+    """The row's busbw, best built-in and ratio from its ddlfast_s and builtins_s (either may be missing)."""
+    ours = row["ddlfast_s"]
+    row["ddlfast_busbw_GBps"] = busbw(collective, ranks, row["size_bytes"], ours) / 1e9 if ours else None
+    if row["builtins_s"]:
+        best = min(row["builtins_s"], key=row["builtins_s"].get)
+        theirs = row["builtins_s"][best]
+        row |= {"best_builtin": best, "best_builtin_s": theirs, "ratio": theirs / ours if ours else None}
+    else:
+        row |= {"best_builtin": None, "best_builtin_s": None, "ratio": None}
+    return row
+
+
+def join_reports(parts: Sequence[dict]) -> dict:
+    """One report from runs of the same platform and rank count made side by side (a size, or ddlfast and each
+    built-in, per process): per size, ddlfast's time from the run that has it and every built-in's."""
+    first = parts[0]
+    if any(part["platform"] != first["platform"] or part["ranks"] != first["ranks"]
+           or part["collective"] != first["collective"] for part in parts):
+        raise SimulationError("join: every report must be of the same platform, rank count and collective")
+    by_size: dict[int, dict] = {}
+    for part in parts:
+        for row in part["rows"]:
+            joined = by_size.setdefault(row["size_bytes"], dict(row, builtins_s={}, ddlfast_s=None))
+            if row["ddlfast_s"] is not None:
+                joined |= {key: row[key] for key in ("dims", "algorithm", "ddlfast_s", "planner_s") if key in row}
+            joined["builtins_s"] |= row["builtins_s"]
+    rows = [_compare(by_size[size], first["collective"], first["ranks"]) for size in sorted(by_size)]
+    agreement = next((part["agreement_s"] for part in parts if part["agreement_s"] is not None), None)
+    skipped = [part["builtins_skipped_above_bytes"] for part in parts if part.get("builtins_skipped_above_bytes")]
+    return first | {"rows": rows, "agreement_s": agreement, "builtins_skipped_above_bytes": max(skipped, default=None)}
+
+
 def simulate(platform: Platform, ranks: int, sizes: Sequence[int], dims: tuple[int, ...] | None = None,
              collective: str = "allreduce", builtins: Sequence[str] = BUILTINS, compute: str = "off",
-             iters: int = 2, builtin_memory: int = BUILTIN_MEMORY_BYTES, warmup: int = 1) -> dict:
-    """Runs ddlfast and every built-in on the platform; the report as data (what --json prints)."""
+             iters: int = 2, builtin_memory: int = BUILTIN_MEMORY_BYTES, warmup: int = 1,
+             run_ddlfast: bool = True) -> dict:
+    """Runs ddlfast and every built-in on the platform; the report as data (what --json prints). Without
+    `run_ddlfast`, the built-ins alone (runs made side by side, joined by `join_reports`)."""
     build_driver()  # incremental: nothing to do when the driver is newer than every source
     cluster = platform.cluster(ranks)
     chosen = {}
     for size in sizes:
-        shape = dims if dims is not None else plan(cluster, size)[0].dims
-        chosen[size] = (shape, predict_call(cluster, shape, size, DEFAULT_SMALL_BYTES))
+        choice = engine_choice(cluster, size, dims)
+        chosen[size] = (choice, predict_call(cluster, choice.dims, size, DEFAULT_SMALL_BYTES, choice.direct))
     simulation = Simulation(platform, ranks, compute)
-    common = ["--iters", str(iters), "--warmup", str(warmup), "--check-bytes", str(CHECK_BYTES)]
-    cases = [arg for size in sizes for arg in ("--case", f"{size}:{'x'.join(map(str, chosen[size][0]))}")]
+    checked = check_bytes(ranks)
+    common = ["--iters", str(iters), "--warmup", str(warmup), "--check-bytes", str(checked)]
+    cases = [arg for size in sizes for arg in ("--case", case_text(size, chosen[size][0]))]
     # ddlfast's defaults (ddlfast.config): at or below the small-message limit an allreduce takes the latency
     # path (inside the agreement's butterfly); reduce-scatter and allgather hand off to MPI's own collective,
     # here MPICH's selection (the MPI ddlfast's wheel runs on).
     engine = ["--small-bytes", str(DEFAULT_SMALL_BYTES), "--chunk-bytes", str(DEFAULT_CHUNK_BYTES)]
-    ours = _results(simulation.run(["--collective", collective, *common, *engine, *cases],
-                                   ["--cfg=smpi/allreduce:mpich", "--cfg=smpi/reduce_scatter:mpich",
-                                    "--cfg=smpi/allgather:mpich"]))
-    # The per-call agreement alone (a butterfly of 48-byte headers), which every ddlfast call above includes.
-    agreement = _results(simulation.run(["--collective", "agree", *common, "--case", f"4:{ranks}"]))[4]
+    ours, agreement = {}, None
+    if run_ddlfast:
+        ours = _results(simulation.run(["--collective", collective, *common, *engine, *cases],
+                                       ["--cfg=smpi/allreduce:mpich", "--cfg=smpi/reduce_scatter:mpich",
+                                        "--cfg=smpi/allgather:mpich"]))
+        # The per-call agreement alone (a butterfly of 48-byte headers), which every ddlfast call includes.
+        agreement = _results(simulation.run(["--collective", "agree", *common, "--case", f"4:{ranks}"]))[4]
     theirs: dict[str, dict[int, float]] = {}
-    fitting = [size for size in sizes if 3 * ranks * size <= builtin_memory]
+    fitting = [size for size in sizes if size > checked or 3 * ranks * size <= builtin_memory]
     if collective == "allreduce" and fitting:
         flat = [arg for size in fitting for arg in ("--case", f"{size}:{ranks}")]
         for name in builtins:
@@ -268,17 +346,11 @@ def simulate(platform: Platform, ranks: int, sizes: Sequence[int], dims: tuple[i
                                                    [f"--cfg=smpi/allreduce:{name}"]))
     rows = []
     for size in sizes:
-        row = {"size_bytes": size, "dims": "x".join(map(str, chosen[size][0])), "ddlfast_s": ours[size],
-               "ddlfast_busbw_GBps": busbw(collective, ranks, size, ours[size]) / 1e9,
+        row = {"size_bytes": size, "dims": "x".join(map(str, chosen[size][0].dims)),
+               "algorithm": str(chosen[size][0]), "ddlfast_s": ours.get(size),
                "planner_s": chosen[size][1] if collective == "allreduce" else None,
                "builtins_s": {name: times[size] for name, times in theirs.items() if size in times}}
-        if row["builtins_s"]:
-            best = min(row["builtins_s"], key=row["builtins_s"].get)
-            row |= {"best_builtin": best, "best_builtin_s": theirs[best][size],
-                    "ratio": theirs[best][size] / ours[size]}
-        else:
-            row |= {"best_builtin": None, "best_builtin_s": None, "ratio": None}
-        rows.append(row)
+        rows.append(_compare(row, collective, ranks))
     hosts, per_host = platform.placement(ranks)
     return {"platform": platform.name, "ranks": ranks, "hosts": hosts, "ranks_per_host": per_host,
             "collective": collective, "compute": compute, "iters": iters, "warmup": warmup, "agreement_s": agreement,
@@ -300,10 +372,14 @@ def format_report(data: dict) -> str:
              f"{'best built-in':>14} {'its ms':>10} {'ratio':>6}"]
     for row in data["rows"]:
         planner = f"{row['planner_s'] * 1e3:10.3f}" if row["planner_s"] is not None else f"{'-':>10}"
-        best = (f"{row['best_builtin']:>14} {row['best_builtin_s'] * 1e3:10.3f} {row['ratio']:6.2f}"
+        ratio = f"{row['ratio']:6.2f}" if row["ratio"] else f"{'-':>6}"
+        best = (f"{row['best_builtin']:>14} {row['best_builtin_s'] * 1e3:10.3f} {ratio}"
                 if row["best_builtin"] else f"{'-':>14} {'-':>10} {'-':>6}")
-        lines.append(f"{_size_text(row['size_bytes']):>8} {row['dims']:>12} {row['ddlfast_s'] * 1e3:11.3f} "
-                     f"{row['ddlfast_busbw_GBps']:10.2f} {planner} {best}")
+        ours = (f"{row['ddlfast_s'] * 1e3:11.3f} {row['ddlfast_busbw_GBps']:10.2f}" if row["ddlfast_s"]
+                else f"{'not run':>11} {'-':>10}")
+        lines.append(f"{_size_text(row['size_bytes']):>8} {row['dims']:>12} {ours} {planner} {best}"
+                     + (f"  ({row['algorithm']})" if row.get("algorithm", "").startswith(("direct", "ring "))
+                        and "direct" in row.get("algorithm", "") else ""))
     compared = [row for row in data["rows"] if row["builtins_s"]]
     if compared:
         names = list(dict.fromkeys(name for row in compared for name in row["builtins_s"]))
@@ -315,8 +391,9 @@ def format_report(data: dict) -> str:
     if data.get("builtins_skipped_above_bytes") is not None:
         lines.append("built-ins not run above the memory budget (SMPI's algorithms hold ~3 x ranks x size bytes of "
                      "real memory; --builtin-memory-gib)")
-    lines.append(f"ratio = best built-in time / ddlfast time (> 1: ddlfast faster); ddlfast's times include its "
-                 f"per-call agreement, {data['agreement_s'] * 1e3:.3f} ms alone")
+    lines.append("ratio = best built-in time / ddlfast time (> 1: ddlfast faster)"
+                 + (f"; ddlfast's times include its per-call agreement, {data['agreement_s'] * 1e3:.3f} ms alone"
+                    if data["agreement_s"] is not None else ""))
     return "\n".join(lines)
 
 
@@ -346,7 +423,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="reduction cost: off (network only, like SMPI's built-ins) or this host's measured "
                              "CPU time (docs/scale.md)")
     parser.add_argument("--builtin-memory-gib", type=float, default=BUILTIN_MEMORY_BYTES / 2**30,
-                        help="run the built-ins only at sizes where ~3 x ranks x size fits this much memory")
+                        help="run the built-ins on checked sizes only where ~3 x ranks x size fits this much memory")
     parser.add_argument("--iters", type=int, default=2, help="timed calls per size")
     parser.add_argument("--warmup", type=int, default=1,
                         help="untimed calls per size first (0 gives the same simulated times: nothing is created "
@@ -355,6 +432,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="census check instead: this rank (or range R-S) never joins; every other must name it")
     parser.add_argument("--stall-limit", type=float, default=5.0,
                         help="with --missing-rank: the stall limit in (wall-clock) seconds")
+    parser.add_argument("--builtins-only", action="store_true",
+                        help="run the built-ins alone (to join with runs made side by side: bench/simulation/study.py "
+                             "join)")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     return parser
 
@@ -380,7 +460,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ddlfast.simulate: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     data = simulate(platform, args.ranks, sizes, dims, args.collective, builtins, args.compute, args.iters,
-                    int(args.builtin_memory_gib * 2**30), args.warmup)
+                    int(args.builtin_memory_gib * 2**30), args.warmup, not args.builtins_only)
     print(json.dumps(data, indent=1) if args.json else format_report(data))
     return 0
 

@@ -21,4 +21,7 @@ start=$(date +%s)
 # The driver's own checks: wrong numbers exit non-zero (reduce-scatter and allgather, checked sizes).
 "$VENV/bin/python" -m ddlfast.simulate --platform fattree-8gpu --ranks 16 --sizes 64KiB --collective reduce_scatter
 "$VENV/bin/python" -m ddlfast.simulate --platform fattree-8gpu --ranks 16 --sizes 64KiB --collective allgather
+# The simulation's own tests (skipped in the main run where SimGrid was not installed yet): checked results, the
+# census, auto's choice with direct dimensions, and the planner within 10 % of the simulation (16 ranks, 2 sizes).
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/unit/test_simulate.py
 echo "ddlfast: simulation stage took $(($(date +%s) - start)) s"

@@ -5,13 +5,18 @@
 // there is no Python here.
 //
 //   smpirun ... driver --collective allreduce|reduce_scatter|allgather|builtin|agree
-//                      --case BYTES:DIMS [--case ...] [--iters N] [--warmup N] [--check-bytes N]
+//                      --case BYTES:DIMS[:DIRECT] [--case ...] [--iters N] [--warmup N] [--check-bytes N]
 //                      [--small-bytes N] [--chunk-bytes N] [--missing-rank R --timeout S]
 //                      [--corrupt-rank R]  (R adds 1 to its first input: the check must fail)
 //
-// Per case it prints one line `result <collective> <bytes> <dims> <seconds>`:
-// the slowest rank's simulated time (MPI_Wtime) per call, averaged over the
-// timed iterations after --warmup untimed ones (default 1). `builtin` times MPI_Allreduce itself,
+// DIRECT is one digit per dimension, 1 where that dimension's reduce-scatter is
+// direct (EngineOptions::direct_by_dim, as ddlfast's auto chooses per call
+// size: cost_model.choose_algorithm), e.g. 65536:8x4x4x8:0111.
+//
+// Per case it prints one line `result <collective> <bytes> <dims>[:DIRECT] <seconds>`:
+// the simulated time (MPI_Wtime, one clock for all ranks) from the last rank's
+// entry to the last rank's exit, averaged over the timed iterations after
+// --warmup untimed ones (default 1). `builtin` times MPI_Allreduce itself,
 // whose algorithm smpirun's --cfg=smpi/allreduce:NAME chose; `agree` times the
 // per-call agreement alone (part of every ddlfast call).
 //
@@ -56,6 +61,7 @@ constexpr int kExitEngine = 5;
 struct Case {
   std::size_t bytes;
   std::vector<int> dims;
+  std::vector<int> direct;  // per dimension: 1 = direct reduce-scatter (empty: the ring everywhere)
   std::string dims_text;
 };
 
@@ -103,7 +109,16 @@ Options parse(int argc, char** argv, int rank, int size) {
       Case entry;
       entry.bytes = std::strtoull(value.substr(0, colon).c_str(), nullptr, 10);
       entry.dims_text = colon == std::string::npos ? std::to_string(size) : value.substr(colon + 1);
-      if (entry.bytes == 0 || !parse_dims(entry.dims_text, &entry.dims)) usage(rank, "bad --case " + value);
+      const auto second = entry.dims_text.find(':');
+      const std::string shape = entry.dims_text.substr(0, second);
+      if (entry.bytes == 0 || !parse_dims(shape, &entry.dims)) usage(rank, "bad --case " + value);
+      if (second != std::string::npos) {
+        const std::string direct = entry.dims_text.substr(second + 1);
+        if (direct.size() != entry.dims.size() || direct.find_first_not_of("01") != std::string::npos) {
+          usage(rank, "bad --case " + value + ": give one 0 (ring) or 1 (direct) per dimension");
+        }
+        for (char flag : direct) entry.direct.push_back(flag - '0');
+      }
       long product = 1;
       for (int d : entry.dims) product *= d;
       if (product != size) usage(rank, "dims " + entry.dims_text + " do not multiply to " + std::to_string(size));
@@ -170,13 +185,38 @@ class Buffer {
   float* data_;
 };
 
+// Folded payloads. On buffers of SMPI_SHARED_MALLOC (the unchecked sizes) the contents mean nothing, yet SMPI
+// still copies every message's payload into the receiver's buffer, and the engine's receive slots and the
+// built-ins' temporary buffers are private memory: at 1024 ranks that is gigabytes of copies and of resident
+// memory per call. For those cases messages above kCopiedBytes are not copied (the simulated time is the same:
+// SMPI charges the network model, not the copy), and the built-ins reduce with an operation that does nothing,
+// so their temporary buffers are never touched. Smaller messages (the agreement's headers, the driver's own
+// MPI_Allreduce of times) are copied as always. Checked cases copy everything and reduce for real.
+constexpr std::size_t kCopiedBytes = 64 * 1024;
+
+void copy_payload(smx_activity_t comm, void* buffer, std::size_t bytes) {
+  smpi_comm_copy_buffer_callback(reinterpret_cast<simgrid::kernel::activity::CommImpl*>(comm), buffer, bytes);
+}
+
+void copy_small_payloads(smx_activity_t comm, void* buffer, std::size_t bytes) {
+  if (bytes <= kCopiedBytes) copy_payload(comm, buffer, bytes);
+}
+
+void no_reduction(void*, void*, int*, MPI_Datatype*) {}
+
 // Rank r's input element i: small integers, so every partial sum is exact in float32 at 1024 ranks.
 float input_value(int rank, std::size_t i) { return static_cast<float>(rank % 13 + static_cast<int>(i % 11)); }
 
+// Sum over ranks 0..size-1 of (r % 13), in closed form: the check runs per element on every rank, and a loop over
+// the ranks there made a 1 MiB check at 1024 ranks cost 10^11 additions.
+long rank_term_sum(int size) {
+  const long whole = size / 13;
+  const long rest = size % 13;
+  return whole * (12 * 13 / 2) + rest * (rest - 1) / 2;
+}
+
 float sum_value(int size, std::size_t i) {
-  long total = 0;
-  for (int r = 0; r < size; ++r) total += r % 13;
-  return static_cast<float>(total + static_cast<long>(size) * static_cast<long>(i % 11));
+  return static_cast<float>(rank_term_sum(size) + static_cast<long>(size) * static_cast<long>(i % 11));
 }
 
 // The first element (offset + i) whose value differs from `expected(offset + i)`, or -1.
@@ -193,14 +233,20 @@ struct Runner {
   const Options& options;
   int rank;
   int size;
+  MPI_Op folded_sum;  // the built-ins' reduction on folded buffers (no_reduction)
+  bool checked = true;  // the current case's buffers are private and its result is checked
 
   // One call of the collective on prepared buffers; false (message printed) on an engine failure.
   bool call(const Case& entry, const Buffer& input, const Buffer& output, const ddlfast::EngineOptions& engine_options) {
     const std::vector<int> identity;
     ddlfast::Status status;
     if (options.collective == "builtin") {
-      const int code = MPI_Allreduce(MPI_IN_PLACE, input.data(), static_cast<int>(input.count()), MPI_FLOAT, MPI_SUM,
-                                     MPI_COMM_WORLD);
+      // In place where checked; on folded buffers into the other folded buffer: SMPI's MPI_IN_PLACE copies the
+      // data into a private buffer of the whole message first (64 MiB per rank resident at 64 ranks).
+      const int code = checked ? MPI_Allreduce(MPI_IN_PLACE, input.data(), static_cast<int>(input.count()),
+                                               MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD)
+                               : MPI_Allreduce(input.data(), output.data(), static_cast<int>(input.count()),
+                                               MPI_FLOAT, folded_sum, MPI_COMM_WORLD);
       if (code != MPI_SUCCESS) status = ddlfast::Status(ddlfast::StatusCode::kMpiError, "MPI_Allreduce failed");
     } else {
       bool agreed = false;
@@ -231,7 +277,8 @@ struct Runner {
     const std::size_t block = entry.bytes / sizeof(float) / size * sizeof(float);
     if (options.collective == "reduce_scatter") return {block * size, block};
     if (options.collective == "allgather") return {block, block * size};
-    return {entry.bytes / sizeof(float) * sizeof(float), sizeof(float)};
+    const std::size_t whole = entry.bytes / sizeof(float) * sizeof(float);
+    return {whole, options.collective == "builtin" ? whole : sizeof(float)};
   }
 
   void fill(const Buffer& input) const {
@@ -259,9 +306,12 @@ struct Runner {
   // Runs one case; returns the exit status (0: fine).
   int run(const Case& entry) {
     const auto [in_bytes, out_bytes] = sizes(entry);
-    const bool checked = entry.bytes <= options.check_bytes && options.collective != "agree";
+    checked = entry.bytes <= options.check_bytes && options.collective != "agree";
+    smpi_comm_set_copy_data_callback(checked ? copy_payload : copy_small_payloads);
     Buffer input(in_bytes, !checked);
     Buffer output(out_bytes, !checked);
+    ddlfast::EngineOptions engine = options.engine;
+    engine.direct_by_dim = entry.direct;
     double total = 0.0;
     for (int iteration = 1 - options.warmup; iteration <= options.iters; ++iteration) {
       if (checked) fill(input);
@@ -269,11 +319,14 @@ struct Runner {
       ddlfast_sim_wait_start = -1.0;
       ddlfast_sim_pending_count = 0;
       MPI_Barrier(MPI_COMM_WORLD);
-      const double start = MPI_Wtime();
-      if (!call(entry, input, output, options.engine)) return kExitEngine;
-      double elapsed = MPI_Wtime() - start;
-      MPI_Allreduce(MPI_IN_PLACE, &elapsed, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-      if (iteration > 0) total += elapsed;  // iterations <= 0: warm-up
+      // A barrier releases ranks up to a few message latencies apart (the last ones out wait for its last
+      // messages), so each rank's own elapsed time would add that skew to the call. MPI_Wtime is one simulated
+      // clock for every rank: the call is timed from the last rank's entry to the last rank's exit.
+      double times[2] = {MPI_Wtime(), 0.0};  // this rank's entry, exit
+      if (!call(entry, input, output, engine)) return kExitEngine;
+      times[1] = MPI_Wtime();
+      MPI_Allreduce(MPI_IN_PLACE, times, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      if (iteration > 0) total += times[1] - times[0];  // iterations <= 0: warm-up
       if (checked) {
         long wrong = check(input, output);
         if (wrong >= 0) {
@@ -346,7 +399,8 @@ int main(int argc, char** argv) {
       MPI_Abort(MPI_COMM_WORLD, kExitEngine);
     }
   }
-  Runner runner{context.get(), options, rank, size};
+  Runner runner{context.get(), options, rank, size, MPI_OP_NULL};
+  MPI_Op_create(no_reduction, 1, &runner.folded_sum);
   int status = 0;
   if (options.missing_rank >= 0) {
     status = runner.missing_ranks(options.cases.front());
@@ -357,6 +411,7 @@ int main(int argc, char** argv) {
     }
   }
   context.reset();
+  MPI_Op_free(&runner.folded_sum);
   MPI_Finalize();
   return status;
 }

@@ -27,7 +27,7 @@ from resnet50_shapes import resnet50_shapes  # noqa: E402
 from ddlfast import simulate  # noqa: E402
 from ddlfast.config import DEFAULT_BUCKET_BYTES, DEFAULT_FIRST_BUCKET_BYTES  # noqa: E402
 from ddlfast.fusion.bucketing import assign_buckets  # noqa: E402
-from ddlfast.topology.cost_model import step_efficiency  # noqa: E402
+from ddlfast.topology.cost_model import link_bound, step_efficiency  # noqa: E402
 
 OUT = Path("out/scale")
 # PowerAI DDL's ResNet-50: 90 epochs of ImageNet-1k (1.28M images) in 50 minutes on 256 P100 = 150 images/s per
@@ -67,16 +67,21 @@ def sweep(platform_name: str, ranks_list: list[int], sizes: list[int], builtins:
             path.write_text(json.dumps(data, indent=1))
         results.append(data)
         print(simulate.format_report(data), flush=True)
-    lines = ["| ranks | size | dims | ddlfast ms | busbw GB/s | planner ms | planner/sim | best built-in | its ms "
-             "| ratio |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| ranks | size | auto's algorithm | ddlfast ms | busbw GB/s | planner ms | planner/sim | best built-in "
+             "| its ms | ratio |", "|---|---|---|---|---|---|---|---|---|---|"]
     for data in results:
         for row in data["rows"]:
-            best = (f"{row['best_builtin']} | {row['best_builtin_s'] * 1e3:.3f} | {row['ratio']:.2f}"
-                    if row["best_builtin"] else "not run (memory) | - | -")
-            lines.append(f"| {data['ranks']} | {simulate._size_text(row['size_bytes'])} | {row['dims']} | "
-                         f"{row['ddlfast_s'] * 1e3:.3f} | {row['ddlfast_busbw_GBps']:.2f} | "
-                         f"{row['planner_s'] * 1e3:.3f} | {row['planner_s'] / row['ddlfast_s']:.2f} | {best} |")
-        lines.append(f"| {data['ranks']} | agreement alone | | {data['agreement_s'] * 1e3:.3f} | | | | | | |")
+            ours = row["ddlfast_s"]
+            ratio = f"{row['ratio']:.2f}" if row["ratio"] else "-"
+            best = (f"{row['best_builtin']} | {row['best_builtin_s'] * 1e3:.3f} | {ratio}"
+                    if row["best_builtin"] else "not run | - | -")
+            planned = row["planner_s"] * 1e3
+            simulated = (f"{ours * 1e3:.3f} | {row['ddlfast_busbw_GBps']:.2f} | {planned:.3f} | "
+                         f"{row['planner_s'] / ours:.2f}" if ours else f"not run | - | {planned:.3f} | -")
+            lines.append(f"| {data['ranks']} | {simulate._size_text(row['size_bytes'])} | {row['algorithm']} | "
+                         f"{simulated} | {best} |")
+        if data["agreement_s"] is not None:
+            lines.append(f"| {data['ranks']} | agreement alone | | {data['agreement_s'] * 1e3:.3f} | | | | | | |")
     _write(f"sweep-{platform_name}.md", "\n".join(lines) + "\n")
     _plot(platform_name, results, docs or OUT)
 
@@ -87,13 +92,12 @@ def join(platform_name: str, ranks: int, builtins: list[str], files: list[Path])
     parts = [json.loads(path.read_text()) for path in files]
     if any(part["platform"] != platform_name or part["ranks"] != ranks for part in parts):
         raise SystemExit(f"join: every file must be a {platform_name} run at {ranks} ranks")
-    rows = sorted((row for part in parts for row in part["rows"]), key=lambda row: row["size_bytes"])
-    skipped = [part["builtins_skipped_above_bytes"] for part in parts if part["builtins_skipped_above_bytes"]]
-    data = parts[0] | {"rows": rows, "builtins": builtins, "builtins_skipped_above_bytes": max(skipped, default=None)}
+    data = simulate.join_reports(parts) | {"builtins": builtins}
     path = OUT / f"sweep-{platform_name}-{ranks}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1))
-    print(f"{path}: {len(rows)} sizes")
+    print(simulate.format_report(data))
+    print(f"{path}: {len(data['rows'])} sizes")
 
 
 def _plot(platform_name: str, results: list[dict], folder: Path) -> None:
@@ -110,7 +114,7 @@ def _plot(platform_name: str, results: list[dict], folder: Path) -> None:
     figure, axes = plt.subplots(1, 3, figsize=(16, 4.5))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for index, data in enumerate(results):
-        color, rows = colors[index % len(colors)], data["rows"]
+        color, rows = colors[index % len(colors)], [r for r in data["rows"] if r["ddlfast_s"]]
         axes[0].plot([r["size_bytes"] for r in rows], [r["ddlfast_busbw_GBps"] for r in rows], marker="o",
                      color=color, label=f"ddlfast, {data['ranks']} ranks")
         compared = [r for r in rows if r["ratio"]]
@@ -122,9 +126,10 @@ def _plot(platform_name: str, results: list[dict], folder: Path) -> None:
             axes[1].plot([r["size_bytes"] for r in compared], [r["ratio"] for r in compared], marker="o",
                          color=color, label=f"{data['ranks']} ranks")
     base = results[0]
-    for row in base["rows"]:
+    for row in (r for r in base["rows"] if r["ddlfast_s"]):
         points = [(data["ranks"], other["ddlfast_busbw_GBps"] / row["ddlfast_busbw_GBps"])
-                  for data in results for other in data["rows"] if other["size_bytes"] == row["size_bytes"]]
+                  for data in results for other in data["rows"]
+                  if other["size_bytes"] == row["size_bytes"] and other["ddlfast_s"]]
         axes[2].plot([p[0] for p in points], [p[1] for p in points], marker="o",
                      label=simulate._size_text(row["size_bytes"]))
     for axis, label in ((axes[0], "busbw (GB/s)"), (axes[1], "best built-in time / ddlfast time")):
@@ -146,10 +151,11 @@ def _plot(platform_name: str, results: list[dict], folder: Path) -> None:
     figure.savefig(folder / f"scale-{platform_name}.png", dpi=90)
 
 
-def planner(platform_names: list[str], ranks_list: list[int], sizes: list[int], dims: list[str]) -> None:
+def planner(platform_names: list[str], ranks_list: list[int], sizes: list[int], dims: list[str],
+            docs: Path | None = None) -> None:
     """The planner's prediction of a whole call (cost_model.predict_call: the agreement and the ring, or the
     latency path) beside the simulated time, for auto's pick at every size and for any --dims given."""
-    lines = ["| platform | ranks | size | dims | simulated ms | planner ms | planner/simulated |",
+    lines = ["| platform | ranks | size | algorithm | simulated ms | planner ms | planner/simulated |",
              "|---|---|---|---|---|---|---|"]
     series: dict[str, list[tuple[int, float]]] = {}
     for name in platform_names:
@@ -160,17 +166,17 @@ def planner(platform_names: list[str], ranks_list: list[int], sizes: list[int], 
             for shape in shapes:
                 data = simulate.simulate(platform, ranks, sizes, shape, builtins=[], iters=1, warmup=0)
                 for row in data["rows"]:
-                    lines.append(f"| {name} | {ranks} | {simulate._size_text(row['size_bytes'])} | {row['dims']}"
-                                 f"{'' if shape else ' (auto)'} | {row['ddlfast_s'] * 1e3:.3f} | "
+                    lines.append(f"| {name} | {ranks} | {simulate._size_text(row['size_bytes'])} | "
+                                 f"{row['algorithm']}{'' if shape else ' (auto)'} | {row['ddlfast_s'] * 1e3:.3f} | "
                                  f"{row['planner_s'] * 1e3:.3f} | {row['planner_s'] / row['ddlfast_s']:.2f} |")
                     print(lines[-1], flush=True)
                     label = f"{name}, {ranks} ranks" + ("" if shape is None else f", {row['dims']}")
                     series.setdefault(label, []).append((row["size_bytes"], row["planner_s"] / row["ddlfast_s"]))
     _write(f"planner-{'-'.join(platform_names)}.md", "\n".join(lines) + "\n")
-    _plot_planner(series, f"planner-{'-'.join(platform_names)}.png")
+    _plot_planner(series, (docs / "scale-planner.png") if docs else OUT / f"planner-{'-'.join(platform_names)}.png")
 
 
-def _plot_planner(series: dict[str, list[tuple[int, float]]], name: str) -> None:
+def _plot_planner(series: dict[str, list[tuple[int, float]]], path: Path) -> None:
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -188,7 +194,8 @@ def _plot_planner(series: dict[str, list[tuple[int, float]]], name: str) -> None
     axis.legend(fontsize=7)
     figure.suptitle("ddlfast.plan's cost model against SimGrid SMPI")
     figure.tight_layout()
-    figure.savefig(OUT / name, dpi=100)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100)
 
 
 def resnet50_buckets() -> list[int]:
@@ -199,28 +206,33 @@ def resnet50_buckets() -> list[int]:
     return [sum(nbytes[i] for i in bucket.indices) for bucket in buckets]
 
 
-def resnet50(ranks_list: list[int]) -> None:
+def resnet50(ranks_list: list[int], builtins: list[str]) -> None:
+    """PowerAI DDL's case: ResNet-50's buckets on ddl-64x4, each allreduced as auto runs it; the step's
+    communication is their sum (no overlap with backward), and the efficiency follows with the paper's compute."""
     platform = simulate.load_platform("ddl-64x4")
     buckets = resnet50_buckets()
     distinct = sorted(set(buckets))
     lines = [f"ResNet-50 gradients: {sum(buckets) / 2**20:.1f} MiB in {len(buckets)} buckets "
              f"({', '.join(simulate._size_text(b) if b % 1024 == 0 else f'{b / 2**20:.2f}MiB' for b in buckets)}); "
              f"compute per step {DDL_COMPUTE_S * 1e3:.0f} ms (from the paper), no overlap", "",
-             "| ranks | dims per bucket | allreduce per step ms | best built-in per step ms | efficiency | paper |",
-             "|---|---|---|---|---|---|"]
+             "| ranks | algorithm per bucket | allreduce per step ms | planner ms | host-link bound ms "
+             "| best built-in per step ms | efficiency | planner's efficiency | paper |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for ranks in ranks_list:
-        data = simulate.simulate(platform, ranks, distinct, builtins=["rab1", "rab_rdb", "ompi", "mvapich2"], iters=1,
-                                 builtin_memory=4 << 30)
+        data = simulate.simulate(platform, ranks, distinct, builtins=builtins, iters=1, warmup=0)
         by_size = {row["size_bytes"]: row for row in data["rows"]}
         ours = sum(by_size[b]["ddlfast_s"] for b in buckets)
+        predicted = sum(by_size[b]["planner_s"] for b in buckets)
         compared = all(by_size[b]["best_builtin_s"] for b in buckets)
-        theirs = f"{sum(by_size[b]['best_builtin_s'] for b in buckets) * 1e3:.2f}" if compared else "not run (memory)"
-        dims = ", ".join(sorted({by_size[b]["dims"] for b in buckets}))
-        efficiency = step_efficiency(DDL_COMPUTE_S, ours)
-        lines.append(f"| {ranks} | {dims} | {ours * 1e3:.2f} | {theirs} | {efficiency:.1%} | "
-                     f"{DDL_EFFICIENCY:.0%} |")
+        theirs = f"{sum(by_size[b]['best_builtin_s'] for b in buckets) * 1e3:.2f}" if compared else "not run"
+        algorithms = "; ".join(by_size[b]["algorithm"] for b in buckets)
+        bound = link_bound(platform.cluster(ranks), sum(buckets))
+        lines.append(f"| {ranks} | {algorithms} | {ours * 1e3:.2f} | {predicted * 1e3:.2f} | {bound * 1e3:.2f} | "
+                     f"{theirs} | {step_efficiency(DDL_COMPUTE_S, ours):.1%} | "
+                     f"{step_efficiency(DDL_COMPUTE_S, predicted):.1%} | {DDL_EFFICIENCY:.0%} |")
         print(lines[-1], flush=True)
-    _write("resnet50-ddl-64x4.md", "\n".join(lines) + "\n")
+        _write(f"resnet50-ddl-64x4-{ranks}.json", json.dumps(data, indent=1))
+    _write(f"resnet50-ddl-64x4-{'-'.join(map(str, ranks_list))}.md", "\n".join(lines) + "\n")
 
 
 def main() -> int:
@@ -232,23 +244,24 @@ def main() -> int:
     parser.add_argument("--sizes", default="4KiB,256KiB,16MiB,256MiB")
     parser.add_argument("--builtins", default=",".join(simulate.BUILTINS))
     parser.add_argument("--dims", default="", help="planner: shapes to simulate beside auto's pick, e.g. 64,4x16")
-    parser.add_argument("--docs", action="store_true", help="sweep: write the plot to docs/ (else out/scale/)")
+    parser.add_argument("--docs", action="store_true", help="sweep, planner: write the plot to docs/ (else out/scale/)")
     parser.add_argument("--kept-only", action="store_true",
                         help="sweep: table and plots from the rank counts already simulated, nothing run")
-    args = parser.parse_args()
+    args = parser.parse_intermixed_args()  # join: the files after the options
     ranks = [int(r) for r in args.ranks.split(",")]
     simulate.require_simgrid()
     simulate.build_driver()
     if args.what == "planner":
         dims = [text for text in args.dims.split(",") if text]
-        planner(args.platform.split(","), ranks, simulate.parse_sizes(args.sizes), dims)
+        docs = Path(__file__).resolve().parents[2] / "docs" if args.docs else None
+        planner(args.platform.split(","), ranks, simulate.parse_sizes(args.sizes), dims, docs)
     elif args.what == "join":
         join(args.platform, ranks[0], args.builtins.split(","), args.files)
     elif args.what == "sweep":
         docs = Path(__file__).resolve().parents[2] / "docs" if args.docs else None
         sweep(args.platform, ranks, simulate.parse_sizes(args.sizes), args.builtins.split(","), docs, args.kept_only)
     else:
-        resnet50(ranks)
+        resnet50(ranks, [name for name in args.builtins.split(",") if name])
     return 0
 
 

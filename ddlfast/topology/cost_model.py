@@ -29,6 +29,7 @@ to the ring, or, at or below the small-message limit, is the latency path (the s
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from ddlfast import config
-from ddlfast.config import DEFAULT_CHUNK_BYTES
+from ddlfast.config import DEFAULT_CHUNK_BYTES, DEFAULT_RECEIVES_IN_FLIGHT
 from ddlfast.errors import DdlfastError
 
 # Defaults where nothing was measured or described (DDLFAST_PROBE=0): shared memory and a 10 Gbit/s network.
@@ -202,6 +203,10 @@ class Cluster:
     group: Link | None = None  # a group's uplink, shared by its hosts; None: no limit beyond the host links
     factors: MessageFactors = MessageFactors()  # per-message-size latency and rate multipliers (none: 1)
     chunk_bytes: int = DEFAULT_CHUNK_BYTES  # the largest message a ring step sends (DDLFAST_CHUNK_BYTES)
+    # Messages inside a host do not share its link (a crossbar, or SimGrid's cluster loopback, a fat pipe): the
+    # chunks of a step in flight at once, up to `window`, each run at the full rate.
+    intra_fatpipe: bool = False
+    window: int = DEFAULT_RECEIVES_IN_FLIGHT  # chunks a rank receives at once (DDLFAST_RECEIVES_IN_FLIGHT)
 
     def __post_init__(self) -> None:
         if self.hosts < 1 or self.ranks_per_host < 1:
@@ -294,7 +299,12 @@ def _step_cost(cluster: Cluster, block: float, sent: int, edges_out: Any, before
     lat_factor, rate_factor = factors.latency_factor(message), factors.bandwidth_factor(message)
     intra_edges, host_out = edges_out(before, size, cluster.ranks, rph)
     tiers = []
-    if intra_edges:
+    if intra_edges and cluster.intra_fatpipe and sent * block > message:
+        # Rounds of up to `window` chunks, each round a message's latency and one chunk's transfer.
+        rounds = -(-math.ceil(sent * block / message) // cluster.window)
+        latency = cluster.intra.alpha * lat_factor
+        tiers.append((latency, rounds * (latency + message * cluster.intra.beta / rate_factor) - latency))
+    elif intra_edges:
         tiers.append((cluster.intra.alpha * lat_factor, sent * block * cluster.intra.beta / rate_factor))
     if host_out:
         tiers.append((cluster.inter.alpha * lat_factor, host_out * block * cluster.inter.beta / rate_factor))
@@ -305,29 +315,52 @@ def _step_cost(cluster: Cluster, block: float, sent: int, edges_out: Any, before
     return max(tiers, key=sum, default=(0.0, 0.0))
 
 
-def _butterfly_tier(cluster: Cluster, distance: int) -> Link:
-    """The slowest link between ranks `distance` apart in a butterfly step (host-contiguous placement)."""
-    group_ranks = cluster.ranks_per_host * cluster.hosts_per_group
-    if cluster.group is not None and cluster.groups > 1 and distance >= group_ranks:
-        return cluster.group
-    return cluster.inter if distance >= cluster.ranks_per_host else cluster.intra
+def _butterfly_partners(ranks: int) -> list[np.ndarray]:
+    """Each rank's partner in every step of src/algo/butterfly.cc's butterfly (-1: idle in that step): the fold of
+    the first 2*rest ranks in pairs (r, r^1), log2 of the largest power of two of exchange steps, the fold back."""
+    power = 1 << (ranks.bit_length() - 1)
+    rest = ranks - power
+    v = np.arange(ranks)
+    index = np.where(v < 2 * rest, np.where(v % 2 == 1, v // 2, -1), v - rest)
+    fold = np.where(v < 2 * rest, v ^ 1, -1)
+    steps = [fold] if rest else []
+    mask = 1
+    while mask < power:
+        other = index ^ mask
+        steps.append(np.where(index < 0, -1, np.where(other < rest, 2 * other + 1, other + rest)))
+        mask *= 2
+    return steps + ([fold] if rest else [])
 
 
 def butterfly_seconds(cluster: Cluster, nbytes: float) -> float:
     """Seconds of a butterfly (recursive doubling, src/algo/butterfly.h) carrying `nbytes` per message: log2(P)
     exchange steps at distance 1, 2, 4, ...; a rank count that is no power of two folds the extra ranks in
-    first and hands them the result last (two more steps). The per-call agreement is this with a small header;
-    the latency path (sizes <= DDLFAST_SMALL_BYTES) is this with the data."""
+    first and hands them the result last (two more steps). A step costs its slowest tier: the latency of the
+    link it crosses and the messages sharing it (a host's ranks all send off the host at once in the steps that
+    leave it, over its one link). The per-call agreement is this with a small header; the latency path (sizes
+    <= DDLFAST_SMALL_BYTES) is this with the data."""
     ranks = cluster.ranks
     if ranks == 1:
         return 0.0
+    v = np.arange(ranks)
+    rph, group_ranks = cluster.ranks_per_host, cluster.ranks_per_host * cluster.hosts_per_group
+    total = 0.0
+    for partner in _butterfly_partners(ranks):
+        active = partner >= 0
+        senders, receivers = v[active], partner[active]
+        costs = []
+        off_host = senders // rph != receivers // rph
+        if (~off_host).any():
+            costs.append(cluster.factors.message(cluster.intra, nbytes))
+        if off_host.any():
+            load = int(np.bincount(senders[off_host] // rph).max())
+            costs.append(cluster.factors.message(cluster.inter, nbytes, load))
+            off_group = senders // group_ranks != receivers // group_ranks
+            if cluster.group is not None and cluster.groups > 1 and off_group.any():
+                load = int(np.bincount(senders[off_group] // group_ranks).max())
+                costs.append(cluster.factors.message(cluster.group, nbytes, load))
+        total += max(costs)
     power = 1 << (ranks.bit_length() - 1)
-    total, distance = 0.0, 1
-    while distance < power:
-        total += cluster.factors.message(_butterfly_tier(cluster, distance), nbytes)
-        distance *= 2
-    if power != ranks:
-        total += 2 * cluster.factors.message(_butterfly_tier(cluster, power), nbytes)
     total += (power.bit_length() - 1) * nbytes * cluster.gamma
     return total
 
@@ -338,12 +371,13 @@ AGREEMENT_BYTES = 48
 
 
 def predict_call(cluster: Cluster, dims: Sequence[int], nbytes: float,
-                 small_bytes: int = config.DEFAULT_SMALL_BYTES) -> float:
+                 small_bytes: int = config.DEFAULT_SMALL_BYTES, direct: Sequence[int] = ()) -> float:
     """Predicted seconds of one ddlfast allreduce call as ddlfast.allreduce runs it: at or below `small_bytes`
-    the latency path (the agreement's butterfly carrying the data), above it the agreement and then the ring."""
+    the latency path (the agreement's butterfly carrying the data), above it the agreement and then the ring
+    (`direct` as in `predict`)."""
     if nbytes <= small_bytes:
         return butterfly_seconds(cluster, AGREEMENT_BYTES + nbytes)
-    return butterfly_seconds(cluster, AGREEMENT_BYTES) + predict(cluster, dims, nbytes).seconds
+    return butterfly_seconds(cluster, AGREEMENT_BYTES) + predict(cluster, dims, nbytes, direct).seconds
 
 
 def factorizations(n: int, max_factors: int) -> list[tuple[int, ...]]:

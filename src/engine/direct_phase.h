@@ -108,10 +108,11 @@ class DirectHostSteps {
                   std::size_t chunk_elems, Wire wire, HostScratch* scratch)
       : data_(data), wire_(wire) {
     window_ = static_cast<std::size_t>(slots) * (phase.blocks.size() - 1);
-    slot_bytes_ = wire_.bytes(chunk_elems);
+    const std::size_t largest = std::min(chunk_elems, largest_count(chunks.receives));  // ring_phases.h
+    slot_bytes_ = wire_.bytes(largest);
     if (scratch->receive_slots.size() < window_ * slot_bytes_) scratch->receive_slots.resize(window_ * slot_bytes_);
     receive_slots_ = scratch->receive_slots.data();
-    const std::size_t sum_doubles = (sum_bytes(chunk_elems) + sizeof(double) - 1) / sizeof(double);
+    const std::size_t sum_doubles = (sum_bytes(largest) + sizeof(double) - 1) / sizeof(double);
     if (scratch->accumulator.size() < sum_doubles) scratch->accumulator.resize(sum_doubles);
     accumulator_ = reinterpret_cast<char*>(scratch->accumulator.data());
     if constexpr (!Wire::kInPlace) {

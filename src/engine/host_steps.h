@@ -148,7 +148,7 @@ class HostSteps {
             std::size_t chunk_elems, Wire wire, HostScratch* scratch)
       : data_(data), reduces_(phase.kind == PhaseKind::kReduceScatter), slots_(slots), wire_(wire) {
     if (reduces_) {
-      slot_bytes_ = wire_.bytes(chunk_elems);
+      slot_bytes_ = wire_.bytes(std::min(chunk_elems, largest_count(chunks.receives)));
       if (scratch->receive_slots.size() < slots_ * slot_bytes_) scratch->receive_slots.resize(slots_ * slot_bytes_);
       receive_slots_ = scratch->receive_slots.data();
     }

@@ -51,6 +51,15 @@ struct ChunkItem {
   std::size_t count;
 };
 
+// The largest of `items`' counts (at least 1). Receive slots are sized to it, not to the chunk limit: a call
+// whose blocks are smaller than a chunk held (and zeroed) chunk-sized slots, 4 MiB per rank for a ring and
+// 4 x (d-1) MiB for a direct dimension of d ranks (28 GiB of slots for 1 MiB at 1024 simulated ranks).
+inline std::size_t largest_count(const std::vector<ChunkItem>& items) {
+  std::size_t largest = 1;
+  for (const ChunkItem& item : items) largest = std::max(largest, item.count);
+  return largest;
+}
+
 // Cuts `range` into chunks of at most chunk_elems that never cross a segment
 // boundary; sender and receiver cut the same range identically.
 inline void append_chunks(const SegmentedBuffer& data, int step, ElementRange range, std::size_t chunk_elems,

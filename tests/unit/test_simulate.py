@@ -149,3 +149,63 @@ def test_folded_sizes_run_past_the_shared_block() -> None:
     data = simulate.simulate(platform, 8, [3 << 20, (2 << 20) + 12], builtins=(), iters=1, warmup=0)
     assert [row["size_bytes"] for row in data["rows"]] == [3 << 20, (2 << 20) + 12]
     assert all(row["ddlfast_s"] > 0 for row in data["rows"])
+
+
+@needs_simgrid
+def test_the_simulated_rows_run_what_auto_chooses_with_a_direct_reduce_scatter() -> None:
+    # ddlfast's rows are the algorithm auto runs per size (engine_choice: auto's dims for the job, then per size
+    # the cost model's choice), direct reduce-scatter dimensions included, checked at 64 KiB.
+    platform = simulate.load_platform("ethernet-10g")
+    cluster = platform.cluster(16)
+    data = simulate.simulate(platform, 16, [65536, 16 << 20], builtins=(), iters=1, warmup=0)
+    for row in data["rows"]:
+        choice = simulate.engine_choice(cluster, row["size_bytes"])
+        assert (row["algorithm"], row["dims"]) == (str(choice), "x".join(map(str, choice.dims)))
+        assert row["ddlfast_s"] > 0
+    assert any(flag for flag in simulate.engine_choice(cluster, 65536).direct), "a direct dimension is simulated"
+
+
+@needs_simgrid
+@pytest.mark.parametrize("name", ["ddl-64x4", "fattree-8gpu", "ethernet-1g", "ethernet-10g", "two-rail"])
+def test_the_planner_predicts_the_simulated_call_within_10_percent(name: str) -> None:
+    # Issue 23: predicted against simulated within 10 % (docs/scale.md has every platform and rank count; CI keeps
+    # to 16 ranks and two sizes: the latency path, 0.49-0.72 before the butterfly's shared host links and the
+    # barrier's skew were accounted for, and a ring above a chunk per step).
+    data = simulate.simulate(simulate.load_platform(name), 16, [4096, 16 << 20], builtins=(), iters=1, warmup=0)
+    for row in data["rows"]:
+        assert row["planner_s"] == pytest.approx(row["ddlfast_s"], rel=0.10), (name, row)
+
+
+@needs_simgrid
+def test_folded_payloads_take_the_same_simulated_time() -> None:
+    # Above the check limit the driver copies no large payload and the built-ins reduce nothing (1024 ranks x
+    # 256 MiB fit); SMPI charges the network model either way, so the times equal those of a checked run.
+    simulate.build_driver()
+    run = simulate.Simulation(simulate.load_platform("fattree-8gpu"), 16).run
+    times = {}
+    for check in (0, 8 << 20):
+        common = ["--iters", "1", "--warmup", "0", "--check-bytes", str(check)]
+        ours = run([*common, "--case", "4194304:8x2:10"])
+        theirs = run(["--collective", "builtin", *common, "--case", "4194304:16"], ["--cfg=smpi/allreduce:rab_rdb"])
+        assert ours.count("unchecked" if check == 0 else " checked") == 1
+        times[check] = (simulate._results(ours)[4194304], simulate._results(theirs)[4194304])
+    assert times[0] == times[8 << 20]
+
+
+def test_runs_made_side_by_side_join_into_one_report() -> None:
+    def report(rows: list[dict], agreement: float | None) -> dict:
+        return {"platform": "fattree-8gpu", "ranks": 1024, "collective": "allreduce", "agreement_s": agreement,
+                "rows": rows, "builtins_skipped_above_bytes": None}
+
+    def row(size: int, ours: float | None, theirs: dict[str, float]) -> dict:
+        return {"size_bytes": size, "dims": "32x32", "algorithm": "ring 32x32", "ddlfast_s": ours,
+                "planner_s": 1.0, "builtins_s": theirs}
+
+    joined = simulate.join_reports([report([row(2048, 2.0, {})], 0.1), report([row(2048, None, {"rdb": 1.0})], None),
+                                    report([row(1024, None, {"lr": 3.0, "rdb": 4.0})], None)])
+    assert [r["size_bytes"] for r in joined["rows"]] == [1024, 2048] and joined["agreement_s"] == 0.1
+    small, large = joined["rows"]
+    assert (large["ddlfast_s"], large["best_builtin"], large["ratio"]) == (2.0, "rdb", 0.5)
+    assert (small["ddlfast_s"], small["best_builtin"], small["ratio"]) == (None, "lr", None)
+    with pytest.raises(simulate.SimulationError, match="same platform"):
+        simulate.join_reports([report([], None), report([], None) | {"ranks": 16}])
