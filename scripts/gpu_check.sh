@@ -18,6 +18,7 @@
 #   bandwidth  the reduce, cast and pack kernels against the device's copy bandwidth at 256 MiB
 #   gpubench   bench/gpu_pipeline.py at P=2 and 4: GPU path vs host copies 1-256 MiB, overlap with products,
 #              CUDA traces (OUT/traces.tgz)
+#   crossover  the same at 1-16 MiB with the GPU ring forced (DDLFAST_GPU_RING_MIN_BYTES=0)
 #   memcheck   compute-sanitizer memcheck on a 2-rank GPU ring run (tests/cuda/programs/device_ring_cases.py)
 #   racecheck  compute-sanitizer racecheck, the same
 #   hostbench  python -m ddlfast.bench at P=8 and 16 beside MPI_Allreduce (a core per rank)
@@ -32,7 +33,7 @@ OUT=$(cd "$OUT" && pwd)
 PYTHON=${PYTHON:-python3}
 PY=$("$PYTHON" -c 'import sys; print(sys.executable)')
 BIN=$(dirname "$PY")
-STEPS=${STEPS:-info install build tests bandwidth gpubench memcheck hostbench overlap torchstep racecheck}
+STEPS=${STEPS:-info install build tests bandwidth gpubench crossover memcheck hostbench overlap torchstep racecheck}
 LOG=$OUT/gpu_check.log
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 failed=0
@@ -89,6 +90,13 @@ for s in $STEPS; do
         --trace /tmp/gpu-traces --json "/tmp/gpu-traces/gpu_pipeline_P$p.json"
     done
     tar -C /tmp/gpu-traces -czf "$OUT/traces.tgz" .
+    ;;
+  crossover)
+    # The staged GPU ring against host copies around DDLFAST_GPU_RING_MIN_BYTES (default 4 MiB): the ring forced.
+    for p in 2 4; do
+      TAIL=8 step "crossover_P$p" 180 env DDLFAST_GPU_RING_MIN_BYTES=0 "$BIN/mpiexec" -n "$p" "$PY" \
+        bench/gpu_pipeline.py --sizes 1,2,4,8,16 --iters 5
+    done
     ;;
   memcheck | racecheck)
     step "$s" 180 "$BIN/mpiexec" -n 2 compute-sanitizer --tool "$s" --error-exitcode 9 --print-limit 20 \
