@@ -185,6 +185,10 @@ class EngineState:
         options = _core.CallOptions(choice.dims, settings.chunk_bytes, settings.receives_in_flight,
                                     MAX_SMALL_BYTES if mpi else settings.small_bytes, self.rank_order, wire,
                                     choice.direct, mpi)
+        return self._keep_options(key, options)
+
+    def _keep_options(self, key: tuple, options: _core.CallOptions) -> _core.CallOptions:
+        """Remember `options` under `key` (one bounded cache for every kind of call's options)."""
         if len(self._options_cache) >= MAX_CACHED_ALGORITHMS:
             self._options_cache.clear()
         self._options_cache[key] = options
@@ -199,10 +203,7 @@ class EngineState:
         except KeyError:
             pass
         options = _core.CallOptions(dims, settings.chunk_bytes, settings.receives_in_flight, reach, self.rank_order)
-        if len(self._options_cache) >= MAX_CACHED_ALGORITHMS:
-            self._options_cache.clear()
-        self._options_cache[key] = options
-        return options
+        return self._keep_options(key, options)
 
     def reproducible_options(self, settings: Settings, wire: tuple[int, ...], chain: bool = True
                              ) -> _core.CallOptions:
@@ -229,10 +230,7 @@ class EngineState:
         else:
             options = _core.CallOptions((self.size,), settings.chunk_bytes, settings.receives_in_flight, 0, (),
                                         flat, (1,), False)
-        if len(self._options_cache) >= MAX_CACHED_ALGORITHMS:
-            self._options_cache.clear()
-        self._options_cache[key] = options
-        return options
+        return self._keep_options(key, options)
 
     def chain_hosts(self, settings: Settings) -> int:
         """How many hosts reproducible=True's canonical chain runs across: the topology's hosts where each holds
