@@ -122,6 +122,7 @@ cdef extern from "engine/ring_allreduce.h" namespace "ddlfast" nogil:
         int receives_in_flight
         size_t small_bytes
         SmallPath small_path
+        size_t halving_bytes
         vector[PhaseEvent]* events
         vector[int] wire_by_dim
         vector[int] direct_by_dim

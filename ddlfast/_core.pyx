@@ -317,16 +317,18 @@ cdef class CallOptions:
     reduce-scatter, 0 for the ring (empty: the ring everywhere); mpi_small_path: buffers of at most small_bytes go
     to MPI's own allreduce after the agreement instead of the latency path; chain: reproducible=True's canonical
     order host by host on dims (ranks per host, hosts) (src/engine/chain_phase.h; an uncompressed reduce_scatter
-    runs its allreduce and keeps its block).
+    runs its allreduce and keeps its block); halving_bytes: the latency path reduces payloads of at least this
+    many bytes by recursive halving and doubling (0: never; src/transport/agreement_exchange.cc).
     """
 
     def __cinit__(self, dims, size_t chunk_bytes, int receives_in_flight, size_t small_bytes, order=(), wire=(),
-                  direct=(), bint mpi_small_path=False, bint chain=False):
+                  direct=(), bint mpi_small_path=False, bint chain=False, size_t halving_bytes=0):
         self.dims = to_dims(dims)
         self.order = to_dims(order)
         fill_options(&self.options, chunk_bytes, receives_in_flight, small_bytes, NULL, wire, direct)
         self.options.small_path = SmallPath.kMpi if mpi_small_path else SmallPath.kLatency
         self.options.chain = chain
+        self.options.halving_bytes = halving_bytes
 
     @property
     def small_bytes(self) -> int:

@@ -380,8 +380,11 @@ def run_bench(
             theirs = np.empty(out_count, np_dtype)
             run_ours, run_theirs = _calls(collective, pristine, op, dims, comm, compression)
             algorithm = _algorithm(comm, dims, nbytes, settings, compression)
-            reach = 0 if settings.reproducible else ddlfast.topology(comm).latency_reach(settings.small_bytes,
-                                                                                        settings.algorithm)
+            topology = ddlfast.topology(comm)
+            halving = topology.halving_bytes(config.halving_bytes())
+            reach = 0 if settings.reproducible else topology.latency_reach(settings.small_bytes, settings.algorithm,
+                                                                           halving)
+            latency = "halving" if halving and nbytes >= halving else "latency"
             resets = collective in ("allreduce", "broadcast")  # in place: each call starts from the input
 
             samples = np.zeros((n_iters, 2), dtype=np.float64)
@@ -411,13 +414,13 @@ def run_bench(
                 "chunk_bytes": settings.chunk_bytes,
                 "small_bytes": settings.small_bytes,
                 # Buffers <= DDLFAST_SMALL_BYTES: an allreduce rides in the agreement's butterfly (the latency
-                # path; MPI's allreduce with DDLFAST_ALGORITHM=mpi), the passes go to MPI's own collective; above,
-                # DDLFAST_ALGORITHM chooses (the name here, the shape in "algorithm").
+                # path, "halving" where it halves; MPI's allreduce with DDLFAST_ALGORITHM=mpi), the passes go to
+                # MPI's own collective; above, DDLFAST_ALGORITHM chooses (the name here, the shape in "algorithm").
                 "path": ("local" if world == 1 else "mpi-bcast" if collective == "broadcast"
-                         else "latency" if collective == "allreduce" and compression == "none"
+                         else latency if collective == "allreduce" and compression == "none"
                          and settings.small_bytes < nbytes <= reach
                          else algorithm.name if nbytes > settings.small_bytes
-                         else "latency" if collective == "allreduce" and settings.algorithm != "mpi"
+                         else latency if collective == "allreduce" and settings.algorithm != "mpi"
                          else "mpi-handoff"),
                 "algorithm": None if collective == "broadcast" else str(algorithm),
                 "ddlfast": _summary(samples[:, 0], nbytes, world, collective),

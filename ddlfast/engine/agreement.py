@@ -66,6 +66,7 @@ def creation_layout(settings: Any) -> tuple:
         "DDLFAST_RING_DIMS": settings.ring_dims, "DDLFAST_COMPRESSION": settings.compression,
         "DDLFAST_PROBE": config.probe_mode(), "DDLFAST_HOSTS_PER_GROUP": config.hosts_per_group(),
         "DDLFAST_CUDA_AWARE_MPI": config.cuda_aware_mpi(), "DDLFAST_GPU_RING_MIN_BYTES": config.gpu_ring_min_bytes(),
+        "DDLFAST_HALVING_BYTES": config.halving_bytes(),
     }
     return ("context", tuple(named.items()))
 

@@ -84,6 +84,7 @@ class EngineState:
         self._dims_cache: dict[tuple, tuple[int, ...]] = {}
         self._algorithm_cache: dict[tuple, Algorithm] = {}
         self._options_cache: dict[tuple, _core.CallOptions] = {}
+        self.halving_bytes = 0  # the latency path halves from this payload up (Topology.halving_bytes), at creation
         self.core_timeout_s = timeout_s  # what the core was last told
         self.device_executor: Any = None  # ddlfast.engine.device.DeviceExecutor, from its first GPU collective
 
@@ -96,6 +97,7 @@ class EngineState:
             self.topology = build(self.control.comm, plan_bytes, every_tier)
             self._every_tier = every_tier
             self.rank_order = self.topology.order
+            self.halving_bytes = self.topology.halving_bytes(config.halving_bytes())
             if self.flight is not None:
                 self.flight.hosts = self.hosts()
         return self.topology
@@ -157,10 +159,11 @@ class EngineState:
 
     def latency_reach(self, settings: Settings) -> int:
         """The largest uncompressed allreduce the latency path takes (Topology.latency_reach): DDLFAST_SMALL_BYTES,
-        more under auto on an oversubscribed placement. Agreed values only, so every rank reaches as far."""
+        more under auto on an oversubscribed placement or where the latency path halves. Agreed values only, so
+        every rank reaches as far."""
         if settings.reproducible:
             return 0
-        return self.topology.latency_reach(settings.small_bytes, settings.algorithm)
+        return self.topology.latency_reach(settings.small_bytes, settings.algorithm, self.halving_bytes)
 
     def call_options(self, nbytes: int, dims: tuple[int, ...], settings: Settings,
                      wire: tuple[int, ...] = (), half_sum: bool = False, reach: int = 0, chain: bool = True
@@ -184,7 +187,7 @@ class EngineState:
         mpi = choice.name == "mpi"
         options = _core.CallOptions(choice.dims, settings.chunk_bytes, settings.receives_in_flight,
                                     MAX_SMALL_BYTES if mpi else settings.small_bytes, self.rank_order, wire,
-                                    choice.direct, mpi)
+                                    choice.direct, mpi, halving_bytes=self.halving_bytes)
         return self._keep_options(key, options)
 
     def _keep_options(self, key: tuple, options: _core.CallOptions) -> _core.CallOptions:
@@ -202,7 +205,8 @@ class EngineState:
             return self._options_cache[key]
         except KeyError:
             pass
-        options = _core.CallOptions(dims, settings.chunk_bytes, settings.receives_in_flight, reach, self.rank_order)
+        options = _core.CallOptions(dims, settings.chunk_bytes, settings.receives_in_flight, reach, self.rank_order,
+                                    halving_bytes=self.halving_bytes)
         return self._keep_options(key, options)
 
     def reproducible_options(self, settings: Settings, wire: tuple[int, ...], chain: bool = True

@@ -222,22 +222,44 @@ class Topology:
         reshape = ring_dims == "auto" and dims == self.auto_dims
         return choose_algorithm(self.cluster, dims, nbytes, algorithm, reshape, compressed)
 
-    def latency_reach(self, small_bytes: int = config.DEFAULT_SMALL_BYTES, algorithm: str = "auto") -> int:
-        """The largest uncompressed allreduce the latency path takes: DDLFAST_SMALL_BYTES; under auto on an
-        oversubscribed placement, up to what the agreement's messages carry (config.MAX_LATENCY_BYTES). There a
-        step costs a scheduling of its partner, not the link's latency, and the butterfly's log2(P) steps beat the
-        agreement plus a ring's or Rabenseifner's 2 log2(P): on 2 cores at 16-64 KiB the latency path ran at
-        1.2-2.2x MPI_Allreduce's busbw at P = 3, 4 and 8, the direct and Rabenseifner steps at 0.7-1.0x, in the same
-        runs; at P = 2 (not oversubscribed) the ring stays ahead."""
-        if algorithm == "auto" and self.placement.oversubscribed:
+    def latency_reach(self, small_bytes: int = config.DEFAULT_SMALL_BYTES, algorithm: str = "auto",
+                      halving_bytes: int = 0) -> int:
+        """The largest uncompressed allreduce the latency path takes: DDLFAST_SMALL_BYTES; under auto, more:
+        - on an oversubscribed placement, up to what the agreement's messages carry (config.MAX_LATENCY_BYTES).
+          There a step costs a scheduling of its partner, not the link's latency, and the butterfly's log2(P)
+          steps beat the agreement plus a ring's or Rabenseifner's 2 log2(P): on 2 cores at 16-64 KiB the latency
+          path ran at 1.2-2.2x MPI_Allreduce's busbw at P = 3, 4 and 8, the direct and Rabenseifner steps at
+          0.7-1.0x, in the same runs; at P = 2 (not oversubscribed) the ring stays ahead;
+        - where the latency path halves (`halving_bytes`, halving_bytes()) and P > 2, up to
+          config.HALVING_REACH_BYTES: halving and doubling inside the agreement's messages save the agreement's
+          own log2(P) steps (measurements at config.DEFAULT_HALVING_BYTES; across hosts only where
+          DDLFAST_HALVING_BYTES turns halving on)."""
+        if algorithm != "auto":
+            return small_bytes
+        if self.placement.oversubscribed:
             return max(small_bytes, config.MAX_LATENCY_BYTES)
+        if halving_bytes and self.placement.size > 2:
+            return max(small_bytes, config.HALVING_REACH_BYTES)
         return small_bytes
+
+    def halving_bytes(self, setting: int | None = None) -> int:
+        """From what payload the latency path halves (DDLFAST_HALVING_BYTES `setting`; None: auto). Auto: on one
+        host where every rank has a core of its own, from config.DEFAULT_HALVING_BYTES (where the whole payload
+        passes MPICH's shared-memory eager size: measured there); never on an oversubscribed placement, where
+        every step costs a scheduling of its partner and the butterfly's log2(P) steps beat 2 log2(P); never
+        across hosts (not measured there: under SMPI's network model the halving form's extra log2(P) steps cost
+        more than its smaller messages save at 8 KiB)."""
+        if setting is not None:
+            return setting
+        one_host = self.placement.hosts == 1
+        return config.DEFAULT_HALVING_BYTES if one_host and not self.placement.oversubscribed else 0
 
     def algorithms(self, small_bytes: int = config.DEFAULT_SMALL_BYTES) -> dict[int, str]:
         """auto's algorithm per shown size (uncompressed, on auto's dims), as text."""
-        reach = self.latency_reach(small_bytes)
-        return {n: "latency path" if n <= reach else str(self.algorithm(n, small_bytes=small_bytes))
-                for n in SHOWN_SIZES}
+        halving = self.halving_bytes(config.halving_bytes())
+        reach = self.latency_reach(small_bytes, halving_bytes=halving)
+        return {n: ("latency path, halving" if halving and n >= halving else "latency path") if n <= reach
+                else str(self.algorithm(n, small_bytes=small_bytes)) for n in SHOWN_SIZES}
 
     def describe(self) -> str:
         p = self.placement

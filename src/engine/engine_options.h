@@ -32,6 +32,9 @@ struct EngineOptions {
   // sizes, where log(p) steps beat 2(p-1)). 0 disables the handoff.
   std::size_t small_bytes = 0;
   SmallPath small_path = SmallPath::kLatency;
+  // The latency path halves payloads of at least this many bytes (recursive halving, then doubling: Rabenseifner's
+  // algorithm inside the agreement's messages, agreement_exchange.cc); 0: never. The same on every rank.
+  std::size_t halving_bytes = 0;
   std::vector<PhaseEvent>* events = nullptr;  // append phase events here when set
   // Wire type per torus dimension for float32 data: -1 sends float32, 0 fp16,
   // 1 bf16 (WireType). Empty: no compression anywhere.

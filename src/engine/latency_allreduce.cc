@@ -9,6 +9,11 @@ bool integer_average(DType dtype, ReduceOp op) {
   return (dtype == DType::kInt32 || dtype == DType::kInt64) && op == ReduceOp::kAverage;
 }
 
+// Whether `carried` bytes travel by recursive halving and doubling (EngineOptions::halving_bytes).
+bool halves(std::size_t carried, const EngineOptions& options) {
+  return options.halving_bytes > 0 && carried >= options.halving_bytes;
+}
+
 }  // namespace
 
 bool LatencyAllreduce::takes(const SegmentedBuffer& data, DType dtype, ReduceOp op,
@@ -19,15 +24,16 @@ bool LatencyAllreduce::takes(const SegmentedBuffer& data, DType dtype, ReduceOp 
          bytes <= options.small_bytes && carried <= transport_.agreement_capacity();
 }
 
-Status LatencyAllreduce::run(std::uint64_t digest, bool* agreed, const SegmentedBuffer& data, DType dtype,
-                             ReduceOp op, const EngineOptions& options) {
+Status LatencyAllreduce::run(std::uint64_t digest, bool* agreed, const SegmentedBuffer& data, DType dtype, ReduceOp op,
+                             const EngineOptions& options) {
   const int world = transport_.size();
   const std::size_t count = data.count();
   const std::size_t esize = dtype_size(dtype);
   const double start = monotonic_seconds();
   const bool exact = dtype == DType::kFloat16 || dtype == DType::kBFloat16 || integer_average(dtype, op);
   if (!exact && data.contiguous_from(0) == count) {  // straight from the caller's memory, written on agreement
-    const AgreedReduction reduction{data.address(0), count, dtype, op == ReduceOp::kAverage ? ReduceOp::kSum : op};
+    const AgreedReduction reduction{data.address(0), count, dtype, op == ReduceOp::kAverage ? ReduceOp::kSum : op,
+                                    halves(count * esize, options)};
     DDLFAST_RETURN_IF_ERROR(transport_.agree(digest, agreed, &reduction));
     if (*agreed && op == ReduceOp::kAverage) divide_in_place(dtype, data.address(0), count, world);
   } else {
@@ -41,7 +47,8 @@ Status LatencyAllreduce::run(std::uint64_t digest, bool* agreed, const Segmented
     const SegmentedBuffer packed = contiguous(packs ? packed_.data() : work.address(0), work.count(), esize);
     if (packs) copy_elements(work, packed);
     const ReduceOp reduce_op = exact_.op() == ReduceOp::kAverage ? ReduceOp::kSum : exact_.op();
-    const AgreedReduction reduction{packed.address(0), work.count(), dtype, reduce_op};
+    const AgreedReduction reduction{packed.address(0), work.count(), dtype, reduce_op,
+                                    halves(work.count() * esize, options)};
     DDLFAST_RETURN_IF_ERROR(transport_.agree(digest, agreed, &reduction));
     if (!*agreed) return Status::ok();
     if (exact_.op() == ReduceOp::kAverage) divide_in_place(dtype, packed.address(0), work.count(), world);

@@ -19,6 +19,20 @@
 // messages: nothing is truncated, nothing is left in flight, and the context
 // stays usable. Data is combined only while no mismatch has been seen, and
 // lands in the caller's memory only when every rank agreed.
+//
+// Halving (AgreedReduction::halve, from EngineOptions::halving_bytes up; by
+// default on one host with a core per rank): the butterfly's steps send half
+// of what the rank still reduces, with the header (recursive halving), so
+// every rank ends owning one reduced block and — the butterfly being complete
+// — knowing the verdict; only when all agreed do the same steps run
+// backwards, bare blocks of exact sizes (recursive doubling). Smaller messages
+// (below MPI's eager size where the whole payload is above it) and about
+// twice the payload moved instead of log2(p) times it, for log2(p) steps
+// more. Every block is reduced by one rank and copied to the others: the bits
+// are the same on every rank. The header says which form its sender runs, and
+// another form is a disagreement, so ranks never run different step counts
+// on one verdict.
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstring>
@@ -35,13 +49,16 @@ struct Header {
   std::uint64_t fingerprint;
   std::uint64_t flags;
   std::uint64_t payload_bytes;
-  std::uint64_t reserved;
+  std::uint64_t form;     // kWhole or kHalving
   ArrivalWaits previous;  // the previous collective's waits, reduced so far
 };
 constexpr std::size_t kHeaderBytes = sizeof(Header);
 static_assert(kHeaderBytes == 48, "the payload stays 16-byte aligned behind the header");
 constexpr std::uint64_t kMismatch = 1;
+constexpr std::uint64_t kWhole = 0;    // every step sends the whole partial result
+constexpr std::uint64_t kHalving = 1;  // recursive halving, then doubling
 constexpr int kExchangeTag = 0;
+constexpr const char* kSmallAllreduce = "the small allreduce (its agreement in the same messages)";
 
 // splitmix64: the sequence number and the layout digest mixed into one fingerprint.
 std::uint64_t mix(std::uint64_t sequence, std::uint64_t digest) {
@@ -52,8 +69,8 @@ std::uint64_t mix(std::uint64_t sequence, std::uint64_t digest) {
 }
 
 void write_header(char* message, std::uint64_t fingerprint, bool mismatch, std::size_t payload_bytes,
-                  const ArrivalWaits& previous) {
-  const Header header{fingerprint, mismatch ? kMismatch : 0, payload_bytes, 0, previous};
+                  std::uint64_t form, const ArrivalWaits& previous) {
+  const Header header{fingerprint, mismatch ? kMismatch : 0, payload_bytes, form, previous};
   std::memcpy(message, &header, kHeaderBytes);
 }
 
@@ -63,13 +80,24 @@ ArrivalWaits waits_in(const char* message) {
   return waits;
 }
 
-// Whether a received message shows a disagreement: another fingerprint or payload size, or a mismatch its
+// Whether a received message shows a disagreement: another fingerprint, payload size or form, or a mismatch its
 // sender already saw.
-bool disagrees(const char* message, std::uint64_t fingerprint, std::size_t payload_bytes) {
+bool disagrees(const char* message, std::uint64_t fingerprint, std::size_t payload_bytes, std::uint64_t form) {
   Header header;
   std::memcpy(&header, message, kHeaderBytes);
-  return header.fingerprint != fingerprint || header.payload_bytes != payload_bytes || (header.flags & kMismatch) != 0;
+  return header.fingerprint != fingerprint || header.payload_bytes != payload_bytes || header.form != form ||
+         (header.flags & kMismatch) != 0;
 }
+
+// The part of [low, high) a rank keeps at a halving step: the lower half when its partner is the higher rank.
+struct Halves {
+  std::size_t low, middle, high;
+  bool keeps_lower;
+  std::size_t kept_low() const { return keeps_lower ? low : middle; }
+  std::size_t kept_high() const { return keeps_lower ? middle : high; }
+  std::size_t sent_low() const { return keeps_lower ? middle : low; }
+  std::size_t sent_high() const { return keeps_lower ? high : middle; }
+};
 
 }  // namespace
 
@@ -81,20 +109,69 @@ void MpiTransport::allocate_exchange() {
 
 Status MpiTransport::exchange_step(int peer, const char* send, std::size_t send_bytes, char* receive,
                                    const char* what) {
+  return exchange_bytes(peer, send, kHeaderBytes + send_bytes, receive, kHeaderBytes + agreement_capacity_, what);
+}
+
+Status MpiTransport::exchange_bytes(int peer, const char* send, std::size_t send_bytes, char* receive,
+                                    std::size_t receive_bytes, const char* what) {
   MPI_Request receiving = MPI_REQUEST_NULL;
   MPI_Request sending = MPI_REQUEST_NULL;
   if (receive != nullptr) {
-    DDLFAST_RETURN_IF_ERROR(check(MPI_Irecv(receive, static_cast<int>(kHeaderBytes + agreement_capacity_), MPI_BYTE,
-                                            peer, kExchangeTag, agree_comm_, &receiving),
-                                  "MPI_Irecv", peer));
+    DDLFAST_RETURN_IF_ERROR(check(
+        MPI_Irecv(receive, static_cast<int>(receive_bytes), MPI_BYTE, peer, kExchangeTag, agree_comm_, &receiving),
+        "MPI_Irecv", peer));
   }
   if (send != nullptr) {
-    DDLFAST_RETURN_IF_ERROR(check(MPI_Isend(send, static_cast<int>(kHeaderBytes + send_bytes), MPI_BYTE, peer,
-                                            kExchangeTag, agree_comm_, &sending),
-                                  "MPI_Isend", peer));
+    DDLFAST_RETURN_IF_ERROR(
+        check(MPI_Isend(send, static_cast<int>(send_bytes), MPI_BYTE, peer, kExchangeTag, agree_comm_, &sending),
+              "MPI_Isend", peer));
   }
   DDLFAST_RETURN_IF_ERROR(wait_request(&sending, what, peer));
   return wait_request(&receiving, what, peer);
+}
+
+Status MpiTransport::halve_and_double(const Butterfly& plan, std::uint64_t fingerprint, char* mine, char* theirs,
+                                      const AgreedReduction& reduction, bool* mismatch, ArrivalWaits* previous) {
+  const std::size_t element = dtype_size(reduction.dtype);
+  const std::size_t bytes = reduction.count * element;
+  char* sending = scratch_->exchange[2].data();
+  char* payload = mine + kHeaderBytes;
+  std::array<Halves, 64> steps;  // one per butterfly step: log2(p) < 32
+  std::size_t taken = 0;
+  std::size_t low = 0, high = reduction.count;
+  for (int peer : plan.step_partners) {
+    const Halves halves{low, low + (high - low) / 2, high, rank_ < peer};
+    write_header(sending, fingerprint, *mismatch, bytes, kHalving, *previous);
+    const std::size_t sent = (halves.sent_high() - halves.sent_low()) * element;
+    std::memcpy(sending + kHeaderBytes, payload + halves.sent_low() * element, sent);
+    DDLFAST_RETURN_IF_ERROR(exchange_step(peer, sending, sent, theirs, kSmallAllreduce));
+    previous->combine(waits_in(theirs));
+    *mismatch = *mismatch || disagrees(theirs, fingerprint, bytes, kHalving);
+    const std::size_t kept = halves.kept_high() - halves.kept_low();
+    char* block = payload + halves.kept_low() * element;
+    if (!*mismatch && kept) {  // the lower rank's value first, as in the butterfly
+      if (peer < rank_) {
+        reduce_into(reduction.dtype, reduction.op, theirs + kHeaderBytes, block, kept, 1);
+        std::memcpy(block, theirs + kHeaderBytes, kept * element);
+      } else {
+        reduce_into(reduction.dtype, reduction.op, block, theirs + kHeaderBytes, kept, 1);
+      }
+    }
+    steps[taken++] = halves;
+    low = halves.kept_low();
+    high = halves.kept_high();
+  }
+  // Every rank knows the verdict now (the butterfly is complete): on a mismatch none doubles.
+  if (*mismatch) return Status::ok();
+  // The owners' blocks, back along the same partners.
+  for (std::size_t step = taken; step-- > 0;) {
+    const Halves& halves = steps[step];
+    const int peer = plan.step_partners[step];
+    DDLFAST_RETURN_IF_ERROR(exchange_bytes(
+        peer, payload + halves.kept_low() * element, (halves.kept_high() - halves.kept_low()) * element,
+        payload + halves.sent_low() * element, (halves.sent_high() - halves.sent_low()) * element, kSmallAllreduce));
+  }
+  return Status::ok();
 }
 
 Status MpiTransport::agree(std::uint64_t digest, bool* agreed, const AgreedReduction* reduction) {
@@ -118,8 +195,7 @@ Status MpiTransport::agree(std::uint64_t digest, bool* agreed, const AgreedReduc
   }
   // This rank's wait in the previous collective (none before the first), reduced with every partner's.
   ArrivalWaits previous = sequence_ > 1 ? ArrivalWaits::of_rank(last_wait_us_, rank_) : ArrivalWaits{};
-  const char* what = bytes ? "the small allreduce (its agreement in the same messages)"
-                           : "the agreement on the collective's arguments";
+  const char* what = bytes ? kSmallAllreduce : "the agreement on the collective's arguments";
   // A rank that abandoned this collective (Ctrl-C, a failure) may have sent all its messages first, so the
   // butterfly could complete here (with the right numbers: every contribution arrived): a notice of it that has
   // already come fails this rank now, as a wait would; one still on its way fails the next collective.
@@ -127,11 +203,13 @@ Status MpiTransport::agree(std::uint64_t digest, bool* agreed, const AgreedReduc
   char* mine = scratch_->exchange[0].data();  // this rank's partial result, behind its header
   char* theirs = scratch_->exchange[1].data();
   if (bytes) std::memcpy(mine + kHeaderBytes, reduction->data, bytes);
+  const Butterfly plan = butterfly(rank_, size_);
+  const std::uint64_t form = bytes && reduction->halve ? kHalving : kWhole;
   bool mismatch = false;
   // Combines the partner's payload with this rank's, the lower rank's value first (algo/butterfly.h).
   auto take = [&](int peer) {
     previous.combine(waits_in(theirs));
-    mismatch = mismatch || disagrees(theirs, fingerprint, bytes);
+    mismatch = mismatch || disagrees(theirs, fingerprint, bytes, form);
     if (mismatch || bytes == 0) return;
     if (peer < rank_) {
       reduce_into(reduction->dtype, reduction->op, theirs + kHeaderBytes, mine + kHeaderBytes, reduction->count, 1);
@@ -140,11 +218,10 @@ Status MpiTransport::agree(std::uint64_t digest, bool* agreed, const AgreedReduc
       reduce_into(reduction->dtype, reduction->op, mine + kHeaderBytes, theirs + kHeaderBytes, reduction->count, 1);
     }
   };
-  const Butterfly plan = butterfly(rank_, size_);
   if (plan.role == ButterflyRole::kFoldOut) {  // give the value away, get the result back
-    write_header(mine, fingerprint, false, bytes, previous);
+    write_header(mine, fingerprint, false, bytes, form, previous);
     DDLFAST_RETURN_IF_ERROR(exchange_step(plan.fold_partner, mine, bytes, theirs, what));
-    mismatch = disagrees(theirs, fingerprint, bytes);
+    mismatch = disagrees(theirs, fingerprint, bytes, form);
     previous = waits_in(theirs);  // the whole reduction
     std::swap(mine, theirs);
   } else {
@@ -152,13 +229,17 @@ Status MpiTransport::agree(std::uint64_t digest, bool* agreed, const AgreedReduc
       DDLFAST_RETURN_IF_ERROR(exchange_step(plan.fold_partner, nullptr, 0, theirs, what));
       take(plan.fold_partner);
     }
-    for (int peer : plan.step_partners) {
-      write_header(mine, fingerprint, mismatch, bytes, previous);
-      DDLFAST_RETURN_IF_ERROR(exchange_step(peer, mine, bytes, theirs, what));
-      take(peer);
+    if (form == kHalving) {
+      DDLFAST_RETURN_IF_ERROR(halve_and_double(plan, fingerprint, mine, theirs, *reduction, &mismatch, &previous));
+    } else {
+      for (int peer : plan.step_partners) {
+        write_header(mine, fingerprint, mismatch, bytes, form, previous);
+        DDLFAST_RETURN_IF_ERROR(exchange_step(peer, mine, bytes, theirs, what));
+        take(peer);
+      }
     }
     if (plan.role == ButterflyRole::kFoldIn) {
-      write_header(mine, fingerprint, mismatch, bytes, previous);
+      write_header(mine, fingerprint, mismatch, bytes, form, previous);
       DDLFAST_RETURN_IF_ERROR(exchange_step(plan.fold_partner, mine, bytes, nullptr, what));
     }
   }

@@ -35,6 +35,8 @@
 
 namespace ddlfast {
 
+struct Butterfly;  // algo/butterfly.h
+
 std::string mpi_error_string(int code);
 std::string mpi_library_version();
 
@@ -185,10 +187,17 @@ class MpiTransport final : public Transport {
   void post_census_ask();
   void reply_to_census();
 
-  // The agreement's two message buffers, once (agreement_exchange.cc).
+  // The agreement's message buffers, once (agreement_exchange.cc).
   void allocate_exchange();
   // One step of the agreement's butterfly: receive from and/or send to `peer`, both waited for.
   Status exchange_step(int peer, const char* send, std::size_t send_bytes, char* receive, const char* what);
+  // The latency path's halving form (agreement_exchange.cc): recursive halving with headers, then, where no
+  // mismatch was seen, doubling of bare blocks; the whole result ends in `mine` behind its header.
+  Status halve_and_double(const Butterfly& plan, std::uint64_t fingerprint, char* mine, char* theirs,
+                          const AgreedReduction& reduction, bool* mismatch, ArrivalWaits* previous);
+  // One step of bare bytes, both sizes exact (the latency path's doubling, after the verdict).
+  Status exchange_bytes(int peer, const char* send, std::size_t send_bytes, char* receive, std::size_t receive_bytes,
+                        const char* what);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Comm census_comm_ = MPI_COMM_NULL;
@@ -220,7 +229,9 @@ class MpiTransport final : public Transport {
   // small-message copy, census messages): deliberately leaked, not freed, when
   // a broken transport is destroyed.
   struct Scratch {
-    std::vector<char> exchange[2];  // the agreement's messages: header, then up to agreement_capacity_ bytes
+    // The agreement's messages: header, then up to agreement_capacity_ bytes (this rank's, the partner's, and
+    // what the latency path's halving sends).
+    std::vector<char> exchange[3];
     std::vector<char> small;
     // asker, its collective, the ask's kind, then the asker's wait (kind, peer, tag)
     std::int64_t census_ask[6] = {0, 0, 0, 0, -1, 0};

@@ -26,6 +26,9 @@ struct AgreedReduction {
   std::size_t count = 0;
   DType dtype = DType::kFloat32;
   ReduceOp op = ReduceOp::kSum;  // not kAverage: the caller divides
+  // Recursive halving, then doubling, instead of the whole payload in every step: 2 log2(p) steps moving about
+  // twice the payload instead of log2(p) steps moving log2(p) times it, each message a part of the payload.
+  bool halve = false;
 };
 
 class Transport {

@@ -9,7 +9,7 @@ from tests.mpi.launcher import run_mpi
 
 CASES = ["mismatch-after-cache", "skipped-call", "alignment", "aliasing", "bad-input-one-rank", "broadcast-roots",
          "env-differs-at-creation", "env-differs-later", "error-then-calls", "bad-environment",
-         "emulated-hosts-differ"]
+         "emulated-hosts-differ", "halving-differs-at-creation"]
 
 
 def outcomes(stdout: str, case: str, ranks: int) -> None:

@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 
-from ddlfast.config import MAX_LATENCY_BYTES
+from ddlfast.config import DEFAULT_HALVING_BYTES, HALVING_REACH_BYTES, MAX_LATENCY_BYTES
 from ddlfast.errors import DdlfastError
 from ddlfast.topology.cost_model import Link
 from ddlfast.topology.placement import Placement, TopologyWarning, decide, hosts_per_group, probe_pairs
@@ -128,6 +128,30 @@ def test_latency_reach_grows_under_auto_on_an_oversubscribed_placement() -> None
     assert crowded.latency_reach(8 << 10, "ring") == 8 << 10  # only auto chooses
     assert roomy.latency_reach(8 << 10) == 8 << 10
     assert crowded.algorithms()[64 << 10] == "latency path" and roomy.algorithms()[64 << 10] != "latency path"
+
+
+def test_the_latency_path_halves_where_every_rank_has_a_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Halving (DDLFAST_HALVING_BYTES=auto): from DEFAULT_HALVING_BYTES on one host with a core per rank, never
+    where ranks outnumber cores or across hosts; the latency path then reaches HALVING_REACH_BYTES under auto for
+    P > 2."""
+    monkeypatch.delenv("DDLFAST_HALVING_BYTES", raising=False)
+    crowded = decide(0, Placement((0, 0, 0, 0), ("a",), (2,)), 1, SLOW, 64 << 20)
+    roomy = decide(0, Placement((0, 0, 0, 0), ("a",), (4,)), 1, SLOW, 64 << 20)
+    pair = decide(0, Placement((0, 0), ("a",), (2,)), 1, SLOW, 64 << 20)
+    two_hosts = decide(0, Placement((0, 0, 1, 1), ("a", "b"), (4, 4)), 1, SLOW, 64 << 20)
+    assert crowded.halving_bytes() == 0 and roomy.halving_bytes() == DEFAULT_HALVING_BYTES
+    assert two_hosts.halving_bytes() == 0 and two_hosts.latency_reach(8 << 10, "auto", 0) == 8 << 10
+    assert roomy.halving_bytes(0) == 0 and crowded.halving_bytes(512) == 512  # DDLFAST_HALVING_BYTES decides
+    halving = roomy.halving_bytes()
+    assert roomy.latency_reach(8 << 10, "auto", halving) == HALVING_REACH_BYTES
+    assert roomy.latency_reach(8 << 10, "auto", 0) == 8 << 10  # no halving: no reach beyond the limit
+    assert roomy.latency_reach(8 << 10, "direct", halving) == 8 << 10  # only auto chooses
+    assert pair.latency_reach(8 << 10, "auto", pair.halving_bytes()) == 8 << 10  # P=2: the ring's one step
+    assert crowded.latency_reach(8 << 10, "auto", 0) == MAX_LATENCY_BYTES
+    shown = roomy.algorithms()
+    assert shown[4 << 10] == "latency path" and shown[64 << 10] != "latency path"
+    monkeypatch.setenv("DDLFAST_HALVING_BYTES", "4KiB")
+    assert roomy.algorithms()[4 << 10] == "latency path, halving"
 
 
 def test_emulated_hosts(monkeypatch: pytest.MonkeyPatch) -> None:

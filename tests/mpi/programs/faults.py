@@ -25,6 +25,11 @@ if CASE == "env-differs-at-creation":
 
     if _MPI.COMM_WORLD.Get_rank() == 1:
         os.environ["DDLFAST_SMALL_BYTES"] = "65536"
+if CASE == "halving-differs-at-creation":
+    from mpi4py import MPI as _MPI
+
+    if _MPI.COMM_WORLD.Get_rank() == 1:
+        os.environ["DDLFAST_HALVING_BYTES"] = "400"
 if CASE == "emulated-hosts-differ":
     from mpi4py import MPI as _MPI
 
@@ -187,6 +192,13 @@ def env_differs_at_creation() -> None:
            "rank 1 passed DDLFAST_SMALL_BYTES=65536")
 
 
+def halving_differs_at_creation() -> None:
+    """DDLFAST_HALVING_BYTES (how the latency path's messages are cut) set on rank 1 only: named at once, never
+    ranks running different steps."""
+    raises(lambda: ddlfast.allreduce(np.ones(100, np.float32)), ddlfast.DdlfastError, "DDLFAST_HALVING_BYTES",
+           "rank 1 passed DDLFAST_HALVING_BYTES=400")
+
+
 def emulated_hosts_differ() -> None:
     """DDLFAST_EMULATED_HOSTS (the placement reproducible=True's chain follows) set on rank 1 only: every rank
     names it when the context is created, instead of running different orders."""
@@ -297,7 +309,7 @@ CASES = {
     "env-differs-at-creation": env_differs_at_creation, "env-differs-later": env_differs_later,
     "error-then-calls": error_then_calls, "stall-then-calls": stall_then_calls, "thread-level": thread_level,
     "close-with-work-in-flight": close_with_work_in_flight, "emulated-hosts-differ": emulated_hosts_differ,
-    "bad-environment": bad_environment,
+    "halving-differs-at-creation": halving_differs_at_creation, "bad-environment": bad_environment,
 }
 
 if __name__ == "__main__":

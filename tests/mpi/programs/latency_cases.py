@@ -4,7 +4,8 @@ own butterfly messages, src/transport/agreement_exchange.cc) and its agreement.
 1. Every op x every dtype, allreduce and fused_allreduce([x]), at the small-message limit's edges (the last
    count the latency path takes, the first the ring takes) and at odd counts, against NumPy references
    (ops_cases.py's) and bit-identical on every rank.
-2. Disagreements found inside the butterfly, each after the layout was cached, each on one rank: another count,
+2. Disagreements found inside the butterfly, each after the layout was cached, each on one rank: another count
+   (also one that halves against ones that do not, when DDLFAST_HALVING_BYTES=400),
    another op, another name=, an integer average against a sum (twice the bytes on the wire), a buffer on the
    ring path against one on the latency path, a broadcast or barrier against an allreduce, a refusal (bad input)
    against a latency call. Every rank must raise DdlfastError, every rank's array must be untouched, and the
@@ -74,6 +75,10 @@ def disagreement_cases(comm: MPI.Intracomm) -> list[tuple[str, str | None]]:
     results.append(untouched_after_error(
         comm, "another count on one rank", {"x": x, "longer": longer},
         lambda: ddlfast.allreduce(longer if rank == odd else x), "disagree"))
+    if os.environ.get("DDLFAST_HALVING_BYTES") == "400":  # x: 400 bytes, halved; 99 elements: whole
+        results.append(untouched_after_error(
+            comm, "one rank below DDLFAST_HALVING_BYTES, the others halving", {"x": x},
+            lambda: ddlfast.allreduce(x[:99] if rank == odd else x), "disagree"))
     results.append(untouched_after_error(
         comm, "another op on one rank", {"x": x},
         lambda: ddlfast.allreduce(x, op="max" if rank == odd else "min"), "disagree"))

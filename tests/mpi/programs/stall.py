@@ -15,10 +15,10 @@ import ddlfast
 comm = MPI.COMM_WORLD
 rank, world = comm.Get_rank(), comm.Get_size()
 missing = world - 1
-mode = sys.argv[1]  # "new-context", "new-layout", "cached-layout" or "cached-latency"
+mode = sys.argv[1]  # "new-context", "new-layout", "cached-layout", "cached-latency" or "cached-halving"
 if mode != "new-context":
     ddlfast.default_context()  # every rank creates its context
-array = np.ones(100 if mode == "cached-latency" else 300_000, np.float32)
+array = np.ones(100 if mode in ("cached-latency", "cached-halving") else 300_000, np.float32)
 if mode.startswith("cached"):
     ddlfast.allreduce(array)  # every rank agrees on this layout once
 comm.Barrier()
