@@ -55,6 +55,7 @@ _FORKED = -1  # no thread's ident: every call in a fork() child takes the refusi
 _get_ident = threading.get_ident  # one lookup less on the latency path
 _modules_get = sys.modules.get
 _delegate = threading.local()  # .context: the Context this thread issues for, inside Context.delegated()
+_CREATED, _NO_DEAD_RANK = 1, 2  # the flag bits of a creation's agreement under MPI's fault tolerance
 
 
 class Context:
@@ -89,10 +90,11 @@ class Context:
         self._generation = 0  # how many times ranks were lost; work prepared before the last loss is refused
         self._last_loss: RanksLostError | None = None
         self._pending_loss: RanksLostError | None = None  # ranks lost while the context was created
+        self._creation_saw_failure = False  # a rank died during the last creation (_agreed_creation)
         try:
             self._state = self._created_on(comm, settings)
-        except (DdlfastError, MPI.Exception) as error:
-            if not (self._ulfm and ulfm.failure_known(comm)):
+        except Exception as error:  # any: a collective may even return without a dead rank's part (_agreed_creation)
+            if not (self._ulfm and self._creation_saw_failure):
                 raise
             self._pending_loss = self._lost(comm, *self._on_survivors(comm, settings), error)
         self._fast = FastPath(self._state)
@@ -108,29 +110,30 @@ class Context:
         if _core.deferred_interrupts:
             raise _core.deferred_interrupts.pop()
 
-    @staticmethod
-    def _engine_on(comm: MPI.Intracomm, settings: Any) -> tuple[Any, Control]:
-        """The compiled core and the control collectives on `comm` (collective over it)."""
-        # A private duplicate: the one transport. Its agreement messages can carry the latency path's data (the
-        # same capacity on every rank, whatever DDLFAST_SMALL_BYTES says now or later).
-        core = _core.Core(comm, settings.timeout_s, 2 * MAX_LATENCY_BYTES)
-        control, created = comm.Idup()  # agreement descriptions and Python-side collectives
-        core.wait_requests([created], "the other ranks to create their ddlfast context")
-        return core, Control(control, core)
-
     def _created_on(self, comm: MPI.Intracomm, settings: Any) -> EngineState:
-        state = EngineState(*self._engine_on(comm, settings), settings.timeout_s)
+        """The engine on `comm` (collective over it). Under MPI's fault tolerance the ranks end it with a
+        fault-tolerant agreement on how it went (_agreed_creation), which sets _creation_saw_failure when a rank
+        died meanwhile: then every rank raises and shrinks (__init__, _on_survivors)."""
+        core = control = None
         try:
+            # A private duplicate: the one transport. Its agreement messages can carry the latency path's data (the
+            # same capacity on every rank, whatever DDLFAST_SMALL_BYTES says now or later).
+            core = _core.Core(comm, settings.timeout_s, 2 * MAX_LATENCY_BYTES)
+            duplicate, created = comm.Idup()  # agreement descriptions and Python-side collectives
+            core.wait_requests([created], "the other ranks to create their ddlfast context")
+            control = duplicate  # complete: only now may it be revoked (Open MPI crashes on a communicator under way)
+            state = EngineState(core, Control(control, core), settings.timeout_s)
             # Settings that size messages or drive the topology must match on every rank; then placement detection
             # (collective) runs where every rank has just proven it is present.
             state.agreement.check(creation_layout(settings))
             state.core.number_from_here()  # the user's first collective is #1 (the creation agreement was not theirs)
             topology = state.topology_for(settings.bucket_bytes)
         except BaseException:
-            if self._ulfm:  # the other ranks must not wait for this one in its creation
-                state.core.revoke()
-                ulfm.revoke(state.control.comm)
+            if self._ulfm:
+                self._agreed_creation(comm, core, control, created_here=False)
             raise
+        if self._ulfm:
+            self._agreed_creation(comm, core, control, created_here=True)
         if state.rank == 0 and config.debug():  # DDLFAST_DEBUG: the plan, once
             sys.stderr.write(f"ddlfast (DDLFAST_DEBUG=1): {state.size} ranks: {topology.describe()}; buckets: "
                              f"DDLFAST_BUCKET_BYTES={format_size(settings.bucket_bytes)}, first "
@@ -138,6 +141,39 @@ class Context:
                              f"small-message limit {format_size(settings.small_bytes)}, algorithm "
                              f"{settings.algorithm}, timeout {settings.timeout_s:g} s\n")
         return state
+
+    def _agreed_creation(self, comm: MPI.Intracomm, core: Any, control: MPI.Intracomm | None,
+                         created_here: bool) -> None:
+        """Under MPI's fault tolerance, the end of every creation on `comm`, on every rank, whether it created
+        its engine or failed: one agreement that completes despite dead ranks (MPIX_Comm_agree). A rank that
+        died during the creation makes it fail, or is known to a rank that tells of it; then every rank, also one
+        whose creation went through or failed otherwise (a survivor may get its own steps' error, or another
+        rank's revoke, before MPI tells it of the dead rank, or even a collective's result without the dead
+        rank's part), sets _creation_saw_failure and raises, and all of them shrink. Where no rank died, but
+        another failed (its error says why), this one raises too. Returns where every rank created its engine."""
+        flag = _CREATED * created_here | _NO_DEAD_RANK * (not ulfm.failure_known(comm))
+        if not created_here or flag != _CREATED | _NO_DEAD_RANK:
+            self._revoke(core, control)  # nothing of this creation goes on: no rank may wait for this one in it
+        try:
+            everyone = ulfm.agree(comm, flag)
+        except MPI.Exception:  # MPI_ERR_PROC_FAILED: a rank of `comm` is dead
+            everyone = 0
+        self._creation_saw_failure = not everyone & _NO_DEAD_RANK
+        if everyone == _CREATED | _NO_DEAD_RANK or not created_here:
+            return  # created everywhere, or this rank raises its own error
+        self._revoke(core, control)
+        rank = comm.Get_rank()
+        if self._creation_saw_failure:
+            raise DdlfastError(f"rank {rank}: a rank died while the ddlfast context was created")
+        raise DdlfastError(f"rank {rank}: another rank failed to create its ddlfast context (its error says why)")
+
+    @staticmethod
+    def _revoke(core: Any, control: MPI.Intracomm | None) -> None:
+        """Revoke a creation's private communicators (those that exist): every rank's waits on them fail."""
+        if core is not None:
+            core.revoke()
+        if control is not None:
+            ulfm.revoke(control)
 
     @property
     def lost_ranks(self) -> bool:
@@ -391,8 +427,8 @@ class Context:
             survivors = ulfm.shrink(comm)
             try:
                 return survivors, self._created_on(survivors, settings)
-            except (DdlfastError, MPI.Exception):
-                if attempt == comm.Get_size() - 1 or not ulfm.failure_known(survivors):
+            except Exception:
+                if attempt == comm.Get_size() - 1 or not self._creation_saw_failure:
                     raise
                 comm = survivors
         raise AssertionError("unreachable")

@@ -2,8 +2,12 @@
 
   caught       rank 2 dies mid-ring; the survivors catch RanksLostError themselves and carry on: the context must be
                consistent (ddlfast.size()/rank() the new world's, a ring allreduce and the small path right).
-  creation     the same, but rank 2 dies while the ranks create their context (in the first allreduce): the
-               survivors create it on themselves, and that allreduce raises RanksLostError.
+  creation     the same, but rank 2 dies while the ranks create their context (in the first allreduce), at the
+               creation's agreement: its communicators exist, the others wait for it in that agreement (some learn
+               of the death from MPI, some only from another rank's revoke). The survivors create the context on
+               themselves, and that allreduce raises RanksLostError. (A kill timed from the start landed anywhere:
+               also while Open MPI 5.0.11 creates a communicator, where its failure handler can crash a survivor,
+               docs/elastic.md.)
   divergent    no rank dies; each rank commits a rank-dependent state: sync() must refuse on every rank. Then
                run(regrow=True) must refuse under an initialized torch.distributed.
 """
@@ -25,9 +29,16 @@ if mode in ("caught", "creation"):
     x = np.full(1 << 19, start_rank + 1.0)
     if mode == "caught":
         ddlfast.barrier()  # the context exists
-    if start_rank == 2:
+    if start_rank == 2 and mode == "caught":
         threading.Thread(target=lambda: (time.sleep(0.005), os.kill(os.getpid(), signal.SIGKILL)),
                          daemon=True).start()
+    if start_rank == 2 and mode == "creation":
+        import ddlfast.context
+
+        def dying_layout(settings):  # what the creation agrees on: asked just before its agreement
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        ddlfast.context.creation_layout = dying_layout
     try:
         ddlfast.allreduce(x)
         print(f"rank {start_rank}: completed before it learned of the loss", flush=True)

@@ -8,7 +8,9 @@ Usage: elastic_train.py OUT KILLS, KILLS a comma-separated list of RANK:POINT:ST
   agreement  sleeps 0.3 s at the top of STEP, then dies (the others wait in STEP's agreement)
   ring       dies 5 ms into STEP's allreduce of 2 MiB (mid-ring)
   async      dies 5 ms after submitting STEP's allreduce_async (STEP % 3 == 2: that step is asynchronous)
-  commit     dies 0.3 s into the commit after STEP (the others wait in its barrier)
+  commit     dies in the commit after STEP, before its barrier, after 0.3 s (the others wait in the barrier, which
+             cannot complete without it; a kill timed from the commit instead landed anywhere later, even after
+             the last step)
   sync       dies inside the first sync after a loss (the recovery itself), as it starts that sync's broadcast:
              after the agreement on the commits, before the state moves, so the others wait for it in the
              broadcast; STEP is ignored
@@ -88,7 +90,8 @@ def main() -> None:
     class State(ddlfast.elastic.NumpyState):
         def commit(self) -> None:
             if kills.get("commit") == self.step:
-                die(0.3)
+                time.sleep(0.3)
+                die(0)
             super().commit()
 
         def broadcast(self, root: int) -> None:
