@@ -23,6 +23,7 @@ from ddlfast.topology.cost_model import (
     Cluster,
     MessageFactors,
     PlanError,
+    auto_latency_plan,
     choose_algorithm,
     format_rate,
     link_bound,
@@ -31,6 +32,7 @@ from ddlfast.topology.cost_model import (
     parse_rate,
     plan,
     predict,
+    predict_call,
     step_efficiency,
 )
 from ddlfast.topology.placement import SHOWN_SIZES
@@ -77,7 +79,16 @@ def report(cluster: Cluster, nbytes: float, compute_s: float, overlap: float, ma
     """Everything the CLI prints, as data."""
     pick, everything = plan(cluster, nbytes, max_dims)
     flat = predict(cluster, (cluster.ranks,), nbytes)
-    by_size = [(n, choose_algorithm(cluster, pick.dims, n)) for n in sorted({*SHOWN_SIZES, int(nbytes)})]
+    halving, reach = auto_latency_plan(cluster, pick.dims)
+
+    def algorithm(n: int) -> tuple[str, float]:
+        if n <= reach:  # the latency path, inside the per-call agreement's messages
+            form = "halving" if halving and n >= halving else "whole payload"
+            return f"latency path ({form})", predict_call(cluster, pick.dims, n, reach, (), halving)
+        choice = choose_algorithm(cluster, pick.dims, n)
+        return str(choice), predict_call(cluster, choice.dims, n, 0, choice.direct)  # the agreement, then it
+
+    by_size = [(n, *algorithm(n)) for n in sorted({*SHOWN_SIZES, int(nbytes)})]
     return {
         "cluster": {
             "hosts": cluster.hosts, "ranks_per_host": cluster.ranks_per_host, "ranks": cluster.ranks,
@@ -98,9 +109,9 @@ def report(cluster: Cluster, nbytes: float, compute_s: float, overlap: float, ma
         "compute_seconds": compute_s,
         "overlap": overlap,
         "scaling_efficiency": step_efficiency(compute_s, pick.seconds, overlap) if compute_s > 0 else None,
-        # DDLFAST_ALGORITHM=auto per call size on the pick's dims (uncompressed; sizes at or below
-        # DDLFAST_SMALL_BYTES take the small-message path instead)
-        "algorithms": [{"bytes": n, "algorithm": str(a), "seconds": a.seconds} for n, a in by_size],
+        # DDLFAST_ALGORITHM=auto per call size on the pick's dims (uncompressed): the latency path within its
+        # reach (cost_model.auto_latency_plan), else the cost model's algorithm
+        "algorithms": [{"bytes": n, "algorithm": name, "seconds": seconds} for n, name, seconds in by_size],
     }
 
 
@@ -135,8 +146,9 @@ def format_report(data: dict, top: int) -> str:
     if data["link_bound_seconds"]:
         lines.append(f"host-link bound 2(h-1)/h*S/rate: {data['link_bound_seconds'] * 1e3:.3f} ms "
                      f"(pick = {data['pick_seconds'] / data['link_bound_seconds']:.2f}x the bound)")
-    lines += ["", f"algorithm per call size (DDLFAST_ALGORITHM=auto on {data['pick']}; at or below "
-                  "DDLFAST_SMALL_BYTES the latency path, or MPI's allreduce with DDLFAST_ALGORITHM=mpi):"]
+    lines += ["", f"algorithm per call size (DDLFAST_ALGORITHM=auto on {data['pick']}; ms of the whole call, its "
+                  "per-call agreement included, which the latency path carries in its own messages; "
+                  "DDLFAST_ALGORITHM=mpi: MPI's allreduce at every size):"]
     for row in data["algorithms"]:
         lines.append(f"{format_size(row['bytes']):>14} {row['seconds'] * 1e3:13.3f}  {row['algorithm']}")
     if data["scaling_efficiency"] is not None:

@@ -33,6 +33,7 @@ from ddlfast.topology.cost_model import (
     Algorithm,
     Cluster,
     PlanError,
+    auto_latency_plan,
     choose_algorithm,
     parse_bytes,
     parse_link,
@@ -129,17 +130,26 @@ class Platform:
             raise SimulationError(f"platform {self.name}: bad ddlfast:* property ({error})") from None
 
 
-def engine_choice(cluster: Cluster, nbytes: int, dims: tuple[int, ...] | None = None) -> Algorithm:
+def engine_choice(cluster: Cluster, nbytes: int, dims: tuple[int, ...] | None = None,
+                  reach: int | None = None) -> Algorithm:
     """What ddlfast runs for one allreduce of `nbytes` with its defaults: the ring dims auto plans once for the
     job (`plan` at DDLFAST_BUCKET_BYTES, as topology.placement.decide) or `dims`, then the algorithm per call
-    size (topology.placement.Topology.algorithm): the latency path at or below DDLFAST_SMALL_BYTES, else
-    cost_model.choose_algorithm (a direct reduce-scatter per dimension, or the all-2 shape where auto's dims
-    may be reshaped)."""
+    size (topology.placement.Topology.algorithm): the latency path within `reach` (None: an allreduce's,
+    latency_forms), else cost_model.choose_algorithm (a direct reduce-scatter per dimension, or the all-2 shape
+    where auto's dims may be reshaped)."""
     auto = plan(cluster, DEFAULT_BUCKET_BYTES)[0].dims
     shape = auto if dims is None else dims
-    if nbytes <= DEFAULT_SMALL_BYTES:
+    if nbytes <= (latency_forms(cluster, dims)[1] if reach is None else reach):
         return Algorithm("latency", shape)
     return choose_algorithm(cluster, shape, nbytes, "auto", reshape=shape == auto)
+
+
+def latency_forms(cluster: Cluster, dims: tuple[int, ...] | None = None) -> tuple[int, int]:
+    """(halving_bytes, reach) of ddlfast's latency path with its defaults on a simulated cluster (every rank a
+    core of its own): cost_model.auto_latency_plan, as topology.placement.Topology.latency_plan decides on a job."""
+    auto = plan(cluster, DEFAULT_BUCKET_BYTES)[0].dims
+    shape = auto if dims is None else dims
+    return auto_latency_plan(cluster, shape, reshape=shape == auto)
 
 
 def case_text(nbytes: int, choice: Algorithm) -> str:
@@ -318,18 +328,21 @@ def simulate(platform: Platform, ranks: int, sizes: Sequence[int], dims: tuple[i
     `run_ddlfast`, the built-ins alone (runs made side by side, joined by `join_reports`)."""
     build_driver()  # incremental: nothing to do when the driver is newer than every source
     cluster = platform.cluster(ranks)
+    halving, reach = latency_forms(cluster, dims)
+    if collective != "allreduce":  # the latency path is an allreduce's: the passes hand off at the limit
+        reach = DEFAULT_SMALL_BYTES
     chosen = {}
     for size in sizes:
-        choice = engine_choice(cluster, size, dims)
-        chosen[size] = (choice, predict_call(cluster, choice.dims, size, DEFAULT_SMALL_BYTES, choice.direct))
+        choice = engine_choice(cluster, size, dims, reach)
+        chosen[size] = (choice, predict_call(cluster, choice.dims, size, reach, choice.direct, halving))
     simulation = Simulation(platform, ranks, compute)
     checked = check_bytes(ranks)
     common = ["--iters", str(iters), "--warmup", str(warmup), "--check-bytes", str(checked)]
     cases = [arg for size in sizes for arg in ("--case", case_text(size, chosen[size][0]))]
-    # ddlfast's defaults (ddlfast.config): at or below the small-message limit an allreduce takes the latency
-    # path (inside the agreement's butterfly); reduce-scatter and allgather hand off to MPI's own collective,
-    # here MPICH's selection (the MPI ddlfast's wheel runs on).
-    engine = ["--small-bytes", str(DEFAULT_SMALL_BYTES), "--chunk-bytes", str(DEFAULT_CHUNK_BYTES)]
+    # ddlfast's defaults: within its reach an allreduce takes the latency path (inside the agreement's butterfly,
+    # halving from `halving` up); at or below the small-message limit reduce-scatter and allgather hand off to
+    # MPI's own collective, here MPICH's selection (the MPI ddlfast's wheel runs on).
+    engine = ["--small-bytes", str(reach), "--chunk-bytes", str(DEFAULT_CHUNK_BYTES), "--halving-bytes", str(halving)]
     ours, agreement = {}, None
     if run_ddlfast:
         ours = _results(simulation.run(["--collective", collective, *common, *engine, *cases],

@@ -6,7 +6,7 @@
 //
 //   smpirun ... driver --collective allreduce|reduce_scatter|allgather|builtin|agree
 //                      --case BYTES:DIMS[:DIRECT] [--case ...] [--iters N] [--warmup N] [--check-bytes N]
-//                      [--small-bytes N] [--chunk-bytes N] [--missing-rank R --timeout S]
+//                      [--small-bytes N] [--chunk-bytes N] [--halving-bytes N] [--missing-rank R --timeout S]
 //                      [--corrupt-rank R]  (R adds 1 to its first input: the check must fail)
 //
 // DIRECT is one digit per dimension, 1 where that dimension's reduce-scatter is
@@ -131,6 +131,8 @@ Options parse(int argc, char** argv, int rank, int size) {
       options.check_bytes = std::strtoull(value.c_str(), nullptr, 10);
     } else if (flag == "--small-bytes") {
       options.engine.small_bytes = std::strtoull(value.c_str(), nullptr, 10);
+    } else if (flag == "--halving-bytes") {
+      options.engine.halving_bytes = std::strtoull(value.c_str(), nullptr, 10);
     } else if (flag == "--chunk-bytes") {
       options.engine.chunk_bytes = std::strtoull(value.c_str(), nullptr, 10);
     } else if (flag == "--missing-rank") {
@@ -190,9 +192,12 @@ class Buffer {
 // built-ins' temporary buffers are private memory: at 1024 ranks that is gigabytes of copies and of resident
 // memory per call. For those cases messages above kCopiedBytes are not copied (the simulated time is the same:
 // SMPI charges the network model, not the copy), and the built-ins reduce with an operation that does nothing,
-// so their temporary buffers are never touched. Smaller messages (the agreement's headers, the driver's own
-// MPI_Allreduce of times) are copied as always. Checked cases copy everything and reduce for real.
-constexpr std::size_t kCopiedBytes = 64 * 1024;
+// so their temporary buffers are never touched. Smaller messages (the agreement's, with their headers: one left
+// behind would read as a disagreement; the driver's own MPI_Allreduce of times) are copied as always. Checked
+// cases copy everything and reduce for real. The agreement's capacity is ddlfast/context.py's
+// (2 x config.MAX_LATENCY_BYTES), so the latency path takes the same calls.
+constexpr std::size_t kAgreementCapacity = 2 * 64 * 1024;
+constexpr std::size_t kCopiedBytes = kAgreementCapacity + 64;
 
 void copy_payload(smx_activity_t comm, void* buffer, std::size_t bytes) {
   smpi_comm_copy_buffer_callback(reinterpret_cast<simgrid::kernel::activity::CommImpl*>(comm), buffer, bytes);
@@ -388,9 +393,6 @@ int main(int argc, char** argv) {
   // census runs) it polls, so that it can give up.
   ddlfast_sim_blocking_waits = options.timeout_s <= 0;
   std::unique_ptr<ddlfast::Core> context;
-  // The agreement's capacity as ddlfast/context.py gives it (2 x config.MAX_LATENCY_BYTES), so the latency path
-  // takes the same calls.
-  constexpr std::size_t kAgreementCapacity = 2 * 64 * 1024;
   if (options.collective != "builtin") {  // the built-ins' runs need no context (its creation costs at 1024 ranks)
     const ddlfast::Status created =
         ddlfast::Core::create(MPI_COMM_WORLD, options.timeout_s, kAgreementCapacity, &context);

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -332,50 +332,139 @@ def _butterfly_partners(ranks: int) -> list[np.ndarray]:
     return steps + ([fold] if rest else [])
 
 
-def butterfly_seconds(cluster: Cluster, nbytes: float) -> float:
-    """Seconds of a butterfly (recursive doubling, src/algo/butterfly.h) carrying `nbytes` per message: log2(P)
-    exchange steps at distance 1, 2, 4, ...; a rank count that is no power of two folds the extra ranks in
-    first and hands them the result last (two more steps). A step costs its slowest tier: the latency of the
-    link it crosses and the messages sharing it (a host's ranks all send off the host at once in the steps that
-    leave it, over its one link). The per-call agreement is this with a small header; the latency path (sizes
-    <= DDLFAST_SMALL_BYTES) is this with the data."""
-    ranks = cluster.ranks
-    if ranks == 1:
-        return 0.0
-    v = np.arange(ranks)
-    rph, group_ranks = cluster.ranks_per_host, cluster.ranks_per_host * cluster.hosts_per_group
-    total = 0.0
-    for partner in _butterfly_partners(ranks):
-        active = partner >= 0
-        senders, receivers = v[active], partner[active]
-        costs = []
-        off_host = senders // rph != receivers // rph
-        if (~off_host).any():
-            costs.append(cluster.factors.message(cluster.intra, nbytes))
-        if off_host.any():
-            load = int(np.bincount(senders[off_host] // rph).max())
-            costs.append(cluster.factors.message(cluster.inter, nbytes, load))
-            off_group = senders // group_ranks != receivers // group_ranks
-            if cluster.group is not None and cluster.groups > 1 and off_group.any():
-                load = int(np.bincount(senders[off_group] // group_ranks).max())
-                costs.append(cluster.factors.message(cluster.group, nbytes, load))
-        total += max(costs)
-    power = 1 << (ranks.bit_length() - 1)
-    total += (power.bit_length() - 1) * nbytes * cluster.gamma
-    return total
-
-
 # The agreement's header: 48 bytes of fingerprint, flags and the previous collective's waits per rank's message
 # (kHeaderBytes in src/transport/agreement_exchange.cc).
 AGREEMENT_BYTES = 48
 
 
+def _step_seconds(cluster: Cluster, partner: np.ndarray, nbytes: float) -> float:
+    """One butterfly step's seconds: its slowest tier, the latency of the link it crosses and the messages sharing
+    it (a host's ranks all send off the host at once in the steps that leave it, over its one link)."""
+    v = np.arange(cluster.ranks)
+    rph, group_ranks = cluster.ranks_per_host, cluster.ranks_per_host * cluster.hosts_per_group
+    active = partner >= 0
+    senders, receivers = v[active], partner[active]
+    costs = []
+    off_host = senders // rph != receivers // rph
+    if (~off_host).any():
+        costs.append(cluster.factors.message(cluster.intra, nbytes))
+    if off_host.any():
+        load = int(np.bincount(senders[off_host] // rph).max())
+        costs.append(cluster.factors.message(cluster.inter, nbytes, load))
+        off_group = senders // group_ranks != receivers // group_ranks
+        if cluster.group is not None and cluster.groups > 1 and off_group.any():
+            load = int(np.bincount(senders[off_group] // group_ranks).max())
+            costs.append(cluster.factors.message(cluster.group, nbytes, load))
+    return max(costs)
+
+
+def butterfly_seconds(cluster: Cluster, nbytes: float) -> float:
+    """Seconds of a butterfly (recursive doubling, src/algo/butterfly.h) carrying `nbytes` per message: log2(P)
+    exchange steps at distance 1, 2, 4, ...; a rank count that is no power of two folds the extra ranks in
+    first and hands them the result last (two more steps). A step costs its slowest tier (_step_seconds). The
+    per-call agreement is this with a small header; the latency path's whole form is this with the data."""
+    ranks = cluster.ranks
+    if ranks == 1:
+        return 0.0
+    total = sum(_step_seconds(cluster, partner, nbytes) for partner in _butterfly_partners(ranks))
+    power = 1 << (ranks.bit_length() - 1)
+    total += (power.bit_length() - 1) * nbytes * cluster.gamma
+    return total
+
+
+def halving_seconds(cluster: Cluster, nbytes: float) -> float:
+    """Seconds of the latency path's halving form (src/transport/agreement_exchange.cc) for `nbytes` of data: the
+    fold steps with the whole payload, then the butterfly's steps carrying the header and half of what a rank
+    still reduces (recursive halving), then the same steps back with the owners' blocks (recursive doubling)."""
+    ranks = cluster.ranks
+    if ranks == 1:
+        return 0.0
+    partners = _butterfly_partners(ranks)
+    folds = ranks & (ranks - 1) != 0
+    total = 0.0
+    if folds:
+        total += sum(_step_seconds(cluster, fold, AGREEMENT_BYTES + nbytes) for fold in (partners[0], partners[-1]))
+        partners = partners[1:-1]
+    part = float(nbytes)
+    for partner in partners:
+        part /= 2
+        total += _step_seconds(cluster, partner, AGREEMENT_BYTES + part) + _step_seconds(cluster, partner, part)
+        total += part * cluster.gamma
+    return total
+
+
+
+
+# Sizes at which the latency path's reach and halving are chosen (latency_plan): 1 KiB to MAX_LATENCY_BYTES.
+LATENCY_SIZES = tuple(1 << k for k in range(10, config.MAX_LATENCY_BYTES.bit_length()))
+
+
+def latency_plan(cluster: Cluster | None, ranks: int, one_host: bool, small_bytes: int,
+                 agreed_call: Callable[[int], float], halving_setting: int | None = None,
+                 oversubscribed: bool = False) -> tuple[int, int]:
+    """(halving_bytes, reach) of the latency path under DDLFAST_ALGORITHM=auto: it halves payloads from
+    halving_bytes up (0: never; `halving_setting`, DDLFAST_HALVING_BYTES, decides where not None) and takes
+    allreduces up to reach (at least `small_bytes`). `agreed_call(n)`: the seconds of the agreement and auto's
+    algorithm for n bytes (predict_call above the small-message limit).
+    - Where ranks outnumber cores (`oversubscribed`): no halving, reach config.MAX_LATENCY_BYTES. A step costs a
+      scheduling of its partner there, and the butterfly's log2(P) steps beat the agreement plus a ring's or
+      Rabenseifner's 2 log2(P) (2 cores, 16-64 KiB: 1.2-2.2x MPI_Allreduce's busbw at P = 3, 4, 8, the others
+      0.7-1.0x).
+    - On one host (`one_host`) with a core per rank, measured (config.DEFAULT_HALVING_BYTES):
+      halving from 8 KiB, where the whole payload passes MPICH's shared-memory eager size, reach
+      config.HALVING_REACH_BYTES for P > 2 (at P = 2 the ring's one step stays ahead).
+    - Across hosts, this model: halving from the first of LATENCY_SIZES from which halving_seconds stays below
+      butterfly_seconds, and reach the last size up to which the latency path's form stays faster than
+      `agreed_call` (under SMPI's model, within 5 % of the simulated times at 64 ranks); with no model (an
+      irregular placement, `cluster` None), no halving and no reach beyond the limit."""
+    if oversubscribed:
+        halving = 0 if halving_setting is None else halving_setting
+        return halving, max(small_bytes, config.MAX_LATENCY_BYTES)
+    if one_host:
+        halving = config.DEFAULT_HALVING_BYTES if halving_setting is None else halving_setting
+        return halving, max(small_bytes, config.HALVING_REACH_BYTES) if halving and ranks > 2 else small_bytes
+    if cluster is None:
+        return halving_setting or 0, small_bytes
+    if halving_setting is not None:
+        halving = halving_setting
+    else:
+        halving = 0
+        for n in reversed(LATENCY_SIZES):
+            if halving_seconds(cluster, n) >= butterfly_seconds(cluster, AGREEMENT_BYTES + n):
+                break
+            halving = n
+    reach = small_bytes
+    for n in LATENCY_SIZES:
+        if n <= small_bytes:
+            continue
+        form = halving_seconds(cluster, n) if halving and n >= halving else butterfly_seconds(
+            cluster, AGREEMENT_BYTES + n)
+        if form > agreed_call(n):
+            break
+        reach = n
+    return halving, reach
+
+
+def auto_latency_plan(cluster: Cluster, dims: Sequence[int], reshape: bool = True,
+                      small_bytes: int = config.DEFAULT_SMALL_BYTES) -> tuple[int, int]:
+    """latency_plan for a job on `cluster` (a core per rank) whose auto dims are `dims`: what the simulator's
+    driver and `python -m ddlfast.plan` show ddlfast running (topology.placement.Topology.latency_plan on a job)."""
+    def agreed_call(nbytes: int) -> float:
+        choice = choose_algorithm(cluster, dims, nbytes, "auto", reshape)
+        return predict_call(cluster, choice.dims, nbytes, 0, choice.direct)
+
+    return latency_plan(cluster, cluster.ranks, cluster.hosts == 1, small_bytes, agreed_call)
+
+
 def predict_call(cluster: Cluster, dims: Sequence[int], nbytes: float,
-                 small_bytes: int = config.DEFAULT_SMALL_BYTES, direct: Sequence[int] = ()) -> float:
+                 small_bytes: int = config.DEFAULT_SMALL_BYTES, direct: Sequence[int] = (),
+                 halving_bytes: int = 0) -> float:
     """Predicted seconds of one ddlfast allreduce call as ddlfast.allreduce runs it: at or below `small_bytes`
-    the latency path (the agreement's butterfly carrying the data), above it the agreement and then the ring
-    (`direct` as in `predict`)."""
+    the latency path (the agreement's butterfly carrying the data; halving from `halving_bytes` up, 0 never),
+    above it the agreement and then the ring (`direct` as in `predict`)."""
     if nbytes <= small_bytes:
+        if halving_bytes and nbytes >= halving_bytes:
+            return halving_seconds(cluster, nbytes)
         return butterfly_seconds(cluster, AGREEMENT_BYTES + nbytes)
     return butterfly_seconds(cluster, AGREEMENT_BYTES) + predict(cluster, dims, nbytes, direct).seconds
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mpi4py import MPI
 
@@ -31,7 +31,9 @@ from ddlfast.topology.cost_model import (
     Link,
     Prediction,
     choose_algorithm,
+    latency_plan,
     plan,
+    predict_call,
 )
 
 # The call sizes ddlfast.topology() and `python -m ddlfast.plan` show the algorithm of.
@@ -178,6 +180,9 @@ class Topology:
     auto_dims: tuple[int, ...]
     candidates: tuple[Prediction, ...]  # fastest first
     warnings: tuple[str, ...]
+    # latency_plan's answers by (small_bytes, halving setting): the model runs once per kind of setting
+    _latency_plans: dict[tuple[int, int | None], tuple[int, int]] = field(default_factory=dict, compare=False,
+                                                                           repr=False)
 
     @property
     def order(self) -> tuple[int, ...]:
@@ -222,37 +227,35 @@ class Topology:
         reshape = ring_dims == "auto" and dims == self.auto_dims
         return choose_algorithm(self.cluster, dims, nbytes, algorithm, reshape, compressed)
 
-    def latency_reach(self, small_bytes: int = config.DEFAULT_SMALL_BYTES, algorithm: str = "auto",
-                      halving_bytes: int = 0) -> int:
-        """The largest uncompressed allreduce the latency path takes: DDLFAST_SMALL_BYTES; under auto, more:
-        - on an oversubscribed placement, up to what the agreement's messages carry (config.MAX_LATENCY_BYTES).
-          There a step costs a scheduling of its partner, not the link's latency, and the butterfly's log2(P)
-          steps beat the agreement plus a ring's or Rabenseifner's 2 log2(P): on 2 cores at 16-64 KiB the latency
-          path ran at 1.2-2.2x MPI_Allreduce's busbw at P = 3, 4 and 8, the direct and Rabenseifner steps at
-          0.7-1.0x, in the same runs; at P = 2 (not oversubscribed) the ring stays ahead;
-        - where the latency path halves (`halving_bytes`, halving_bytes()) and P > 2, up to
-          config.HALVING_REACH_BYTES: halving and doubling inside the agreement's messages save the agreement's
-          own log2(P) steps (measurements at config.DEFAULT_HALVING_BYTES; across hosts only where
-          DDLFAST_HALVING_BYTES turns halving on)."""
-        if algorithm != "auto":
-            return small_bytes
-        if self.placement.oversubscribed:
-            return max(small_bytes, config.MAX_LATENCY_BYTES)
-        if halving_bytes and self.placement.size > 2:
-            return max(small_bytes, config.HALVING_REACH_BYTES)
-        return small_bytes
+    def latency_plan(self, small_bytes: int = config.DEFAULT_SMALL_BYTES,
+                     halving_setting: int | None = None) -> tuple[int, int]:
+        """(halving_bytes, reach) of the latency path under auto (cost_model.latency_plan), with
+        DDLFAST_HALVING_BYTES `halving_setting` (None: auto)."""
+        key = (small_bytes, halving_setting)
+        if key not in self._latency_plans:
+            def agreed_call(nbytes: int) -> float:
+                choice = self.algorithm(nbytes, small_bytes=0)
+                return predict_call(self.cluster, choice.dims, nbytes, 0, choice.direct)
+
+            placement = self.placement
+            self._latency_plans[key] = latency_plan(self.cluster, placement.size, placement.hosts == 1,
+                                                    small_bytes, agreed_call, halving_setting,
+                                                    placement.oversubscribed)
+        return self._latency_plans[key]
 
     def halving_bytes(self, setting: int | None = None) -> int:
-        """From what payload the latency path halves (DDLFAST_HALVING_BYTES `setting`; None: auto). Auto: on one
-        host where every rank has a core of its own, from config.DEFAULT_HALVING_BYTES (where the whole payload
-        passes MPICH's shared-memory eager size: measured there); never on an oversubscribed placement, where
-        every step costs a scheduling of its partner and the butterfly's log2(P) steps beat 2 log2(P); never
-        across hosts (not measured there: under SMPI's network model the halving form's extra log2(P) steps cost
-        more than its smaller messages save at 8 KiB)."""
-        if setting is not None:
-            return setting
-        one_host = self.placement.hosts == 1
-        return config.DEFAULT_HALVING_BYTES if one_host and not self.placement.oversubscribed else 0
+        """From what payload the latency path halves (DDLFAST_HALVING_BYTES `setting`; None: auto,
+        latency_plan): on one host with a core per rank from 8 KiB, across hosts where the cost model says,
+        never where ranks outnumber cores."""
+        return setting if setting is not None else self.latency_plan()[0]
+
+    def latency_reach(self, small_bytes: int = config.DEFAULT_SMALL_BYTES, algorithm: str = "auto",
+                      halving_bytes: int = 0) -> int:
+        """The largest uncompressed allreduce the latency path takes: DDLFAST_SMALL_BYTES; under auto, as far as
+        latency_plan says for a latency path that halves from `halving_bytes` up (0: never)."""
+        if algorithm != "auto":
+            return small_bytes
+        return self.latency_plan(small_bytes, halving_bytes)[1]
 
     def algorithms(self, small_bytes: int = config.DEFAULT_SMALL_BYTES) -> dict[int, str]:
         """auto's algorithm per shown size (uncompressed, on auto's dims), as text."""

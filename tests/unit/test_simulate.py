@@ -153,16 +153,20 @@ def test_folded_sizes_run_past_the_shared_block() -> None:
 
 @needs_simgrid
 def test_the_simulated_rows_run_what_auto_chooses_with_a_direct_reduce_scatter() -> None:
-    # ddlfast's rows are the algorithm auto runs per size (engine_choice: auto's dims for the job, then per size
-    # the cost model's choice), direct reduce-scatter dimensions included, checked at 64 KiB.
+    # ddlfast's rows are the algorithm auto runs per size (engine_choice: the latency path within its reach, else
+    # auto's dims for the job and per size the cost model's choice), direct reduce-scatter dimensions included,
+    # checked at 128 KiB; 32 KiB takes the latency path, halving (latency_forms).
     platform = simulate.load_platform("ethernet-10g")
     cluster = platform.cluster(16)
-    data = simulate.simulate(platform, 16, [65536, 16 << 20], builtins=(), iters=1, warmup=0)
+    data = simulate.simulate(platform, 16, [32768, 131072, 16 << 20], builtins=(), iters=1, warmup=0)
     for row in data["rows"]:
         choice = simulate.engine_choice(cluster, row["size_bytes"])
         assert (row["algorithm"], row["dims"]) == (str(choice), "x".join(map(str, choice.dims)))
         assert row["ddlfast_s"] > 0
-    assert any(flag for flag in simulate.engine_choice(cluster, 65536).direct), "a direct dimension is simulated"
+        assert row["planner_s"] == pytest.approx(row["ddlfast_s"], rel=0.10), row
+    assert any(flag for flag in simulate.engine_choice(cluster, 131072).direct), "a direct dimension is simulated"
+    halving, reach = simulate.latency_forms(cluster)
+    assert simulate.engine_choice(cluster, 32768).name == "latency" and halving <= 32768 <= reach
 
 
 @needs_simgrid

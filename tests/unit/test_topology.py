@@ -132,15 +132,14 @@ def test_latency_reach_grows_under_auto_on_an_oversubscribed_placement() -> None
 
 def test_the_latency_path_halves_where_every_rank_has_a_core(monkeypatch: pytest.MonkeyPatch) -> None:
     """Halving (DDLFAST_HALVING_BYTES=auto): from DEFAULT_HALVING_BYTES on one host with a core per rank, never
-    where ranks outnumber cores or across hosts; the latency path then reaches HALVING_REACH_BYTES under auto for
-    P > 2."""
+    where ranks outnumber cores; the latency path then reaches HALVING_REACH_BYTES under auto for P > 2."""
     monkeypatch.delenv("DDLFAST_HALVING_BYTES", raising=False)
     crowded = decide(0, Placement((0, 0, 0, 0), ("a",), (2,)), 1, SLOW, 64 << 20)
     roomy = decide(0, Placement((0, 0, 0, 0), ("a",), (4,)), 1, SLOW, 64 << 20)
     pair = decide(0, Placement((0, 0), ("a",), (2,)), 1, SLOW, 64 << 20)
     two_hosts = decide(0, Placement((0, 0, 1, 1), ("a", "b"), (4, 4)), 1, SLOW, 64 << 20)
     assert crowded.halving_bytes() == 0 and roomy.halving_bytes() == DEFAULT_HALVING_BYTES
-    assert two_hosts.halving_bytes() == 0 and two_hosts.latency_reach(8 << 10, "auto", 0) == 8 << 10
+    assert two_hosts.latency_reach(8 << 10, "auto", 0) >= 8 << 10  # across hosts the cost model decides
     assert roomy.halving_bytes(0) == 0 and crowded.halving_bytes(512) == 512  # DDLFAST_HALVING_BYTES decides
     halving = roomy.halving_bytes()
     assert roomy.latency_reach(8 << 10, "auto", halving) == HALVING_REACH_BYTES
@@ -152,6 +151,46 @@ def test_the_latency_path_halves_where_every_rank_has_a_core(monkeypatch: pytest
     assert shown[4 << 10] == "latency path" and shown[64 << 10] != "latency path"
     monkeypatch.setenv("DDLFAST_HALVING_BYTES", "4KiB")
     assert roomy.algorithms()[4 << 10] == "latency path, halving"
+
+
+@pytest.mark.parametrize("hosts", [2, 8, 64])
+def test_across_hosts_the_cost_model_chooses_halving_and_reach(hosts: int) -> None:
+    """Across hosts (cost_model.latency_plan): halving from the first size from which the model's halving form
+    stays faster than the whole payload, and the latency path up to the last size at which it beats the agreement
+    plus auto's algorithm."""
+    from ddlfast.topology.cost_model import (
+        AGREEMENT_BYTES,
+        LATENCY_SIZES,
+        butterfly_seconds,
+        halving_seconds,
+        predict_call,
+    )
+
+    topology = decide(0, Placement(tuple(r // 4 for r in range(4 * hosts)), tuple(map(str, range(hosts))),
+                                   (4,) * hosts), 1, SLOW, 64 << 20)
+    cluster, small = topology.cluster, 8 << 10
+    halving = topology.halving_bytes()
+    for n in LATENCY_SIZES:
+        if halving and n >= halving:
+            assert halving_seconds(cluster, n) < butterfly_seconds(cluster, AGREEMENT_BYTES + n)
+    if halving > LATENCY_SIZES[0]:
+        below = halving // 2
+        assert halving_seconds(cluster, below) >= butterfly_seconds(cluster, AGREEMENT_BYTES + below)
+    reach = topology.latency_reach(small, "auto", halving)
+    assert small <= reach <= MAX_LATENCY_BYTES
+
+    def agreed(n: int) -> float:
+        choice = topology.algorithm(n, small_bytes=0)
+        return predict_call(cluster, choice.dims, n, 0, choice.direct)
+
+    def latency(n: int) -> float:
+        if halving and n >= halving:
+            return halving_seconds(cluster, n)
+        return butterfly_seconds(cluster, AGREEMENT_BYTES + n)
+
+    assert all(latency(n) <= agreed(n) for n in LATENCY_SIZES if small < n <= reach)
+    if reach < MAX_LATENCY_BYTES:
+        assert latency(max(reach, small) * 2) > agreed(max(reach, small) * 2)
 
 
 def test_emulated_hosts(monkeypatch: pytest.MonkeyPatch) -> None:
