@@ -471,20 +471,20 @@ def gpu_ring_min_bytes(environ: Mapping[str, str] | None = None) -> int:
     return _env_size("DDLFAST_GPU_RING_MIN_BYTES", DEFAULT_GPU_RING_MIN_BYTES, 0, MAX_BUCKET_BYTES, environ)
 
 
-# On one host where every rank has a core of its own (Topology.halving_bytes, latency_reach), the latency path
-# halves payloads from DEFAULT_HALVING_BYTES up (recursive halving and doubling inside the agreement's messages,
-# src/transport/agreement_exchange.cc) and takes allreduces up to HALVING_REACH_BYTES. Measured on 16 cores (MPICH
-# 5.0.2, docs/gpu.md's host section): the whole payload plus its header passes MPICH's shared-memory eager size at 8 KiB
-# (0.54-0.60x MPI_Allreduce's busbw at P = 4, 8, 16; halving 0.82-0.94x, 4 KiB whole 0.95-1.06x); at 16-32 KiB
-# halving 0.86-0.94x, the agreement plus Rabenseifner's or the direct step 0.71-0.93x; at 64 KiB those 0.92-1.10x,
-# halving 0.80-0.88x.
+# On one host where every rank has a core of its own (cost_model.latency_plan), the latency path halves payloads
+# from DEFAULT_HALVING_BYTES up (recursive halving and doubling inside the agreement's messages,
+# src/transport/agreement_exchange.cc) and takes allreduces up to HALVING_REACH_BYTES. Measured on 16 cores
+# (MPICH 5.0.2, docs/gpu.md's host section): the whole payload plus its header passes MPICH's shared-memory eager
+# size at 8 KiB (0.54-0.60x MPI_Allreduce's busbw at P = 4, 8, 16; halving 0.82-0.94x, 4 KiB whole 0.95-1.06x); at
+# 16-32 KiB halving 0.86-0.94x, the agreement plus Rabenseifner's or the direct step 0.71-0.93x; at 64 KiB those
+# 0.92-1.10x, halving 0.80-0.88x.
 DEFAULT_HALVING_BYTES = 8 << 10
 HALVING_REACH_BYTES = 32 << 10
 
 
 def halving_bytes(environ: Mapping[str, str] | None = None) -> int | None:
     """DDLFAST_HALVING_BYTES: the latency path reduces payloads of at least this many bytes by recursive halving
-    and doubling; 0: never; auto (None, the default): Topology.halving_bytes decides."""
+    and doubling; 0: never; auto (None, the default): cost_model.latency_plan decides."""
     raw = _raw("DDLFAST_HALVING_BYTES", environ)
     if raw is None or raw.strip().lower() == "auto":
         return None
