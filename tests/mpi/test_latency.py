@@ -2,9 +2,9 @@
 agreement_exchange.cc), every op and dtype at the small-message limit's edges against NumPy, and disagreements
 found inside the butterfly on one rank after the layout was cached: an error on every rank, no data written,
 the context usable (tests/mpi/programs/latency_cases.py). Rank counts that fold (3, 5, 6, 7) and that do not;
-each with the whole payload in every step and with recursive halving and doubling from 400 bytes up
+each with the whole payload in every step, with recursive halving and doubling from 400 bytes up
 (DDLFAST_HALVING_BYTES; the program then adds a disagreement across that threshold: one rank halving, the others
-not)."""
+not), and halving every payload, down to one element (blocks of none)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from tests.mpi.launcher import run_mpi
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("halving", ["0", "400"])
+@pytest.mark.parametrize("halving", ["0", "400", "1"])
 @pytest.mark.parametrize("ranks", [1, 2, 3, 4, 5, 8])
 def test_latency_path_results_and_disagreements(ranks: int, halving: str) -> None:
     result = run_mpi(ranks, "latency_cases.py", timeout=900, env={"DDLFAST_HALVING_BYTES": halving})
