@@ -47,6 +47,7 @@ from mpi4py import MPI
 import ddlfast
 from ddlfast import config, files
 from ddlfast.errors import DdlfastError
+from ddlfast.topology.cost_model import halves
 
 DEFAULT_SIZES = "4KiB,64KiB,1MiB,16MiB,64MiB"
 DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64")
@@ -384,7 +385,7 @@ def run_bench(
             halving = topology.halving_bytes(config.halving_bytes())
             reach = 0 if settings.reproducible else topology.latency_reach(settings.small_bytes, settings.algorithm,
                                                                            halving)
-            latency = "halving" if halving and nbytes >= halving else "latency"
+            latency = "halving" if halves(nbytes, halving) else "latency"
             resets = collective in ("allreduce", "broadcast")  # in place: each call starts from the input
 
             samples = np.zeros((n_iters, 2), dtype=np.float64)

@@ -26,6 +26,8 @@ from ddlfast.topology.cost_model import (
     auto_latency_plan,
     choose_algorithm,
     format_rate,
+    halves,
+    latency_seconds,
     link_bound,
     parse_bytes,
     parse_link,
@@ -83,8 +85,8 @@ def report(cluster: Cluster, nbytes: float, compute_s: float, overlap: float, ma
 
     def algorithm(n: int) -> tuple[str, float]:
         if n <= reach:  # the latency path, inside the per-call agreement's messages
-            form = "halving" if halving and n >= halving else "whole payload"
-            return f"latency path ({form})", predict_call(cluster, pick.dims, n, reach, (), halving)
+            form = "halving" if halves(n, halving) else "whole payload"
+            return f"latency path ({form})", latency_seconds(cluster, n, halving)
         choice = choose_algorithm(cluster, pick.dims, n)
         return str(choice), predict_call(cluster, choice.dims, n, 0, choice.direct)  # the agreement, then it
 

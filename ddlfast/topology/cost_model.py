@@ -393,6 +393,18 @@ def halving_seconds(cluster: Cluster, nbytes: float) -> float:
     return total
 
 
+def halves(nbytes: float, halving_bytes: int) -> bool:
+    """Whether the latency path halves a payload of `nbytes`: from `halving_bytes` up, 0 never (the core's rule,
+    src/engine/latency_allreduce.cc)."""
+    return halving_bytes > 0 and nbytes >= halving_bytes
+
+
+def latency_seconds(cluster: Cluster, nbytes: float, halving_bytes: int = 0) -> float:
+    """Seconds of one latency-path call of `nbytes`: the halving form where it halves, else the whole payload
+    behind the agreement's header in every step."""
+    if halves(nbytes, halving_bytes):
+        return halving_seconds(cluster, nbytes)
+    return butterfly_seconds(cluster, AGREEMENT_BYTES + nbytes)
 
 
 # Sizes at which the latency path's reach and halving are chosen (latency_plan): 1 KiB to MAX_LATENCY_BYTES.
@@ -437,9 +449,7 @@ def latency_plan(cluster: Cluster | None, ranks: int, one_host: bool, small_byte
     for n in LATENCY_SIZES:
         if n <= small_bytes:
             continue
-        form = halving_seconds(cluster, n) if halving and n >= halving else butterfly_seconds(
-            cluster, AGREEMENT_BYTES + n)
-        if form > agreed_call(n):
+        if latency_seconds(cluster, n, halving) > agreed_call(n):
             break
         reach = n
     return halving, reach
@@ -463,9 +473,7 @@ def predict_call(cluster: Cluster, dims: Sequence[int], nbytes: float,
     the latency path (the agreement's butterfly carrying the data; halving from `halving_bytes` up, 0 never),
     above it the agreement and then the ring (`direct` as in `predict`)."""
     if nbytes <= small_bytes:
-        if halving_bytes and nbytes >= halving_bytes:
-            return halving_seconds(cluster, nbytes)
-        return butterfly_seconds(cluster, AGREEMENT_BYTES + nbytes)
+        return latency_seconds(cluster, nbytes, halving_bytes)
     return butterfly_seconds(cluster, AGREEMENT_BYTES) + predict(cluster, dims, nbytes, direct).seconds
 
 

@@ -31,6 +31,7 @@ from ddlfast.topology.cost_model import (
     Link,
     Prediction,
     choose_algorithm,
+    halves,
     latency_plan,
     plan,
     predict_call,
@@ -261,7 +262,7 @@ class Topology:
         """auto's algorithm per shown size (uncompressed, on auto's dims), as text."""
         halving = self.halving_bytes(config.halving_bytes())
         reach = self.latency_reach(small_bytes, halving_bytes=halving)
-        return {n: ("latency path, halving" if halving and n >= halving else "latency path") if n <= reach
+        return {n: ("latency path, halving" if halves(n, halving) else "latency path") if n <= reach
                 else str(self.algorithm(n, small_bytes=small_bytes)) for n in SHOWN_SIZES}
 
     def describe(self) -> str:
