@@ -215,6 +215,7 @@ cdef extern from "engine/core.h" namespace "ddlfast" nogil:
         int rank()
         int size()
         MpiTransport& transport()
+        Status grow_agreement_capacity(size_t capacity) except +
         size_t take_overflows()
         Status allreduce(const SegmentedBuffer& data, DType dtype, ReduceOp op, const vector[int]& dims,
                          const vector[int]& order, const EngineOptions& options) except +

@@ -369,6 +369,16 @@ cdef class Core:
         self.get().transport().set_timeout(seconds)
 
     @property
+    def agreement_capacity(self) -> int:
+        """The bytes each agreement message may carry now (the latency path's largest call)."""
+        return self.get().transport().agreement_capacity()
+
+    def grow_agreement_capacity(self, size_t capacity):
+        """Raise the bytes each agreement message may carry to `capacity` (never lowers it): on every rank
+        alike, between collectives (MpiTransport::grow_agreement_capacity)."""
+        raise_on_error(self.get().grow_agreement_capacity(capacity))
+
+    @property
     def spin_us(self) -> float:
         """How long a wait for a message spins before it yields (DDLFAST_SPIN_US, or the automatic choice)."""
         return self.get().transport().spin_us()

@@ -53,6 +53,10 @@ MAX_SMALL_BYTES = GIB  # MPI_Allreduce's int count stays below INT_MAX for every
 # remainders too, twice its bytes); each context keeps two message buffers that size. Larger "small" buffers go to
 # MPI_Allreduce after the agreement.
 MAX_LATENCY_BYTES = 64 * KIB
+# Across hosts the cost model may send auto's allreduces farther to the latency path, up to this
+# (cost_model.latency_plan: its halving form is Rabenseifner's with the agreement in the halving steps' headers);
+# the context's message buffers then grow to that (cost_model.agreement_capacity).
+MAX_LATENCY_REACH_BYTES = 4 * MIB
 MIN_RECEIVES_IN_FLIGHT, MAX_RECEIVES_IN_FLIGHT = 2, 1024
 MAX_SCRATCH_BYTES = 4 * GIB  # receive scratch per phase = receives in flight x chunk bytes
 MIN_TIMEOUT_S, MAX_TIMEOUT_S = 0.1, 7 * 24 * 3600.0  # 0 (wait forever) is accepted too

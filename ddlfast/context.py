@@ -117,7 +117,8 @@ class Context:
         core = control = None
         try:
             # A private duplicate: the one transport. Its agreement messages can carry the latency path's data (the
-            # same capacity on every rank, whatever DDLFAST_SMALL_BYTES says now or later).
+            # same capacity on every rank, whatever DDLFAST_SMALL_BYTES says now or later; grown alike where the
+            # topology takes the latency path farther: EngineState.topology_for).
             core = _core.Core(comm, settings.timeout_s, 2 * MAX_LATENCY_BYTES)
             duplicate, created = comm.Idup()  # agreement descriptions and Python-side collectives
             core.wait_requests([created], "the other ranks to create their ddlfast context")

@@ -33,6 +33,7 @@ from ddlfast.topology.cost_model import (
     Algorithm,
     Cluster,
     PlanError,
+    agreement_capacity,
     auto_latency_plan,
     choose_algorithm,
     parse_bytes,
@@ -329,6 +330,7 @@ def simulate(platform: Platform, ranks: int, sizes: Sequence[int], dims: tuple[i
     build_driver()  # incremental: nothing to do when the driver is newer than every source
     cluster = platform.cluster(ranks)
     halving, reach = latency_forms(cluster, dims)
+    capacity = agreement_capacity(reach)  # the context's, whatever the collective
     if collective != "allreduce":  # the latency path is an allreduce's: the passes hand off at the limit
         reach = DEFAULT_SMALL_BYTES
     chosen = {}
@@ -342,7 +344,8 @@ def simulate(platform: Platform, ranks: int, sizes: Sequence[int], dims: tuple[i
     # ddlfast's defaults: within its reach an allreduce takes the latency path (inside the agreement's butterfly,
     # halving from `halving` up); at or below the small-message limit reduce-scatter and allgather hand off to
     # MPI's own collective, here MPICH's selection (the MPI ddlfast's wheel runs on).
-    engine = ["--small-bytes", str(reach), "--chunk-bytes", str(DEFAULT_CHUNK_BYTES), "--halving-bytes", str(halving)]
+    engine = ["--small-bytes", str(reach), "--chunk-bytes", str(DEFAULT_CHUNK_BYTES), "--halving-bytes", str(halving),
+              "--agreement-capacity", str(capacity)]
     ours, agreement = {}, None
     if run_ddlfast:
         ours = _results(simulation.run(["--collective", collective, *common, *engine, *cases],

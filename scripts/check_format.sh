@@ -13,7 +13,6 @@ not_yet_formatted="
   src/common/cuda/cuda_device.h
   src/common/half.h
   src/common/status.h
-  src/engine/core.h
   src/engine/cuda/device_runtime.cc
   src/engine/cuda/fence.cc
   src/engine/device_ring_allreduce.cc
@@ -32,7 +31,6 @@ not_yet_formatted="
   src/kernels/cuda/cuda_reduce.cu
   src/testing/emulated_lanes.h
   src/testing/kernel_bench.h
-  src/transport/mpi_transport.cc
   src/transport/poll_backoff.h
 "
 files=()

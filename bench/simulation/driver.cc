@@ -6,7 +6,8 @@
 //
 //   smpirun ... driver --collective allreduce|reduce_scatter|allgather|builtin|agree
 //                      --case BYTES:DIMS[:DIRECT] [--case ...] [--iters N] [--warmup N] [--check-bytes N]
-//                      [--small-bytes N] [--chunk-bytes N] [--halving-bytes N] [--missing-rank R --timeout S]
+//                      [--small-bytes N] [--chunk-bytes N] [--halving-bytes N] [--agreement-capacity N]
+//                      [--missing-rank R --timeout S]
 //                      [--corrupt-rank R]  (R adds 1 to its first input: the check must fail)
 //
 // DIRECT is one digit per dimension, 1 where that dimension's reduce-scatter is
@@ -72,10 +73,13 @@ struct Options {
   int warmup = 1;  // untimed calls first (none needed for simulated time: nothing is created lazily)
   std::size_t check_bytes = 1 << 20;
   int missing_rank = -1;
-  int missing_last = -1;  // the last missing rank (a range R-S)
-  int corrupt_rank = -1;  // this rank's inputs differ from the reference's (the check's own test)
-  double timeout_s = 0.0;  // the stall limit; 0 (off) unless the census is under test
+  int missing_last = -1;          // the last missing rank (a range R-S)
+  int corrupt_rank = -1;          // this rank's inputs differ from the reference's (the check's own test)
+  double timeout_s = 0.0;         // the stall limit; 0 (off) unless the census is under test
   ddlfast::EngineOptions engine;  // small_bytes, chunk_bytes: ddlfast.config's defaults come from the CLI
+  // The bytes each agreement message may carry: the context's (cost_model.agreement_capacity; the CLI passes it),
+  // so the latency path takes the same calls.
+  std::size_t agreement_capacity = 2 * 64 * 1024;
 };
 
 [[noreturn]] void usage(int rank, const std::string& message) {
@@ -133,6 +137,8 @@ Options parse(int argc, char** argv, int rank, int size) {
       options.engine.small_bytes = std::strtoull(value.c_str(), nullptr, 10);
     } else if (flag == "--halving-bytes") {
       options.engine.halving_bytes = std::strtoull(value.c_str(), nullptr, 10);
+    } else if (flag == "--agreement-capacity") {
+      options.agreement_capacity = std::strtoull(value.c_str(), nullptr, 10);
     } else if (flag == "--chunk-bytes") {
       options.engine.chunk_bytes = std::strtoull(value.c_str(), nullptr, 10);
     } else if (flag == "--missing-rank") {
@@ -190,21 +196,21 @@ class Buffer {
 // Folded payloads. On buffers of SMPI_SHARED_MALLOC (the unchecked sizes) the contents mean nothing, yet SMPI
 // still copies every message's payload into the receiver's buffer, and the engine's receive slots and the
 // built-ins' temporary buffers are private memory: at 1024 ranks that is gigabytes of copies and of resident
-// memory per call. For those cases messages above kCopiedBytes are not copied (the simulated time is the same:
-// SMPI charges the network model, not the copy), and the built-ins reduce with an operation that does nothing,
-// so their temporary buffers are never touched. Smaller messages (the agreement's, with their headers: one left
-// behind would read as a disagreement; the driver's own MPI_Allreduce of times) are copied as always. Checked
-// cases copy everything and reduce for real. The agreement's capacity is ddlfast/context.py's
-// (2 x config.MAX_LATENCY_BYTES), so the latency path takes the same calls.
-constexpr std::size_t kAgreementCapacity = 2 * 64 * 1024;
-constexpr std::size_t kCopiedBytes = kAgreementCapacity + 64;
+// memory per call. For those cases a message above kCopiedBytes has only its first kHeaderCopiedBytes copied
+// (the simulated time is the same: SMPI charges the network model, not the copy): an agreement message's header,
+// which must arrive (one left behind would read as a disagreement), whatever payload the latency path carries
+// behind it, and a meaningless prefix of anything else. The built-ins reduce with an operation that does nothing,
+// so their temporary buffers are never touched. Smaller messages (the driver's own MPI_Allreduce of times among
+// them) are copied whole. Checked cases copy everything and reduce for real.
+constexpr std::size_t kCopiedBytes = 2 * 64 * 1024 + 64;
+constexpr std::size_t kHeaderCopiedBytes = 64;  // the agreement's header is 48 bytes
 
 void copy_payload(smx_activity_t comm, void* buffer, std::size_t bytes) {
   smpi_comm_copy_buffer_callback(reinterpret_cast<simgrid::kernel::activity::CommImpl*>(comm), buffer, bytes);
 }
 
 void copy_small_payloads(smx_activity_t comm, void* buffer, std::size_t bytes) {
-  if (bytes <= kCopiedBytes) copy_payload(comm, buffer, bytes);
+  copy_payload(comm, buffer, bytes <= kCopiedBytes ? bytes : kHeaderCopiedBytes);
 }
 
 void no_reduction(void*, void*, int*, MPI_Datatype*) {}
@@ -238,20 +244,21 @@ struct Runner {
   const Options& options;
   int rank;
   int size;
-  MPI_Op folded_sum;  // the built-ins' reduction on folded buffers (no_reduction)
+  MPI_Op folded_sum;    // the built-ins' reduction on folded buffers (no_reduction)
   bool checked = true;  // the current case's buffers are private and its result is checked
 
   // One call of the collective on prepared buffers; false (message printed) on an engine failure.
-  bool call(const Case& entry, const Buffer& input, const Buffer& output, const ddlfast::EngineOptions& engine_options) {
+  bool call(const Case& entry, const Buffer& input, const Buffer& output,
+            const ddlfast::EngineOptions& engine_options) {
     const std::vector<int> identity;
     ddlfast::Status status;
     if (options.collective == "builtin") {
       // In place where checked; on folded buffers into the other folded buffer: SMPI's MPI_IN_PLACE copies the
       // data into a private buffer of the whole message first (64 MiB per rank resident at 64 ranks).
-      const int code = checked ? MPI_Allreduce(MPI_IN_PLACE, input.data(), static_cast<int>(input.count()),
-                                               MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD)
-                               : MPI_Allreduce(input.data(), output.data(), static_cast<int>(input.count()),
-                                               MPI_FLOAT, folded_sum, MPI_COMM_WORLD);
+      const int code = checked ? MPI_Allreduce(MPI_IN_PLACE, input.data(), static_cast<int>(input.count()), MPI_FLOAT,
+                                               MPI_SUM, MPI_COMM_WORLD)
+                               : MPI_Allreduce(input.data(), output.data(), static_cast<int>(input.count()), MPI_FLOAT,
+                                               folded_sum, MPI_COMM_WORLD);
       if (code != MPI_SUCCESS) status = ddlfast::Status(ddlfast::StatusCode::kMpiError, "MPI_Allreduce failed");
     } else {
       bool agreed = false;
@@ -259,7 +266,7 @@ struct Runner {
       const std::vector<std::size_t> counts(static_cast<std::size_t>(size), entry.bytes / sizeof(float) / size);
       if (options.collective == "allreduce") {  // as ddlfast.allreduce runs it: the agreement in the same call
         status = context->agreed_allreduce(digest, &agreed, input.segmented(), ddlfast::DType::kFloat32,
-                                          ddlfast::ReduceOp::kSum, entry.dims, identity, engine_options);
+                                           ddlfast::ReduceOp::kSum, entry.dims, identity, engine_options);
       } else {
         status = context->transport().agree(digest, &agreed);
       }
@@ -267,10 +274,10 @@ struct Runner {
       if (!status.is_ok() || options.collective == "agree" || options.collective == "allreduce") {
       } else if (options.collective == "reduce_scatter") {
         status = context->reduce_scatter(input.segmented(), output.segmented(), counts, ddlfast::DType::kFloat32,
-                                        ddlfast::ReduceOp::kSum, entry.dims, identity, engine_options);
+                                         ddlfast::ReduceOp::kSum, entry.dims, identity, engine_options);
       } else {
         status = context->allgather(input.segmented(), output.segmented(), counts, true, entry.dims, identity,
-                                   engine_options);
+                                    engine_options);
       }
     }
     if (!status.is_ok()) std::fprintf(stderr, "rank %d: %s\n", rank, status.message().c_str());
@@ -355,16 +362,16 @@ struct Runner {
     const int first = options.missing_rank;
     const int last = options.missing_last;
     const bool missing = rank >= first && rank <= last;
-    const std::string who = first == last ? "rank " + std::to_string(first)
-                                          : "ranks " + std::to_string(first) + (last > first + 1 ? "-" : ",") +
-                                                std::to_string(last);
+    const std::string who =
+        first == last ? "rank " + std::to_string(first)
+                      : "ranks " + std::to_string(first) + (last > first + 1 ? "-" : ",") + std::to_string(last);
     Buffer data(entry.bytes, false);
     fill(data);
     int named = 1;
     if (!missing) {
       const std::vector<int> identity;
       const ddlfast::Status status = context->allreduce(data.segmented(), ddlfast::DType::kFloat32,
-                                                       ddlfast::ReduceOp::kSum, entry.dims, identity, options.engine);
+                                                        ddlfast::ReduceOp::kSum, entry.dims, identity, options.engine);
       named = !status.is_ok() && status.message().find(who + " did not join") != std::string::npos;
       if (!named || rank == (first == 0 ? last + 1 : 0)) {
         std::fprintf(stderr, "rank %d: %s\n", rank, status.is_ok() ? "no error" : status.message().c_str());
@@ -395,7 +402,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<ddlfast::Core> context;
   if (options.collective != "builtin") {  // the built-ins' runs need no context (its creation costs at 1024 ranks)
     const ddlfast::Status created =
-        ddlfast::Core::create(MPI_COMM_WORLD, options.timeout_s, kAgreementCapacity, &context);
+        ddlfast::Core::create(MPI_COMM_WORLD, options.timeout_s, options.agreement_capacity, &context);
     if (!created.is_ok()) {
       std::fprintf(stderr, "rank %d: %s\n", rank, created.message().c_str());
       MPI_Abort(MPI_COMM_WORLD, kExitEngine);

@@ -151,8 +151,16 @@ static inline int ddlfast_sim_collective(int code, MPI_Request* request) {
   ddlfast_sim_unwaitable_add(*request);
   return ddlfast_sim_posted(code);
 }
+// SMPI (3.32) returns wrong sums from MPI_Iallreduce with MPI_IN_PLACE above a few KiB (NaN on every rank for
+// 64 KiB of floats at 64 ranks; its blocking MPI_Allreduce is right): the in-place form (the engine's handoff to
+// MPI, MpiTransport::native_allreduce) runs the blocking call, with the algorithm smpirun selected, and its
+// request is MPI_REQUEST_NULL, complete at once.
 static inline int ddlfast_sim_iallreduce(const void* send, void* receive, int count, MPI_Datatype type, MPI_Op op,
                                          MPI_Comm comm, MPI_Request* request) {
+  if (send == MPI_IN_PLACE) {
+    *request = MPI_REQUEST_NULL;
+    return ddlfast_sim_posted(MPI_Allreduce(MPI_IN_PLACE, receive, count, type, op, comm));
+  }
   return ddlfast_sim_collective(MPI_Iallreduce(send, receive, count, type, op, comm, request), request);
 }
 static inline int ddlfast_sim_ireduce_scatter(const void* send, void* receive, const int* counts, MPI_Datatype type,

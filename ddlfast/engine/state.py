@@ -98,6 +98,9 @@ class EngineState:
             self._every_tier = every_tier
             self.rank_order = self.topology.order
             self.halving_bytes = self.topology.halving_bytes(config.halving_bytes())
+            # Every rank builds the same topology here: the agreement's messages grow alike where auto's latency
+            # path reaches past the capacity the core was created with.
+            self.core.grow_agreement_capacity(self.topology.agreement_capacity(self.halving_bytes))
             if self.flight is not None:
                 self.flight.hosts = self.hosts()
         return self.topology

@@ -372,6 +372,12 @@ def butterfly_seconds(cluster: Cluster, nbytes: float) -> float:
     return total
 
 
+# The latency path copies its data into its message buffer and the result back (the caller's memory is written
+# only on agreement), and the halving form each step's sent half too: in payloads, charged at the reduction's rate.
+WHOLE_FORM_COPIES = 2
+HALVING_FORM_COPIES = 3
+
+
 def halving_seconds(cluster: Cluster, nbytes: float) -> float:
     """Seconds of the latency path's halving form (src/transport/agreement_exchange.cc) for `nbytes` of data: the
     fold steps with the whole payload, then the butterfly's steps carrying the header and half of what a rank
@@ -390,7 +396,7 @@ def halving_seconds(cluster: Cluster, nbytes: float) -> float:
         part /= 2
         total += _step_seconds(cluster, partner, AGREEMENT_BYTES + part) + _step_seconds(cluster, partner, part)
         total += part * cluster.gamma
-    return total
+    return total + HALVING_FORM_COPIES * nbytes * cluster.gamma
 
 
 def halves(nbytes: float, halving_bytes: int) -> bool:
@@ -404,11 +410,21 @@ def latency_seconds(cluster: Cluster, nbytes: float, halving_bytes: int = 0) -> 
     behind the agreement's header in every step."""
     if halves(nbytes, halving_bytes):
         return halving_seconds(cluster, nbytes)
-    return butterfly_seconds(cluster, AGREEMENT_BYTES + nbytes)
+    return butterfly_seconds(cluster, AGREEMENT_BYTES + nbytes) + WHOLE_FORM_COPIES * nbytes * cluster.gamma
 
 
-# Sizes at which the latency path's reach and halving are chosen (latency_plan): 1 KiB to MAX_LATENCY_BYTES.
-LATENCY_SIZES = tuple(1 << k for k in range(10, config.MAX_LATENCY_BYTES.bit_length()))
+# Sizes at which the latency path's reach and halving are chosen across hosts (latency_plan): 1 KiB to
+# MAX_LATENCY_REACH_BYTES.
+LATENCY_SIZES = tuple(1 << k for k in range(10, config.MAX_LATENCY_REACH_BYTES.bit_length()))
+
+
+def agreement_capacity(reach: int) -> int:
+    """The bytes each agreement message may carry (the context's, the same on every rank: receives are posted at
+    it) for a latency path that reaches `reach`: twice MAX_LATENCY_BYTES (an integer average carries remainders
+    beside its data), more where auto's reach across hosts is farther, up to MAX_LATENCY_REACH_BYTES (a larger
+    DDLFAST_SMALL_BYTES does not grow it: those calls go to MPI_Allreduce after the agreement). Each context keeps
+    two message buffers of it and one of half."""
+    return max(2 * config.MAX_LATENCY_BYTES, min(reach, config.MAX_LATENCY_REACH_BYTES))
 
 
 def latency_plan(cluster: Cluster | None, ranks: int, one_host: bool, small_bytes: int,
@@ -427,8 +443,9 @@ def latency_plan(cluster: Cluster | None, ranks: int, one_host: bool, small_byte
       config.HALVING_REACH_BYTES for P > 2 (at P = 2 the ring's one step stays ahead).
     - Across hosts, this model: halving from the first of LATENCY_SIZES from which halving_seconds stays below
       butterfly_seconds, and reach the last size up to which the latency path's form stays faster than
-      `agreed_call` (under SMPI's model, within 5 % of the simulated times at 64 ranks); with no model (an
-      irregular placement, `cluster` None), no halving and no reach beyond the limit."""
+      `agreed_call` (under SMPI's model, within 5 % of the simulated times at 64 ranks), up to
+      config.MAX_LATENCY_REACH_BYTES; with no model (an irregular placement, `cluster` None), no halving and no
+      reach beyond the limit."""
     if oversubscribed:
         halving = 0 if halving_setting is None else halving_setting
         return halving, max(small_bytes, config.MAX_LATENCY_BYTES)
@@ -442,7 +459,7 @@ def latency_plan(cluster: Cluster | None, ranks: int, one_host: bool, small_byte
     else:
         halving = 0
         for n in reversed(LATENCY_SIZES):
-            if halving_seconds(cluster, n) >= butterfly_seconds(cluster, AGREEMENT_BYTES + n):
+            if halving_seconds(cluster, n) >= latency_seconds(cluster, n):
                 break
             halving = n
     reach = small_bytes

@@ -30,6 +30,7 @@ from ddlfast.topology.cost_model import (
     Cluster,
     Link,
     Prediction,
+    agreement_capacity,
     choose_algorithm,
     halves,
     latency_plan,
@@ -257,6 +258,11 @@ class Topology:
         if algorithm != "auto":
             return small_bytes
         return self.latency_plan(small_bytes, halving_bytes)[1]
+
+    def agreement_capacity(self, halving_setting: int | None = None) -> int:
+        """The bytes each agreement message of a context on this topology carries at most
+        (cost_model.agreement_capacity of auto's reach with DDLFAST_HALVING_BYTES `halving_setting`)."""
+        return agreement_capacity(self.latency_plan(config.DEFAULT_SMALL_BYTES, halving_setting)[1])
 
     def algorithms(self, small_bytes: int = config.DEFAULT_SMALL_BYTES) -> dict[int, str]:
         """auto's algorithm per shown size (uncompressed, on auto's dims), as text."""

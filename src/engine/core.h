@@ -19,12 +19,13 @@ namespace ddlfast {
 class Core {
  public:
   // agreement_capacity: MpiTransport::create's.
-  static Status create(MPI_Comm comm, double timeout_s, std::size_t agreement_capacity,
-                       std::unique_ptr<Core>* out);
+  static Status create(MPI_Comm comm, double timeout_s, std::size_t agreement_capacity, std::unique_ptr<Core>* out);
 
   int rank() const { return transport_->rank(); }
   int size() const { return transport_->size(); }
   MpiTransport& transport() { return *transport_; }
+  // MpiTransport::grow_agreement_capacity's.
+  Status grow_agreement_capacity(std::size_t capacity) { return transport_->grow_agreement_capacity(capacity); }
 
   // `order`: torus position -> rank (empty: identity); see RingAllreduce.
   // Wire overflows counted by every engine since the last call.

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "common/uninitialized_vector.h"
 #include "engine/ring_phases.h"
 #include "engine/segmented_buffer.h"
 #include "kernels/cpu/cpu_kernels.h"
@@ -28,13 +29,13 @@ namespace ddlfast {
 
 // Memory the host steps work in: owned by the executor, grown, never shrunk.
 struct HostScratch {
-  std::vector<unsigned char> receive_slots;  // reduce-scatter's window of receive slots
-  std::vector<unsigned char> send_stage;     // encoded chunks until their sends complete
-  std::vector<unsigned char> receive_stage;  // encoded allgather chunks, kept for forwarding
-  std::vector<float> decoded;                // a received chunk decoded for compressed min/max
-  std::vector<double> accumulator;           // a direct reduce-scatter's sum of one chunk (double: aligned)
-  std::vector<unsigned char> own_stage;      // a direct reduce-scatter's own contribution on its way to the wire type
-  std::vector<unsigned char> chain_stage;    // the chain phase's partial sums or rounded finals (engine/chain_phase.h)
+  UninitializedVector<unsigned char> receive_slots;  // reduce-scatter's window of receive slots
+  std::vector<unsigned char> send_stage;             // encoded chunks until their sends complete
+  std::vector<unsigned char> receive_stage;          // encoded allgather chunks, kept for forwarding
+  std::vector<float> decoded;                        // a received chunk decoded for compressed min/max
+  std::vector<double> accumulator;                   // a direct reduce-scatter's sum of one chunk (double: aligned)
+  UninitializedVector<unsigned char> own_stage;  // a direct reduce-scatter's own contribution on its way to the wire
+  std::vector<unsigned char> chain_stage;  // the chain phase's partial sums or rounded finals (engine/chain_phase.h)
 };
 
 class PlainWire {

@@ -103,8 +103,20 @@ struct Halves {
 
 void MpiTransport::allocate_exchange() {
   if (size_ == 1) return;
-  for (std::vector<char>& message : scratch_->exchange) message.assign(kHeaderBytes + agreement_capacity_, 0);
-  arrivals_ = ArrivalLog(size_);
+  // Written before read (a header, a payload, a message received): no zeroing, so a page is resident only once a
+  // call that large used it.
+  scratch_->exchange[0].resize(kHeaderBytes + agreement_capacity_);
+  scratch_->exchange[1].resize(kHeaderBytes + agreement_capacity_);
+  // Halving sends at most the upper half: half the capacity, rounded up to whole elements (8 bytes at most).
+  scratch_->exchange[2].resize(kHeaderBytes + agreement_capacity_ / 2 + 8);
+}
+
+Status MpiTransport::grow_agreement_capacity(std::size_t capacity) {
+  DDLFAST_RETURN_IF_ERROR(refuse_if_broken());
+  if (capacity <= agreement_capacity_) return Status::ok();
+  agreement_capacity_ = capacity;
+  allocate_exchange();
+  return Status::ok();
 }
 
 Status MpiTransport::exchange_step(int peer, const char* send, std::size_t send_bytes, char* receive,

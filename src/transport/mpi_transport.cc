@@ -139,6 +139,7 @@ Status MpiTransport::create(MPI_Comm comm, double timeout_s, std::size_t agreeme
   MPI_Comm_size(transport->comm_, &transport->size_);
   transport->agreement_capacity_ = agreement_capacity;
   transport->allocate_exchange();
+  if (transport->size_ > 1) transport->arrivals_ = ArrivalLog(transport->size_);
   transport->spin_us_ = spin_us_for(transport->comm_);
   MPI_Op_create(&fp16_sum_op, 1, &transport->fp16_sum_);
   MPI_Op_create(&bf16_sum_op, 1, &transport->bf16_sum_);
@@ -152,7 +153,7 @@ Status MpiTransport::create(MPI_Comm comm, double timeout_s, std::size_t agreeme
 }
 
 MpiTransport::~MpiTransport() {
-  if (mpi_is_finalized()) return;  // MPI already tore everything down at exit
+  if (mpi_is_finalized()) return;                 // MPI already tore everything down at exit
   if (census_ask_request_ != MPI_REQUEST_NULL) {  // cancelling a receive is always safe
     MPI_Cancel(&census_ask_request_);
     MPI_Wait(&census_ask_request_, MPI_STATUS_IGNORE);
@@ -223,18 +224,22 @@ std::size_t MpiTransport::in_flight() const {
 
 Status MpiTransport::isend(const void* data, std::size_t bytes, int peer, int tag, RequestId* request) {
   DDLFAST_RETURN_IF_ERROR(refuse_if_broken());
-  if (bytes > static_cast<std::size_t>(INT_MAX)) return Status::invalid("message of " + std::to_string(bytes) + " bytes is too large");
+  if (bytes > static_cast<std::size_t>(INT_MAX))
+    return Status::invalid("message of " + std::to_string(bytes) + " bytes is too large");
   MPI_Request raw;
-  DDLFAST_RETURN_IF_ERROR(check(MPI_Isend(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, comm_, &raw), "MPI_Isend", peer));
+  DDLFAST_RETURN_IF_ERROR(
+      check(MPI_Isend(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, comm_, &raw), "MPI_Isend", peer));
   *request = track(raw, peer, false);
   return Status::ok();
 }
 
 Status MpiTransport::irecv(void* data, std::size_t bytes, int peer, int tag, RequestId* request) {
   DDLFAST_RETURN_IF_ERROR(refuse_if_broken());
-  if (bytes > static_cast<std::size_t>(INT_MAX)) return Status::invalid("message of " + std::to_string(bytes) + " bytes is too large");
+  if (bytes > static_cast<std::size_t>(INT_MAX))
+    return Status::invalid("message of " + std::to_string(bytes) + " bytes is too large");
   MPI_Request raw;
-  DDLFAST_RETURN_IF_ERROR(check(MPI_Irecv(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, comm_, &raw), "MPI_Irecv", peer));
+  DDLFAST_RETURN_IF_ERROR(
+      check(MPI_Irecv(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, comm_, &raw), "MPI_Irecv", peer));
   *request = track(raw, peer, true);
   return Status::ok();
 }
@@ -248,8 +253,8 @@ Status MpiTransport::wait(RequestId request) {
 Status MpiTransport::wait_all() {
   for (RequestId id = 0; id < static_cast<RequestId>(requests_.size()); ++id) {
     if (requests_[id] != MPI_REQUEST_NULL) {
-      DDLFAST_RETURN_IF_ERROR(wait_request(&requests_[id], is_receive_[id] ? "data" : "a send to be taken",
-                                           peers_[id]));
+      DDLFAST_RETURN_IF_ERROR(
+          wait_request(&requests_[id], is_receive_[id] ? "data" : "a send to be taken", peers_[id]));
     }
   }
   free_ids_.clear();
@@ -366,9 +371,9 @@ Status MpiTransport::native_allreduce(void* data, std::size_t count, DType dtype
   if (copy.size() < bytes) copy.resize(bytes);
   std::memcpy(copy.data(), data, bytes);
   MPI_Request request;
-  DDLFAST_RETURN_IF_ERROR(check(
-      MPI_Iallreduce(MPI_IN_PLACE, copy.data(), static_cast<int>(count), type, mpi_op, comm_, &request),
-      "MPI_Iallreduce", -1));
+  DDLFAST_RETURN_IF_ERROR(
+      check(MPI_Iallreduce(MPI_IN_PLACE, copy.data(), static_cast<int>(count), type, mpi_op, comm_, &request),
+            "MPI_Iallreduce", -1));
   DDLFAST_RETURN_IF_ERROR(wait_request(&request, "MPI_Allreduce (buffers <= DDLFAST_SMALL_BYTES)"));
   std::memcpy(data, copy.data(), bytes);
   return Status::ok();
@@ -408,9 +413,9 @@ Status MpiTransport::native_reduce_scatter(const void* send, void* recv, const s
   if (copy.size() < total * esize + mine + 1) copy.resize(total * esize + mine + 1);
   if (total) std::memcpy(copy.data(), send, total * esize);
   MPI_Request request;
-  DDLFAST_RETURN_IF_ERROR(check(MPI_Ireduce_scatter(copy.data(), copy.data() + total * esize, recv_counts.data(),
-                                                    type, mpi_op, comm_, &request),
-                                "MPI_Ireduce_scatter", -1));
+  DDLFAST_RETURN_IF_ERROR(check(
+      MPI_Ireduce_scatter(copy.data(), copy.data() + total * esize, recv_counts.data(), type, mpi_op, comm_, &request),
+      "MPI_Ireduce_scatter", -1));
   DDLFAST_RETURN_IF_ERROR(wait_request(&request, "MPI_Reduce_scatter (buffers <= DDLFAST_SMALL_BYTES)"));
   if (mine) std::memcpy(recv, copy.data() + total * esize, mine);
   return Status::ok();

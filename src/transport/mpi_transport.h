@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "common/uninitialized_vector.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "transport/arrivals.h"
 #include "transport/flight_log.h"
@@ -100,6 +101,10 @@ class MpiTransport final : public Transport {
   // data only when every rank agreed.
   Status agree(std::uint64_t digest, bool* agreed, const AgreedReduction* reduction = nullptr) override;
   std::size_t agreement_capacity() const override { return agreement_capacity_; }
+  // Raises the capacity to `capacity` bytes (never lowers it): between collectives, alike on every rank, since
+  // receives are posted at it (the context does, once, from the topology every rank shares, where the cost model
+  // takes the latency path past the capacity it was created with).
+  Status grow_agreement_capacity(std::size_t capacity);
   // The sequence number of the latest agreement (the collective in progress).
   std::uint64_t sequence() const { return sequence_; }
   // Collectives as users count them: the context's creation agreement is not one of theirs, so the binding calls
@@ -187,7 +192,7 @@ class MpiTransport final : public Transport {
   void post_census_ask();
   void reply_to_census();
 
-  // The agreement's message buffers, once (agreement_exchange.cc).
+  // The agreement's message buffers, at agreement_capacity_ (agreement_exchange.cc).
   void allocate_exchange();
   // One step of the agreement's butterfly: receive from and/or send to `peer`, both waited for.
   Status exchange_step(int peer, const char* send, std::size_t send_bytes, char* receive, const char* what);
@@ -229,9 +234,9 @@ class MpiTransport final : public Transport {
   // small-message copy, census messages): deliberately leaked, not freed, when
   // a broken transport is destroyed.
   struct Scratch {
-    // The agreement's messages: header, then up to agreement_capacity_ bytes (this rank's, the partner's, and
-    // what the latency path's halving sends).
-    std::vector<char> exchange[3];
+    // The agreement's messages: header, then up to agreement_capacity_ bytes (this rank's, the partner's), and
+    // what the latency path's halving sends (half of that).
+    UninitializedVector<char> exchange[3];
     std::vector<char> small;
     // asker, its collective, the ask's kind, then the asker's wait (kind, peer, tag)
     std::int64_t census_ask[6] = {0, 0, 0, 0, -1, 0};

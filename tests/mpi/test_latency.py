@@ -19,3 +19,16 @@ from tests.mpi.launcher import run_mpi
 def test_latency_path_results_and_disagreements(ranks: int, halving: str) -> None:
     result = run_mpi(ranks, "latency_cases.py", timeout=900, env={"DDLFAST_HALVING_BYTES": halving})
     assert result.stdout.count(" 0 failures") == ranks, result.stdout
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("halving", ["auto", "100000"])
+@pytest.mark.parametrize("ranks", [1, 2, 3, 4])
+def test_latency_path_past_its_creation_capacity(tmp_path, ranks: int, halving: str) -> None:
+    """Across (emulated) hosts on a slow network the cost model sends allreduces up to MAX_LATENCY_REACH_BYTES to
+    the latency path, and every rank's agreement messages grow to carry them (tests/mpi/programs/
+    latency_reach_cases.py): results, the path taken, and disagreements, whole and halving."""
+    env = {"DDLFAST_EMULATED_HOSTS": str(ranks), "DDLFAST_CACHE_DIR": str(tmp_path), "DDLFAST_PROBE": "1",
+           "DDLFAST_FLIGHT_RECORDS": "16", "DDLFAST_HALVING_BYTES": halving}
+    result = run_mpi(ranks, "latency_reach_cases.py", timeout=900, env=env)
+    assert result.stdout.count(" 0 failures") == ranks, result.stdout

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from ddlfast import simulate
+from ddlfast.config import MAX_LATENCY_BYTES
 from ddlfast.topology.cost_model import SMPI_FACTORS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -167,6 +168,21 @@ def test_the_simulated_rows_run_what_auto_chooses_with_a_direct_reduce_scatter()
     assert any(flag for flag in simulate.engine_choice(cluster, 131072).direct), "a direct dimension is simulated"
     halving, reach = simulate.latency_forms(cluster)
     assert simulate.engine_choice(cluster, 32768).name == "latency" and halving <= 32768 <= reach
+
+
+@needs_simgrid
+def test_the_latency_path_reaches_past_the_creation_capacity() -> None:
+    # At 64 ranks on ethernet-10g the model takes allreduces up to 256 KiB to the latency path, past the 128 KiB a
+    # context is created with: the driver's context grows as ddlfast's does (--agreement-capacity), the result is
+    # checked against the reference, and the planner's latency path is within 10 %. With the creation capacity
+    # the call would run the agreement and then MPI's allreduce, about 1.3x slower.
+    platform = simulate.load_platform("ethernet-10g")
+    cluster = platform.cluster(64)
+    _, reach = simulate.latency_forms(cluster)
+    assert reach > 2 * MAX_LATENCY_BYTES and simulate.check_bytes(64) >= reach
+    (row,) = simulate.simulate(platform, 64, [reach], builtins=(), iters=1, warmup=0)["rows"]
+    assert row["algorithm"] == "latency"
+    assert row["planner_s"] == pytest.approx(row["ddlfast_s"], rel=0.10), row
 
 
 @needs_simgrid

@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 
-from ddlfast.config import DEFAULT_HALVING_BYTES, HALVING_REACH_BYTES, MAX_LATENCY_BYTES
+from ddlfast.config import DEFAULT_HALVING_BYTES, HALVING_REACH_BYTES, MAX_LATENCY_BYTES, MAX_LATENCY_REACH_BYTES
 from ddlfast.errors import DdlfastError
 from ddlfast.topology.cost_model import Link
 from ddlfast.topology.placement import Placement, TopologyWarning, decide, hosts_per_group, probe_pairs
@@ -158,38 +158,35 @@ def test_across_hosts_the_cost_model_chooses_halving_and_reach(hosts: int) -> No
     """Across hosts (cost_model.latency_plan): halving from the first size from which the model's halving form
     stays faster than the whole payload, and the latency path up to the last size at which it beats the agreement
     plus auto's algorithm."""
-    from ddlfast.topology.cost_model import (
-        AGREEMENT_BYTES,
-        LATENCY_SIZES,
-        butterfly_seconds,
-        halving_seconds,
-        predict_call,
-    )
+    from ddlfast.topology.cost_model import LATENCY_SIZES, halving_seconds, latency_seconds, predict_call
 
     topology = decide(0, Placement(tuple(r // 4 for r in range(4 * hosts)), tuple(map(str, range(hosts))),
                                    (4,) * hosts), 1, SLOW, 64 << 20)
     cluster, small = topology.cluster, 8 << 10
     halving = topology.halving_bytes()
+
+    def whole(n: int) -> float:  # the whole payload behind the header in every step, its copies included
+        return latency_seconds(cluster, n, 0)
+
     for n in LATENCY_SIZES:
         if halving and n >= halving:
-            assert halving_seconds(cluster, n) < butterfly_seconds(cluster, AGREEMENT_BYTES + n)
+            assert halving_seconds(cluster, n) < whole(n)
     if halving > LATENCY_SIZES[0]:
         below = halving // 2
-        assert halving_seconds(cluster, below) >= butterfly_seconds(cluster, AGREEMENT_BYTES + below)
+        assert halving_seconds(cluster, below) >= whole(below)
     reach = topology.latency_reach(small, "auto", halving)
-    assert small <= reach <= MAX_LATENCY_BYTES
+    assert small <= reach <= MAX_LATENCY_REACH_BYTES
+    assert topology.agreement_capacity() == max(2 * MAX_LATENCY_BYTES, topology.latency_reach(halving_bytes=halving))
 
     def agreed(n: int) -> float:
         choice = topology.algorithm(n, small_bytes=0)
         return predict_call(cluster, choice.dims, n, 0, choice.direct)
 
     def latency(n: int) -> float:
-        if halving and n >= halving:
-            return halving_seconds(cluster, n)
-        return butterfly_seconds(cluster, AGREEMENT_BYTES + n)
+        return halving_seconds(cluster, n) if halving and n >= halving else whole(n)
 
     assert all(latency(n) <= agreed(n) for n in LATENCY_SIZES if small < n <= reach)
-    if reach < MAX_LATENCY_BYTES:
+    if reach < MAX_LATENCY_REACH_BYTES:
         assert latency(max(reach, small) * 2) > agreed(max(reach, small) * 2)
 
 

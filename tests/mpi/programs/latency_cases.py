@@ -31,22 +31,28 @@ import ddlfast
 LIMIT = 4096  # DDLFAST_SMALL_BYTES for the edge cases
 
 
-def op_cases(comm: MPI.Intracomm) -> list[tuple[str, str | None]]:
+def op_results(comm: MPI.Intracomm, cases: list[tuple[str, str, int]], case: int) -> list[tuple[str, str | None]]:
+    """Each (dtype name, op, count) through allreduce and fused_allreduce([x]) (ops_cases.run_op), numbered from
+    `case` + 1."""
     results = []
-    case = 10_000
+    for name, op, count in cases:
+        for api in ("allreduce", "fused"):
+            case += 1
+            try:
+                failure = run_op(name, op, count, api, case, comm)
+            except ddlfast.DdlfastError as error:
+                failure = f"raised {error}"
+            results.append((f"{op} {name}[{count}] {api}", failure))
+    return results
+
+
+def op_cases(comm: MPI.Intracomm) -> list[tuple[str, str | None]]:
     os.environ["DDLFAST_SMALL_BYTES"] = str(LIMIT)
+    cases = []
     for name, dtype in DTYPES.items():
         edge = LIMIT // dtype.itemsize
-        for op in OPS:
-            for count in (1, 2, 13, edge - 1, edge, edge + 1):
-                for api in ("allreduce", "fused"):
-                    case += 1
-                    try:
-                        failure = run_op(name, op, count, api, case, comm)
-                    except ddlfast.DdlfastError as error:
-                        failure = f"raised {error}"
-                    results.append((f"{op} {name}[{count}] {api}", failure))
-    return results
+        cases += [(name, op, count) for op in OPS for count in (1, 2, 13, edge - 1, edge, edge + 1)]
+    return op_results(comm, cases, 10_000)
 
 
 def untouched_after_error(comm: MPI.Intracomm, label: str, arrays: dict, call, *needles: str) -> tuple:
