@@ -190,6 +190,7 @@ cdef extern from "transport/mpi_transport.h" namespace "ddlfast" nogil:
                                    int64_t tag) except +
         Status agree(uint64_t digest, bool* agreed, const AgreedReduction* reduction) except +
         size_t agreement_capacity()
+        bool shared_memory()
         uint64_t sequence()
         void number_from_here()
         int64_t shown(uint64_t sequence)
@@ -211,7 +212,8 @@ cdef extern from "transport/fault_tolerance.h" nogil:
 cdef extern from "engine/core.h" namespace "ddlfast" nogil:
     cdef cppclass CoreCpp "ddlfast::Core":
         @staticmethod
-        Status create(MPI_Comm comm, double timeout_s, size_t agreement_capacity, unique_ptr[CoreCpp]* out) except +
+        Status create(MPI_Comm comm, double timeout_s, size_t agreement_capacity, bool shared_memory,
+                      unique_ptr[CoreCpp]* out) except +
         int rank()
         int size()
         MpiTransport& transport()

@@ -343,10 +343,11 @@ cdef class Core:
         path); every rank of `comm` must pass the same."""
         check_comm(comm)
         spin_us = config.spin_us()  # rank-local; read first so that a bad value fails before any collective
+        cdef bint shared_memory = config.shared_memory()
         cdef Status status
         cdef MPI_Comm handle = comm.ob_mpi
         with nogil:
-            status = CoreCpp.create(handle, timeout_s, agreement_capacity, &self.context)
+            status = CoreCpp.create(handle, timeout_s, agreement_capacity, shared_memory, &self.context)
         raise_on_error(status)
         self.context.get().transport().set_interrupt_check(check_signals)
         if spin_us is not None:  # else the transport's automatic choice
@@ -372,6 +373,12 @@ cdef class Core:
     def agreement_capacity(self) -> int:
         """The bytes each agreement message may carry now (the latency path's largest call)."""
         return self.get().transport().agreement_capacity()
+
+    @property
+    def shared_memory(self) -> bool:
+        """Whether the agreement and the latency path run in memory every rank shares (all on one host;
+        DDLFAST_SHARED_MEMORY), the same on every rank."""
+        return self.get().transport().shared_memory()
 
     def grow_agreement_capacity(self, size_t capacity):
         """Raise the bytes each agreement message may carry to `capacity` (never lowers it): on every rank

@@ -235,7 +235,7 @@ RUNTIME_VARIABLES = frozenset(_VARIABLES + (
     "DDLFAST_PROBE_TIMEOUT_S", "DDLFAST_CACHE_DIR", "DDLFAST_HOSTS_PER_GROUP", "DDLFAST_EMULATED_HOSTS",
     "DDLFAST_CUDA_AWARE_MPI", "DDLFAST_GPU_RING_MIN_BYTES", "DDLFAST_HALVING_BYTES",
     "DDLFAST_SPIN_US", "DDLFAST_ALLOW_SINGLE", "DDLFAST_STRAGGLER_WARN_S", "DDLFAST_FLIGHT_RECORDS",
-    "DDLFAST_FLIGHT_DIR", "DDLFAST_DEBUG",
+    "DDLFAST_FLIGHT_DIR", "DDLFAST_DEBUG", "DDLFAST_SHARED_MEMORY",
 ))
 # Build and test tooling.
 TOOLING_VARIABLES = frozenset((
@@ -352,6 +352,7 @@ def check_environment() -> None:
     gpu_ring_min_bytes()
     halving_bytes()
     spin_us()
+    shared_memory()
     allow_single()
     straggler_warn_s()
     flight_records()
@@ -457,6 +458,12 @@ def abort_on_stall(environ: Mapping[str, str] | None = None) -> bool:
     return _env_choice("DDLFAST_ABORT_ON_STALL", "1", _ON_OFF, environ) == "1"
 
 
+def shared_memory(environ: Mapping[str, str] | None = None) -> bool:
+    """DDLFAST_SHARED_MEMORY: whether the per-call agreement and the latency path run in memory shared by the ranks
+    when all run on one host (default on; src/transport/shared_agreement.cc). Off on any rank: off on every rank."""
+    return _env_choice("DDLFAST_SHARED_MEMORY", "1", _ON_OFF, environ) == "1"
+
+
 def allow_single(environ: Mapping[str, str] | None = None) -> bool:
     """DDLFAST_ALLOW_SINGLE: whether a process MPI sees alone may run although its launcher (torchrun, srun, another
     MPI's mpiexec) started several (default off: that is an error saying how to launch; ddlfast/launch.py)."""
@@ -484,6 +491,10 @@ def gpu_ring_min_bytes(environ: Mapping[str, str] | None = None) -> int:
 # 0.92-1.10x, halving 0.80-0.88x.
 DEFAULT_HALVING_BYTES = 8 << 10
 HALVING_REACH_BYTES = 32 << 10
+# Where the ranks of one host share the agreement's memory and outnumber its cores (cost_model.latency_plan):
+# halving from here, and the latency path up to the reach (each rank's slots grow to it: 2 x P x 1 MiB shared).
+SHARED_OVERSUBSCRIBED_HALVING_BYTES = 16 << 10
+SHARED_OVERSUBSCRIBED_REACH_BYTES = 1 << 20
 
 
 def halving_bytes(environ: Mapping[str, str] | None = None) -> int | None:

@@ -35,5 +35,8 @@ compile() {  # source, extra flags...
 for source in "${sources[@]}"; do compile "$source"; done
 if [[ $avx2 == *avx2.cc ]]; then compile "$avx2" -mavx2 -mf16c; else compile "$avx2"; fi
 for pid in "${pids[@]}"; do wait "$pid"; done
-smpicxx "${flags[@]}" "$objects"/*.o -o "$out.tmp"
+# This build's objects only: one left behind by a source that was renamed or removed would link in too.
+linked=()
+for source in "${sources[@]}" "$avx2"; do linked+=("$objects/$(basename "$source" .cc).o"); done
+smpicxx "${flags[@]}" "${linked[@]}" -o "$out.tmp"
 mv "$out.tmp" "$out"

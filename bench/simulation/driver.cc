@@ -402,7 +402,8 @@ int main(int argc, char** argv) {
   std::unique_ptr<ddlfast::Core> context;
   if (options.collective != "builtin") {  // the built-ins' runs need no context (its creation costs at 1024 ranks)
     const ddlfast::Status created =
-        ddlfast::Core::create(MPI_COMM_WORLD, options.timeout_s, options.agreement_capacity, &context);
+        // No shared memory: SMPI would run it at no simulated cost, and the simulation models messages.
+        ddlfast::Core::create(MPI_COMM_WORLD, options.timeout_s, options.agreement_capacity, false, &context);
     if (!created.is_ok()) {
       std::fprintf(stderr, "rank %d: %s\n", rank, created.message().c_str());
       MPI_Abort(MPI_COMM_WORLD, kExitEngine);

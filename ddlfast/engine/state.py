@@ -8,6 +8,7 @@ timeline, the host's fused buffers and compression state, and the GPU executor o
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -94,7 +95,8 @@ class EngineState:
         """Detect placement, probe, plan: collective, so only where every rank gets in the same order (creation,
         or an agreed topology() call). Sets the rank order the engine renumbers its rings with."""
         if self.topology is None or (every_tier and not self._every_tier):
-            self.topology = build(self.control.comm, plan_bytes, every_tier)
+            self.topology = dataclasses.replace(build(self.control.comm, plan_bytes, every_tier),
+                                                shared_memory=self.core.shared_memory)
             self._every_tier = every_tier
             self.rank_order = self.topology.order
             self.halving_bytes = self.topology.halving_bytes(config.halving_bytes())

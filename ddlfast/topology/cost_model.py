@@ -429,7 +429,7 @@ def agreement_capacity(reach: int) -> int:
 
 def latency_plan(cluster: Cluster | None, ranks: int, one_host: bool, small_bytes: int,
                  agreed_call: Callable[[int], float], halving_setting: int | None = None,
-                 oversubscribed: bool = False) -> tuple[int, int]:
+                 oversubscribed: bool = False, shared_memory: bool = False) -> tuple[int, int]:
     """(halving_bytes, reach) of the latency path under DDLFAST_ALGORITHM=auto: it halves payloads from
     halving_bytes up (0: never; `halving_setting`, DDLFAST_HALVING_BYTES, decides where not None) and takes
     allreduces up to reach (at least `small_bytes`). `agreed_call(n)`: the seconds of the agreement and auto's
@@ -445,7 +445,22 @@ def latency_plan(cluster: Cluster | None, ranks: int, one_host: bool, small_byte
       butterfly_seconds, and reach the last size up to which the latency path's form stays faster than
       `agreed_call` (under SMPI's model, within 5 % of the simulated times at 64 ranks), up to
       config.MAX_LATENCY_REACH_BYTES; with no model (an irregular placement, `cluster` None), no halving and no
-      reach beyond the limit."""
+      reach beyond the limit.
+    - On one host whose ranks share the agreement's memory (`shared_memory`, src/transport/shared_agreement.cc),
+      measured on 2 cores against the butterfly and the ring: with a core per rank (P = 2), halving from 8 KiB and
+      reach config.MAX_LATENCY_BYTES (16-64 KiB 1.4-2.0x MPI_Allreduce's busbw, where the ring was 1.0x; past
+      that the ring wins); oversubscribed (P = 4, 8), halving from config.SHARED_OVERSUBSCRIBED_HALVING_BYTES and
+      reach config.SHARED_OVERSUBSCRIBED_REACH_BYTES (128 KiB-1 MiB 1.3-2.2x, where the ring and the butterfly
+      were 0.8-1.1x: one pass over shared memory instead of a scheduling of a partner per step).
+      Without halving (a setting of 0) the reach stays config.MAX_LATENCY_BYTES."""
+    if shared_memory and one_host:
+        if oversubscribed:
+            halving = config.SHARED_OVERSUBSCRIBED_HALVING_BYTES if halving_setting is None else halving_setting
+            reach = config.SHARED_OVERSUBSCRIBED_REACH_BYTES if halving else config.MAX_LATENCY_BYTES
+        else:
+            halving = config.DEFAULT_HALVING_BYTES if halving_setting is None else halving_setting
+            reach = config.MAX_LATENCY_BYTES
+        return halving, max(small_bytes, reach)
     if oversubscribed:
         halving = 0 if halving_setting is None else halving_setting
         return halving, max(small_bytes, config.MAX_LATENCY_BYTES)

@@ -185,6 +185,9 @@ class Topology:
     # latency_plan's answers by (small_bytes, halving setting): the model runs once per kind of setting
     _latency_plans: dict[tuple[int, int | None], tuple[int, int]] = field(default_factory=dict, compare=False,
                                                                            repr=False)
+    # Whether the context's agreement runs in memory its ranks share (Core.shared_memory; all on one host): the
+    # latency path then reaches farther there (cost_model.latency_plan).
+    shared_memory: bool = False
 
     @property
     def order(self) -> tuple[int, ...]:
@@ -242,7 +245,7 @@ class Topology:
             placement = self.placement
             self._latency_plans[key] = latency_plan(self.cluster, placement.size, placement.hosts == 1,
                                                     small_bytes, agreed_call, halving_setting,
-                                                    placement.oversubscribed)
+                                                    placement.oversubscribed, self.shared_memory)
         return self._latency_plans[key]
 
     def halving_bytes(self, setting: int | None = None) -> int:

@@ -2,9 +2,11 @@
 
 namespace ddlfast {
 
-Status Core::create(MPI_Comm comm, double timeout_s, std::size_t agreement_capacity, std::unique_ptr<Core>* out) {
+Status Core::create(MPI_Comm comm, double timeout_s, std::size_t agreement_capacity, bool shared_memory,
+                    std::unique_ptr<Core>* out) {
   std::unique_ptr<Core> context(new Core());
-  DDLFAST_RETURN_IF_ERROR(MpiTransport::create(comm, timeout_s, agreement_capacity, &context->transport_));
+  DDLFAST_RETURN_IF_ERROR(
+      MpiTransport::create(comm, timeout_s, agreement_capacity, shared_memory, &context->transport_));
   context->latency_ = std::make_unique<LatencyAllreduce>(*context->transport_);
   *out = std::move(context);
   return Status::ok();

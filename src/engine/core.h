@@ -18,8 +18,9 @@ namespace ddlfast {
 
 class Core {
  public:
-  // agreement_capacity: MpiTransport::create's.
-  static Status create(MPI_Comm comm, double timeout_s, std::size_t agreement_capacity, std::unique_ptr<Core>* out);
+  // agreement_capacity, shared_memory: MpiTransport::create's.
+  static Status create(MPI_Comm comm, double timeout_s, std::size_t agreement_capacity, bool shared_memory,
+                       std::unique_ptr<Core>* out);
 
   int rank() const { return transport_->rank(); }
   int size() const { return transport_->size(); }

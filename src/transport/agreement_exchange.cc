@@ -40,54 +40,23 @@
 
 #include "algo/butterfly.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "transport/agreement_wire.h"
 #include "transport/mpi_transport.h"
+#include "transport/shared_segment.h"
 
 namespace ddlfast {
 namespace {
 
-struct Header {
-  std::uint64_t fingerprint;
-  std::uint64_t flags;
-  std::uint64_t payload_bytes;
-  std::uint64_t form;     // kWhole or kHalving
-  ArrivalWaits previous;  // the previous collective's waits, reduced so far
-};
-constexpr std::size_t kHeaderBytes = sizeof(Header);
-static_assert(kHeaderBytes == 48, "the payload stays 16-byte aligned behind the header");
-constexpr std::uint64_t kMismatch = 1;
-constexpr std::uint64_t kWhole = 0;    // every step sends the whole partial result
-constexpr std::uint64_t kHalving = 1;  // recursive halving, then doubling
+using agreement_wire::disagrees;
+using agreement_wire::kAgreement;
+using agreement_wire::kHalving;
+using agreement_wire::kHeaderBytes;
+using agreement_wire::kSmallAllreduce;
+using agreement_wire::kWhole;
+using agreement_wire::mix;
+using agreement_wire::waits_in;
+using agreement_wire::write_header;
 constexpr int kExchangeTag = 0;
-constexpr const char* kSmallAllreduce = "the small allreduce (its agreement in the same messages)";
-
-// splitmix64: the sequence number and the layout digest mixed into one fingerprint.
-std::uint64_t mix(std::uint64_t sequence, std::uint64_t digest) {
-  std::uint64_t z = digest + 0x9e3779b97f4a7c15ULL * (sequence + 1);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
-void write_header(char* message, std::uint64_t fingerprint, bool mismatch, std::size_t payload_bytes,
-                  std::uint64_t form, const ArrivalWaits& previous) {
-  const Header header{fingerprint, mismatch ? kMismatch : 0, payload_bytes, form, previous};
-  std::memcpy(message, &header, kHeaderBytes);
-}
-
-ArrivalWaits waits_in(const char* message) {
-  ArrivalWaits waits;
-  std::memcpy(&waits, message + offsetof(Header, previous), sizeof(waits));
-  return waits;
-}
-
-// Whether a received message shows a disagreement: another fingerprint, payload size or form, or a mismatch its
-// sender already saw.
-bool disagrees(const char* message, std::uint64_t fingerprint, std::size_t payload_bytes, std::uint64_t form) {
-  Header header;
-  std::memcpy(&header, message, kHeaderBytes);
-  return header.fingerprint != fingerprint || header.payload_bytes != payload_bytes || header.form != form ||
-         (header.flags & kMismatch) != 0;
-}
 
 // The part of [low, high) a rank keeps at a halving step: the lower half when its partner is the higher rank.
 struct Halves {
@@ -116,6 +85,9 @@ Status MpiTransport::grow_agreement_capacity(std::size_t capacity) {
   if (capacity <= agreement_capacity_) return Status::ok();
   agreement_capacity_ = capacity;
   allocate_exchange();
+  if (shared_ == nullptr) return Status::ok();
+  shared_.reset();  // its slots hold the old capacity: map new ones, on every rank alike (shared_agreement.cc)
+  return attach_shared_memory(true);
   return Status::ok();
 }
 
@@ -186,38 +158,15 @@ Status MpiTransport::halve_and_double(const Butterfly& plan, std::uint64_t finge
   return Status::ok();
 }
 
-Status MpiTransport::agree(std::uint64_t digest, bool* agreed, const AgreedReduction* reduction) {
-  DDLFAST_RETURN_IF_ERROR(refuse_if_broken());
-  if (!later_failure_.empty()) {  // another rank abandoned this collective after finishing the last one
-    mark_broken(later_failure_);
-    return Status(later_failure_code_, later_failure_);
-  }
+Status MpiTransport::butterfly_exchange(std::uint64_t fingerprint, std::uint64_t form, const AgreedReduction* reduction,
+                                        const char* what, bool* mismatch_out, ArrivalWaits* previous_out) {
   const std::size_t bytes = reduction == nullptr ? 0 : reduction->count * dtype_size(reduction->dtype);
-  if (bytes > agreement_capacity_) {
-    return Status::invalid("the latency path carries at most " + std::to_string(agreement_capacity_) + " bytes, not " +
-                           std::to_string(bytes));
-  }
-  const std::uint64_t fingerprint = mix(++sequence_, digest);
-  *agreed = true;
-  const auto arrived = std::chrono::steady_clock::now();
-  flight_.begin(sequence_, digest, FlightLog::seconds(arrived));
-  if (size_ == 1) {
-    flight_.agreed(0, true, FlightLog::seconds(arrived));
-    return Status::ok();
-  }
-  // This rank's wait in the previous collective (none before the first), reduced with every partner's.
-  ArrivalWaits previous = sequence_ > 1 ? ArrivalWaits::of_rank(last_wait_us_, rank_) : ArrivalWaits{};
-  const char* what = bytes ? kSmallAllreduce : "the agreement on the collective's arguments";
-  // A rank that abandoned this collective (Ctrl-C, a failure) may have sent all its messages first, so the
-  // butterfly could complete here (with the right numbers: every contribution arrived): a notice of it that has
-  // already come fails this rank now, as a wait would; one still on its way fails the next collective.
-  if (census_ask_arrived()) return answer_census(what, -1);
+  ArrivalWaits& previous = *previous_out;
   char* mine = scratch_->exchange[0].data();  // this rank's partial result, behind its header
   char* theirs = scratch_->exchange[1].data();
   if (bytes) std::memcpy(mine + kHeaderBytes, reduction->data, bytes);
   const Butterfly plan = butterfly(rank_, size_);
-  const std::uint64_t form = bytes && reduction->halve ? kHalving : kWhole;
-  bool mismatch = false;
+  bool& mismatch = *mismatch_out;
   // Combines the partner's payload with this rank's, the lower rank's value first (algo/butterfly.h).
   auto take = [&](int peer) {
     previous.combine(waits_in(theirs));
@@ -255,8 +204,44 @@ Status MpiTransport::agree(std::uint64_t digest, bool* agreed, const AgreedReduc
       DDLFAST_RETURN_IF_ERROR(exchange_step(plan.fold_partner, mine, bytes, nullptr, what));
     }
   }
+  if (!mismatch && bytes) std::memcpy(reduction->data, mine + kHeaderBytes, bytes);
+  return Status::ok();
+}
+
+Status MpiTransport::agree(std::uint64_t digest, bool* agreed, const AgreedReduction* reduction) {
+  DDLFAST_RETURN_IF_ERROR(refuse_if_broken());
+  if (!later_failure_.empty()) {  // another rank abandoned this collective after finishing the last one
+    mark_broken(later_failure_);
+    return Status(later_failure_code_, later_failure_);
+  }
+  const std::size_t bytes = reduction == nullptr ? 0 : reduction->count * dtype_size(reduction->dtype);
+  if (bytes > agreement_capacity_) {
+    return Status::invalid("the latency path carries at most " + std::to_string(agreement_capacity_) + " bytes, not " +
+                           std::to_string(bytes));
+  }
+  const std::uint64_t fingerprint = mix(++sequence_, digest);
+  *agreed = true;
+  const auto arrived = std::chrono::steady_clock::now();
+  flight_.begin(sequence_, digest, FlightLog::seconds(arrived));
+  if (size_ == 1) {
+    flight_.agreed(0, true, FlightLog::seconds(arrived));
+    return Status::ok();
+  }
+  // This rank's wait in the previous collective (none before the first), reduced with every partner's.
+  ArrivalWaits previous = sequence_ > 1 ? ArrivalWaits::of_rank(last_wait_us_, rank_) : ArrivalWaits{};
+  const char* what = bytes ? kSmallAllreduce : kAgreement;
+  // A rank that abandoned this collective (Ctrl-C, a failure) may have sent all its messages first, so the
+  // exchange could complete here (with the right numbers: every contribution arrived): a notice of it that has
+  // already come fails this rank now, as a wait would; one still on its way fails the next collective.
+  if (census_ask_arrived()) return answer_census(what, -1);
+  const std::uint64_t form = bytes && reduction->halve ? kHalving : kWhole;
+  bool mismatch = false;
+  if (shared_ != nullptr) {
+    DDLFAST_RETURN_IF_ERROR(shared_exchange(fingerprint, form, reduction, what, &mismatch, &previous));
+  } else {
+    DDLFAST_RETURN_IF_ERROR(butterfly_exchange(fingerprint, form, reduction, what, &mismatch, &previous));
+  }
   *agreed = !mismatch;
-  if (*agreed && bytes) std::memcpy(reduction->data, mine + kHeaderBytes, bytes);
   arrivals_.add(sequence_ - 1, previous);
   const auto done = std::chrono::steady_clock::now();
   const std::chrono::duration<double> waited = done - arrived;

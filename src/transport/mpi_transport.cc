@@ -12,6 +12,7 @@
 #include "kernels/cpu/cpu_kernels.h"
 #include "transport/fault_tolerance.h"
 #include "transport/poll_backoff.h"
+#include "transport/shared_segment.h"
 #include "transport/stall_census.h"
 
 namespace ddlfast {
@@ -129,7 +130,7 @@ std::string mpi_library_version() {
   return version;
 }
 
-Status MpiTransport::create(MPI_Comm comm, double timeout_s, std::size_t agreement_capacity,
+Status MpiTransport::create(MPI_Comm comm, double timeout_s, std::size_t agreement_capacity, bool shared_memory,
                             std::unique_ptr<MpiTransport>* out) {
   std::unique_ptr<MpiTransport> transport(new MpiTransport());
   DDLFAST_RETURN_IF_ERROR(dup_with_limit(comm, timeout_s, &transport->comm_));
@@ -147,6 +148,7 @@ Status MpiTransport::create(MPI_Comm comm, double timeout_s, std::size_t agreeme
   create_combine_row<1>(&transport->combine_ops_, std::make_index_sequence<kNumDTypes>());
   create_combine_row<2>(&transport->combine_ops_, std::make_index_sequence<kNumDTypes>());
   transport->timeout_s_ = timeout_s;
+  DDLFAST_RETURN_IF_ERROR(transport->attach_shared_memory(shared_memory));
   transport->post_census_ask();
   *out = std::move(transport);
   return Status::ok();

@@ -36,7 +36,8 @@
 
 namespace ddlfast {
 
-struct Butterfly;  // algo/butterfly.h
+struct Butterfly;     // algo/butterfly.h
+class SharedSegment;  // transport/shared_segment.h
 
 std::string mpi_error_string(int code);
 std::string mpi_library_version();
@@ -47,8 +48,10 @@ class MpiTransport final : public Transport {
   // sets MPI_ERRORS_RETURN on the copy. `agreement_capacity`: how many bytes
   // of a small allreduce each agreement message may carry (the latency path);
   // every rank must pass the same (the context's creation agreement checks the
-  // setting it comes from before any message carries data).
-  static Status create(MPI_Comm comm, double timeout_s, std::size_t agreement_capacity,
+  // setting it comes from before any message carries data). `shared_memory`: where every rank of `comm` runs on
+  // one host, run the agreement in memory they share instead of the butterfly's messages (shared_agreement.cc);
+  // used only when every rank asks for it and maps the segment.
+  static Status create(MPI_Comm comm, double timeout_s, std::size_t agreement_capacity, bool shared_memory,
                        std::unique_ptr<MpiTransport>* out);
   ~MpiTransport() override;
   MpiTransport(const MpiTransport&) = delete;
@@ -101,9 +104,12 @@ class MpiTransport final : public Transport {
   // data only when every rank agreed.
   Status agree(std::uint64_t digest, bool* agreed, const AgreedReduction* reduction = nullptr) override;
   std::size_t agreement_capacity() const override { return agreement_capacity_; }
+  // Whether the agreement runs in memory shared by every rank (shared_agreement.cc), the same on every rank.
+  bool shared_memory() const { return shared_ != nullptr; }
   // Raises the capacity to `capacity` bytes (never lowers it): between collectives, alike on every rank, since
   // receives are posted at it (the context does, once, from the topology every rank shares, where the cost model
-  // takes the latency path past the capacity it was created with).
+  // takes the latency path past the capacity it was created with). A shared segment is mapped anew at the
+  // capacity (collective); where that fails on any rank, every rank goes back to the butterfly's messages.
   Status grow_agreement_capacity(std::size_t capacity);
   // The sequence number of the latest agreement (the collective in progress).
   std::uint64_t sequence() const { return sequence_; }
@@ -200,6 +206,17 @@ class MpiTransport final : public Transport {
   // mismatch was seen, doubling of bare blocks; the whole result ends in `mine` behind its header.
   Status halve_and_double(const Butterfly& plan, std::uint64_t fingerprint, char* mine, char* theirs,
                           const AgreedReduction& reduction, bool* mismatch, ArrivalWaits* previous);
+  // The agreement's exchange itself, either form: the verdict into *mismatch, the previous collective's waits
+  // reduced into *previous, and the result into reduction->data when every rank agreed.
+  Status butterfly_exchange(std::uint64_t fingerprint, std::uint64_t form, const AgreedReduction* reduction,
+                            const char* what, bool* mismatch, ArrivalWaits* previous);
+  Status shared_exchange(std::uint64_t fingerprint, std::uint64_t form, const AgreedReduction* reduction,
+                         const char* what, bool* mismatch, ArrivalWaits* previous);
+  // Maps the shared segment where every rank runs on this host and wants it (collective; at creation).
+  Status attach_shared_memory(bool wanted);
+  // This rank's view of `rank`'s slot for the collective in progress, and the wait for every slot's counter.
+  char* shared_slot(int rank) const;
+  Status wait_shared(std::size_t offset, const char* what);
   // One step of bare bytes, both sizes exact (the latency path's doubling, after the verdict).
   Status exchange_bytes(int peer, const char* send, std::size_t send_bytes, char* receive, std::size_t receive_bytes,
                         const char* what);
@@ -208,6 +225,8 @@ class MpiTransport final : public Transport {
   MPI_Comm census_comm_ = MPI_COMM_NULL;
   MPI_Comm agree_comm_ = MPI_COMM_NULL;  // the agreement's butterfly (and the latency path's data) only
   std::size_t agreement_capacity_ = 0;
+  std::unique_ptr<SharedSegment> shared_;  // the agreement's slots, when it runs in shared memory
+  std::size_t shared_slot_bytes_ = 0;
   MPI_Op fp16_sum_ = MPI_OP_NULL;
   MPI_Op bf16_sum_ = MPI_OP_NULL;
   // min, max and product as MPI ops over ddlfast's kernels, index combine * kNumDTypes + dtype.

@@ -1,10 +1,11 @@
 """The latency path: small allreduces inside the per-call agreement's butterfly (src/transport/
-agreement_exchange.cc), every op and dtype at the small-message limit's edges against NumPy, and disagreements
-found inside the butterfly on one rank after the layout was cached: an error on every rank, no data written,
-the context usable (tests/mpi/programs/latency_cases.py). Rank counts that fold (3, 5, 6, 7) and that do not;
-each with the whole payload in every step, with recursive halving and doubling from 400 bytes up
-(DDLFAST_HALVING_BYTES; the program then adds a disagreement across that threshold: one rank halving, the others
-not), and halving every payload, down to one element (blocks of none)."""
+agreement_exchange.cc) or, on one host, its slots in shared memory (shared_agreement.cc), every op and dtype at
+the small-message limit's edges against NumPy, and disagreements found inside the exchange on one rank after the
+layout was cached: an error on every rank, no data written, the context usable (tests/mpi/programs/
+latency_cases.py). Rank counts that fold (3, 5, 6, 7) and that do not; each with the whole payload in every step,
+with recursive halving and doubling from 400 bytes up (DDLFAST_HALVING_BYTES; the program then adds a
+disagreement across that threshold: one rank halving, the others not), and halving every payload, down to one
+element (blocks of none)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,13 @@ from tests.mpi.launcher import run_mpi
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("shared", ["1", "0"])
 @pytest.mark.parametrize("halving", ["0", "400", "1"])
 @pytest.mark.parametrize("ranks", [1, 2, 3, 4, 5, 8])
-def test_latency_path_results_and_disagreements(ranks: int, halving: str) -> None:
-    result = run_mpi(ranks, "latency_cases.py", timeout=900, env={"DDLFAST_HALVING_BYTES": halving})
+def test_latency_path_results_and_disagreements(ranks: int, halving: str, shared: str) -> None:
+    """shared: in memory the ranks share (this host's default), or the butterfly's messages (as across hosts)."""
+    env = {"DDLFAST_HALVING_BYTES": halving, "DDLFAST_SHARED_MEMORY": shared}
+    result = run_mpi(ranks, "latency_cases.py", timeout=900, env=env)
     assert result.stdout.count(" 0 failures") == ranks, result.stdout
 
 
@@ -31,4 +35,14 @@ def test_latency_path_past_its_creation_capacity(tmp_path, ranks: int, halving: 
     env = {"DDLFAST_EMULATED_HOSTS": str(ranks), "DDLFAST_CACHE_DIR": str(tmp_path), "DDLFAST_PROBE": "1",
            "DDLFAST_FLIGHT_RECORDS": "16", "DDLFAST_HALVING_BYTES": halving}
     result = run_mpi(ranks, "latency_reach_cases.py", timeout=900, env=env)
+    assert result.stdout.count(" 0 failures") == ranks, result.stdout
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [1, 2, 3, 4])
+def test_latency_path_in_shared_memory(ranks: int) -> None:
+    """All ranks on this host: the agreement runs in shared memory, on or off alike on every rank, and the latency
+    path reaches as far as this host's policy says, the segment mapped anew at that capacity
+    (tests/mpi/programs/shared_memory_cases.py): results, the path taken, and disagreements at the reach."""
+    result = run_mpi(ranks, "shared_memory_cases.py", timeout=900, env={"DDLFAST_FLIGHT_RECORDS": "16"})
     assert result.stdout.count(" 0 failures") == ranks, result.stdout

@@ -378,6 +378,8 @@ def test_parse_dims_bounds_api_arguments_too() -> None:
      ["2", "maybe"]),
     (config.cuda_aware_mpi, "DDLFAST_CUDA_AWARE_MPI", "auto", {"on": "on", "OFF": "off", "auto": "auto"},
      ["yes", "1"]),
+    (config.shared_memory, "DDLFAST_SHARED_MEMORY", True, {"0": False, "off": False, "1": True, "ON": True},
+     ["2", "auto", "shm"]),
 ])
 def test_variables_read_outside_the_engine_settings(function, name: str, default: object, good: dict,
                                                     bad: list[str]) -> None:

@@ -153,6 +153,38 @@ def test_the_latency_path_halves_where_every_rank_has_a_core(monkeypatch: pytest
     assert roomy.algorithms()[4 << 10] == "latency path, halving"
 
 
+def test_the_latency_path_reaches_farther_in_shared_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the agreement in shared memory (Topology.shared_memory, from Core.shared_memory): on one host with a core
+    per rank, halving from DEFAULT_HALVING_BYTES and reach MAX_LATENCY_BYTES at every P; oversubscribed, halving
+    from SHARED_OVERSUBSCRIBED_HALVING_BYTES and reach SHARED_OVERSUBSCRIBED_REACH_BYTES (MAX_LATENCY_BYTES
+    without halving), the context's capacity following it; across hosts the cost model as before."""
+    from dataclasses import replace
+
+    from ddlfast.config import SHARED_OVERSUBSCRIBED_HALVING_BYTES, SHARED_OVERSUBSCRIBED_REACH_BYTES
+
+    monkeypatch.delenv("DDLFAST_HALVING_BYTES", raising=False)
+
+    def shared(placement: Placement):
+        return replace(decide(0, placement, 1, SLOW, 64 << 20), shared_memory=True)
+
+    crowded = shared(Placement((0, 0, 0, 0), ("a",), (2,)))
+    roomy = shared(Placement((0, 0, 0, 0), ("a",), (4,)))
+    pair = shared(Placement((0, 0), ("a",), (2,)))
+    assert roomy.halving_bytes() == pair.halving_bytes() == DEFAULT_HALVING_BYTES
+    assert roomy.latency_reach(8 << 10, "auto", roomy.halving_bytes()) == MAX_LATENCY_BYTES
+    assert pair.latency_reach(8 << 10, "auto", pair.halving_bytes()) == MAX_LATENCY_BYTES
+    assert roomy.agreement_capacity() == 2 * MAX_LATENCY_BYTES  # the creation capacity: nothing grows
+    assert crowded.halving_bytes() == SHARED_OVERSUBSCRIBED_HALVING_BYTES
+    assert crowded.latency_reach(8 << 10, "auto", crowded.halving_bytes()) == SHARED_OVERSUBSCRIBED_REACH_BYTES
+    assert crowded.latency_reach(8 << 10, "auto", 0) == MAX_LATENCY_BYTES
+    assert crowded.latency_reach(8 << 10, "ring", crowded.halving_bytes()) == 8 << 10  # only auto chooses
+    assert crowded.agreement_capacity() == SHARED_OVERSUBSCRIBED_REACH_BYTES
+    assert crowded.algorithms()[1 << 20] == "latency path, halving"
+    assert crowded.algorithms()[16 << 20] != "latency path, halving"
+    two_hosts = Placement((0, 0, 1, 1), ("a", "b"), (4, 4))  # emulated hosts sharing memory: the model decides
+    assert shared(two_hosts).latency_plan() == decide(0, two_hosts, 1, SLOW, 64 << 20).latency_plan()
+
+
 @pytest.mark.parametrize("hosts", [2, 8, 64])
 def test_across_hosts_the_cost_model_chooses_halving_and_reach(hosts: int) -> None:
     """Across hosts (cost_model.latency_plan): halving from the first size from which the model's halving form
