@@ -280,6 +280,8 @@ class Topology:
         if self.hosts_per_group > 1:
             text += f" in groups of {self.hosts_per_group} hosts"
         text += ", host-contiguous" if p.contiguous else ", renumbered host-contiguous"
+        if self.shared_memory:
+            text += ", agreement in shared memory"
         text += f"; auto {'x'.join(map(str, self.auto_dims))} for {self.plan_bytes / 2**20:.3g} MiB buckets"
         text += "; per call size: " + ", ".join(f"{config.format_size(n)} {name}"
                                                 for n, name in self.algorithms().items())
@@ -292,6 +294,7 @@ class Topology:
             "size": p.size, "hosts": p.hosts, "ranks_per_host": list(p.ranks_per_host),
             "host_names": list(p.host_names), "host_of_rank": list(p.host_of_rank), "regular": p.regular,
             "contiguous": p.contiguous, "order": list(self.order), "hosts_per_group": self.hosts_per_group,
+            "shared_memory": self.shared_memory,
             "links": self.links.as_dict(), "plan_bytes": self.plan_bytes,
             "auto_dims": "x".join(map(str, self.auto_dims)),
             "candidates": [{"dims": c.name, "seconds": c.seconds} for c in self.candidates[:8]],

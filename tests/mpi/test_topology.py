@@ -20,6 +20,7 @@ def test_one_host_auto_is_flat_and_correct(ranks: int, mode: str, tmp_path) -> N
     assert "0 failures" in result.stdout, result.stdout
     info = json.loads(result.stdout.splitlines()[0])
     assert info["hosts"] == 1 and info["auto_dims"] == str(ranks) and info["warnings"] == []
+    assert info["shared_memory"] == (ranks > 1)  # one host: the agreement runs in shared memory
 
 
 @pytest.mark.mpi
