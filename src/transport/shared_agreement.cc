@@ -10,10 +10,11 @@
 //   2. it waits until every slot of the bank shows s (acquire loads; stall-limited, the census answered, as every
 //      wait) and reads every header: every rank reads the same headers, so all reach the same verdict and the
 //      same reduction of the previous collective's waits (transport/arrivals.h), at no extra cost;
-//   3. on agreement, the whole form reduces every payload in rank order into the caller's memory; the halving
-//      form (AgreedReduction::halve) reduces only this rank's block (rank order), writes it back into its own slot
-//      and marks it reduced, waits for every block and copies them out. Either way every element is one sum in
-//      rank order: the bits are the same on every rank.
+//   3. on agreement, the whole form reduces every payload in rank order into the caller's memory; in the halving
+//      form (AgreedReduction::halve) a rank writes every block but its own into its slot, reduces only its own
+//      block (rank order; its own operand read from its memory) into the part of its slot it left empty, marks it
+//      reduced, waits for every block and copies them out. Either way every element is one reduction in rank
+//      order: the bits are the same on every rank.
 // Why two banks suffice: a rank writes bank s % 2 again only in collective s + 2, which it can enter only after
 // every rank published s + 1, and a rank publishes s + 1 only once it has read all it needs of collective s.
 // A disagreement, a rank on another form or the plain agreement beside the latency path all show in the headers,
@@ -137,9 +138,19 @@ Status MpiTransport::wait_shared(std::size_t offset, const char* what) {
 Status MpiTransport::shared_exchange(std::uint64_t fingerprint, std::uint64_t form, const AgreedReduction* reduction,
                                      const char* what, bool* mismatch, ArrivalWaits* previous) {
   const std::size_t bytes = reduction == nullptr ? 0 : reduction->count * dtype_size(reduction->dtype);
+  const std::size_t element = bytes ? dtype_size(reduction->dtype) : 1;
+  const std::size_t count = bytes ? reduction->count : 0;
+  char* result = bytes ? static_cast<char*>(reduction->data) : nullptr;
+  auto block_low = [&](int rank) { return count * static_cast<std::size_t>(rank) / static_cast<std::size_t>(size_); };
+  const std::size_t low = block_low(rank_), high = block_low(rank_ + 1);
   char* mine = shared_slot(rank_);
   write_header(mine + kHeaderOffset, fingerprint, false, bytes, form, *previous);
-  if (bytes) std::memcpy(mine + kPayloadOffset, reduction->data, bytes);
+  if (form == kHalving) {  // the others read every block but this rank's own, which it reduces from its memory
+    std::memcpy(mine + kPayloadOffset, result, low * element);
+    std::memcpy(mine + kPayloadOffset + high * element, result + high * element, (count - high) * element);
+  } else if (bytes) {
+    std::memcpy(mine + kPayloadOffset, result, bytes);
+  }
   store(mine + kPublishedOffset, sequence_);
   DDLFAST_RETURN_IF_ERROR(wait_shared(kPublishedOffset, what));
   ArrivalWaits waits;
@@ -150,32 +161,30 @@ Status MpiTransport::shared_exchange(std::uint64_t fingerprint, std::uint64_t fo
   }
   *previous = waits;
   if (*mismatch || bytes == 0) return Status::ok();
-  const std::size_t element = dtype_size(reduction->dtype);
-  const std::size_t count = reduction->count;
-  char* result = static_cast<char*>(reduction->data);
+  auto payload = [&](int rank, std::size_t from) { return shared_slot(rank) + kPayloadOffset + from * element; };
   if (form != kHalving) {  // every rank reduces everything; no wait follows, so the caller's memory is safe to use
-    std::memcpy(result, shared_slot(0) + kPayloadOffset, bytes);
+    if (rank_ != 0) std::memcpy(result, payload(0, 0), bytes);  // rank 0's own value is there already
     for (int rank = 1; rank < size_; ++rank) {
-      reduce_into(reduction->dtype, reduction->op, result, shared_slot(rank) + kPayloadOffset, count, 1);
+      reduce_into(reduction->dtype, reduction->op, result, payload(rank, 0), count, 1);
     }
     return Status::ok();
   }
-  auto block_low = [&](int rank) { return count * static_cast<std::size_t>(rank) / static_cast<std::size_t>(size_); };
-  const std::size_t low = block_low(rank_), kept = block_low(rank_ + 1) - low;
-  if (kept) {  // reduced aside: this rank's own value in its slot is one of the operands
-    char* block = scratch_->exchange[1].data();
-    std::memcpy(block, shared_slot(0) + kPayloadOffset + low * element, kept * element);
+  // This rank's block, in rank order, into the part of its slot it left empty; its own value from its memory.
+  const std::size_t kept = high - low;
+  if (kept) {
+    char* block = payload(rank_, low);
+    std::memcpy(block, rank_ == 0 ? result + low * element : payload(0, low), kept * element);
     for (int rank = 1; rank < size_; ++rank) {
-      reduce_into(reduction->dtype, reduction->op, block, shared_slot(rank) + kPayloadOffset + low * element, kept, 1);
+      const char* operand = rank == rank_ ? result + low * element : payload(rank, low);
+      reduce_into(reduction->dtype, reduction->op, block, operand, kept, 1);
     }
-    std::memcpy(mine + kPayloadOffset + low * element, block, kept * element);
   }
   store(mine + kReducedOffset, sequence_);
   // The caller's memory is written only once every block is there: a wait that fails leaves it as it was.
   DDLFAST_RETURN_IF_ERROR(wait_shared(kReducedOffset, kSmallAllreduce));
   for (int rank = 0; rank < size_; ++rank) {
-    const std::size_t from = block_low(rank), to = block_low(rank + 1);
-    std::memcpy(result + from * element, shared_slot(rank) + kPayloadOffset + from * element, (to - from) * element);
+    const std::size_t from = block_low(rank);
+    std::memcpy(result + from * element, payload(rank, from), (block_low(rank + 1) - from) * element);
   }
   return Status::ok();
 }
