@@ -6,9 +6,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <random>
 
 namespace ddlfast {
 namespace {
@@ -20,8 +21,12 @@ Status failed(const char* call, const std::string& name, int error) {
 }  // namespace
 
 std::string SharedSegment::unique_name() {
-  std::random_device random;
-  const unsigned long long bits = (static_cast<unsigned long long>(random()) << 32) ^ random();
+  // The clock's nanoseconds and a stack address (randomized per process) beside the process id: no source that can
+  // throw (std::random_device may), and O_EXCL refuses a name that exists all the same.
+  const char marker = 0;
+  const auto now = static_cast<unsigned long long>(std::chrono::steady_clock::now().time_since_epoch().count());
+  const unsigned long long bits =
+      now ^ (static_cast<unsigned long long>(reinterpret_cast<std::uintptr_t>(&marker)) << 20);
   char name[64];
   std::snprintf(name, sizeof name, "/ddlfast-%ld-%016llx", static_cast<long>(getpid()), bits);
   return name;
