@@ -113,7 +113,10 @@ char* MpiTransport::shared_slot(int rank) const {
 // Until every rank's slot of this collective shows it at `offset` (published or reduced).
 Status MpiTransport::wait_shared(std::size_t offset, const char* what) {
   StallWatch watch(*this);  // spin, then yield, then sleep (poll_backoff.h), then the stall check
-  auto next_failure_check = std::chrono::steady_clock::now();
+  const auto failure_check_period = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(kFailureCheckSeconds));
+  // Not before the first period: asking MPI costs microseconds (ULFM), more than most of these waits take.
+  auto next_failure_check = std::chrono::steady_clock::now() + failure_check_period;
   for (int rank = 0; rank < size_;) {
     if (load(shared_slot(rank) + offset) == sequence_) {
       ++rank;
@@ -124,8 +127,7 @@ Status MpiTransport::wait_shared(std::size_t offset, const char* what) {
     const auto now = std::chrono::steady_clock::now();
     if (now < next_failure_check) continue;
     // No MPI call of this wait would fail on a dead rank (ULFM), so ask MPI directly, now and then.
-    next_failure_check = now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                   std::chrono::duration<double>(kFailureCheckSeconds));
+    next_failure_check = now + failure_check_period;
     if (failure_known()) {
       return Status(StatusCode::kMpiError, "rank " + std::to_string(rank_) + " stopped waiting for " + what +
                                                " from rank " + std::to_string(rank) + " in collective #" +

@@ -44,6 +44,7 @@ def test_two_hosts_by_two_ranks(cluster: EmulatedCluster) -> None:
     assert info["hosts"] == 2 and info["ranks_per_host"] == [2, 2] and info["contiguous"]
     assert info["auto_dims"] == "2x2"
     assert info["processor_names"] == [cluster.namespace(0)] * 2 + [cluster.namespace(1)] * 2
+    assert info["shared_memory"] is False  # hosts apart: the agreement's messages go through the shaper too
     # The links were measured through the shaper (not around it through shared memory) ...
     assert info["links"]["source"] == "probe"
     inter_rate = 1 / info["links"]["inter"][1]
