@@ -93,16 +93,22 @@ Status dup_with_limit(MPI_Comm comm, double timeout_s, MPI_Comm* out) {
   return Status::ok();
 }
 
-// Spinning before yielding pays only when every rank of this host has a core of its own: with more ranks than
-// cores, a spinning rank holds the core its peer needs to answer, and every ring step then costs a scheduler
-// slice (4 ranks on 2 cores: 4 KiB allreduce 85 us -> 900 us with a 200 us spin). Then yield at once instead.
-double spin_us_for(MPI_Comm comm) {
+// How many ranks of `comm` share this rank's host (MPI_COMM_TYPE_SHARED; collective over `comm`); 1 where MPI
+// cannot tell.
+int ranks_on_this_host(MPI_Comm comm) {
   MPI_Comm local = MPI_COMM_NULL;
   int ranks_here = 1;
   if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local) == MPI_SUCCESS) {
     MPI_Comm_size(local, &ranks_here);
     MPI_Comm_free(&local);
   }
+  return ranks_here;
+}
+
+// Spinning before yielding pays only when every rank of this host has a core of its own: with more ranks than
+// cores, a spinning rank holds the core its peer needs to answer, and every ring step then costs a scheduler
+// slice (4 ranks on 2 cores: 4 KiB allreduce 85 us -> 900 us with a 200 us spin). Then yield at once instead.
+double spin_us_for(int ranks_here) {
   cpu_set_t cpus;
   const int cores = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
   return ranks_here > cores ? 0.0 : PollBackoff::kDefaultSpinUs;
@@ -141,14 +147,17 @@ Status MpiTransport::create(MPI_Comm comm, double timeout_s, std::size_t agreeme
   transport->agreement_capacity_ = agreement_capacity;
   transport->allocate_exchange();
   if (transport->size_ > 1) transport->arrivals_ = ArrivalLog(transport->size_);
-  transport->spin_us_ = spin_us_for(transport->comm_);
+  const int ranks_here = ranks_on_this_host(transport->comm_);
+  transport->spin_us_ = spin_us_for(ranks_here);
   MPI_Op_create(&fp16_sum_op, 1, &transport->fp16_sum_);
   MPI_Op_create(&bf16_sum_op, 1, &transport->bf16_sum_);
   create_combine_row<0>(&transport->combine_ops_, std::make_index_sequence<kNumDTypes>());
   create_combine_row<1>(&transport->combine_ops_, std::make_index_sequence<kNumDTypes>());
   create_combine_row<2>(&transport->combine_ops_, std::make_index_sequence<kNumDTypes>());
   transport->timeout_s_ = timeout_s;
-  DDLFAST_RETURN_IF_ERROR(transport->attach_shared_memory(shared_memory));
+  if (transport->size_ > 1 && ranks_here == transport->size_) {  // the same answer on every rank
+    DDLFAST_RETURN_IF_ERROR(transport->attach_shared_memory(shared_memory));
+  }
   transport->post_census_ask();
   *out = std::move(transport);
   return Status::ok();

@@ -212,7 +212,8 @@ class MpiTransport final : public Transport {
                             const char* what, bool* mismatch, ArrivalWaits* previous);
   Status shared_exchange(std::uint64_t fingerprint, std::uint64_t form, const AgreedReduction* reduction,
                          const char* what, bool* mismatch, ArrivalWaits* previous);
-  // Maps the shared segment where every rank runs on this host and wants it (collective; at creation).
+  // Maps the shared segment where every rank wants it (collective; the caller knows every rank of the
+  // communicator is on this host: create, or grow_agreement_capacity once it was).
   Status attach_shared_memory(bool wanted);
   // This rank's view of `rank`'s slot for the collective in progress, and the wait for every slot's counter.
   char* shared_slot(int rank) const;

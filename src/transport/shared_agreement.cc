@@ -64,14 +64,6 @@ struct SharedSetup {
 }  // namespace
 
 Status MpiTransport::attach_shared_memory(bool wanted) {
-  if (size_ == 1) return Status::ok();
-  MPI_Comm local = MPI_COMM_NULL;
-  int ranks_here = 1;
-  if (MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local) == MPI_SUCCESS) {
-    MPI_Comm_size(local, &ranks_here);
-    MPI_Comm_free(&local);
-  }
-  if (ranks_here != size_) return Status::ok();  // the same answer on every rank: not all on one host
   const std::size_t slot = slot_bytes(agreement_capacity_);
   const std::size_t bytes = 2 * static_cast<std::size_t>(size_) * slot;
   auto setup = std::make_unique<SharedSetup>();

@@ -83,28 +83,35 @@ def op_cases(comm: MPI.Intracomm) -> list[tuple[str, str | None]]:
     return op_results(comm, cases, 20_000)
 
 
-def disagreement_cases(comm: MPI.Intracomm) -> list[tuple[str, str | None]]:
+def disagreements_at_reach(comm: MPI.Intracomm, count: int, other: int, past: int) -> list[tuple[str, str | None]]:
+    """After float32[count] sums were cached: one rank passes float32[other] (also within the reach), one passes
+    float32[past] (past the reach), one another op. Every rank raises, no array is written, the context works on."""
     rank, world = comm.Get_rank(), comm.Get_size()
     odd = world - 1
-    x = np.arange(REACH // 8, dtype=np.float32) + rank  # 128 KiB: above the creation capacity
+    x = np.arange(count, dtype=np.float32) + rank
     for _ in range(3):
         ddlfast.allreduce(x.copy(), comm=comm)
-    longer = np.arange(REACH // 4, dtype=np.float32)
-    past = np.ones(REACH // 4 + 1, np.float32)
+    another = np.arange(other, dtype=np.float32)
+    beyond = np.ones(past, np.float32)
     results = [
-        untouched_after_error(comm, "another count on one rank, both within the reach", {"x": x, "longer": longer},
-                              lambda: ddlfast.allreduce(longer if rank == odd else x, comm=comm), "disagree"),
-        untouched_after_error(comm, "one rank past the reach, the others within", {"x": x, "past": past},
-                              lambda: ddlfast.allreduce(past if rank == odd else x, comm=comm), "disagree"),
+        untouched_after_error(comm, "another count on one rank, both within the reach", {"x": x, "other": another},
+                              lambda: ddlfast.allreduce(another if rank == odd else x, comm=comm), "disagree"),
+        untouched_after_error(comm, "one rank past the reach, the others within", {"x": x, "past": beyond},
+                              lambda: ddlfast.allreduce(beyond if rank == odd else x, comm=comm), "disagree"),
         untouched_after_error(comm, "another op on one rank", {"x": x},
                               lambda: ddlfast.allreduce(x, op="max" if rank == odd else "min", comm=comm),
                               "disagree"),
     ]
-    after = np.full(REACH // 8, rank + 1.0, np.float32)
+    after = np.full(count, rank + 1.0, np.float32)
     ddlfast.allreduce(after, comm=comm)
-    want = np.full(REACH // 8, world * (world + 1) / 2, np.float32)
+    want = np.full(count, world * (world + 1) / 2, np.float32)
     results.append(("the context works after the disagreements", None if np.array_equal(after, want) else "wrong"))
     return results
+
+
+def disagreement_cases(comm: MPI.Intracomm) -> list[tuple[str, str | None]]:
+    # 128 KiB calls (above the creation capacity) against 512 KiB ones, and one rank one element past the reach
+    return disagreements_at_reach(comm, REACH // 8, REACH // 4, REACH // 4 + 1)
 
 
 def main() -> int:

@@ -22,7 +22,8 @@ import sys
 
 import numpy as np
 from harness import report_results
-from latency_cases import op_results, untouched_after_error
+from latency_cases import op_results
+from latency_reach_cases import disagreements_at_reach
 from mpi4py import MPI
 
 import ddlfast
@@ -61,7 +62,7 @@ def switch_cases(comm: MPI.Intracomm) -> list[tuple[str, str | None]]:
 
 
 def reach_cases(comm: MPI.Intracomm) -> list[tuple[str, str | None]]:
-    rank, world = comm.Get_rank(), comm.Get_size()
+    world = comm.Get_size()
     state = state_of(comm)
     reach = state.latency_reach(load_settings())
     capacity = comm.allgather(state.core.agreement_capacity)
@@ -80,26 +81,7 @@ def reach_cases(comm: MPI.Intracomm) -> list[tuple[str, str | None]]:
              for op in ("sum", "average", "min", "product")]
     cases += [("int32", "sum", reach // 4 - 3), ("float16", "max", 1001)]
     results += op_results(comm, cases, 30_000)
-    x = np.arange(count, dtype=np.float32) + rank
-    for _ in range(3):
-        ddlfast.allreduce(x.copy(), comm=comm)
-    odd = world - 1
-    shorter = np.arange(count - 1, dtype=np.float32)
-    past = np.ones(count + 1, np.float32)
-    results += [
-        untouched_after_error(comm, "another count on one rank", {"x": x, "shorter": shorter},
-                              lambda: ddlfast.allreduce(shorter if rank == odd else x, comm=comm), "disagree"),
-        untouched_after_error(comm, "one rank past the reach", {"x": x, "past": past},
-                              lambda: ddlfast.allreduce(past if rank == odd else x, comm=comm), "disagree"),
-        untouched_after_error(comm, "another op on one rank", {"x": x},
-                              lambda: ddlfast.allreduce(x, op="max" if rank == odd else "min", comm=comm),
-                              "disagree"),
-    ]
-    after = np.full(count, rank + 1.0, np.float32)
-    ddlfast.allreduce(after, comm=comm)
-    want = np.full(count, world * (world + 1) / 2, np.float32)
-    results.append(("the context works after the disagreements", None if np.array_equal(after, want) else "wrong"))
-    return results
+    return results + disagreements_at_reach(comm, count, count - 1, count + 1)
 
 
 def main() -> int:
