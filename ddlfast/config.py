@@ -492,9 +492,10 @@ def gpu_ring_min_bytes(environ: Mapping[str, str] | None = None) -> int:
 DEFAULT_HALVING_BYTES = 8 << 10
 HALVING_REACH_BYTES = 32 << 10
 # Where the ranks of one host share the agreement's memory and outnumber its cores (cost_model.latency_plan):
-# halving from here, and the latency path up to the reach (each rank's slots grow to it: 2 x P x 1 MiB shared).
+# halving from here, and the latency path up to the reach (each rank's slots grow to it: 2 x P x 4 MiB shared; where
+# /dev/shm cannot hold that, the slots stay at their size and larger calls take the ring).
 SHARED_OVERSUBSCRIBED_HALVING_BYTES = 16 << 10
-SHARED_OVERSUBSCRIBED_REACH_BYTES = 1 << 20
+SHARED_OVERSUBSCRIBED_REACH_BYTES = MAX_LATENCY_REACH_BYTES
 
 
 def halving_bytes(environ: Mapping[str, str] | None = None) -> int | None:

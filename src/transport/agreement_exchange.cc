@@ -83,11 +83,15 @@ void MpiTransport::allocate_exchange() {
 Status MpiTransport::grow_agreement_capacity(std::size_t capacity) {
   DDLFAST_RETURN_IF_ERROR(refuse_if_broken());
   if (capacity <= agreement_capacity_) return Status::ok();
+  const std::size_t before = agreement_capacity_;
   agreement_capacity_ = capacity;
   allocate_exchange();
   if (shared_ == nullptr) return Status::ok();
-  shared_.reset();  // its slots hold the old capacity: map new ones, on every rank alike (shared_agreement.cc)
-  return attach_shared_memory(true);
+  // The slots hold the old capacity: map larger ones beside them, on every rank alike (shared_agreement.cc). Where
+  // any rank cannot (a small /dev/shm), every rank keeps the old slots and capacity: calls past it take the ring.
+  const SharedSegment* old = shared_.get();
+  DDLFAST_RETURN_IF_ERROR(attach_shared_memory(true));
+  if (shared_.get() == old) agreement_capacity_ = before;
   return Status::ok();
 }
 

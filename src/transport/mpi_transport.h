@@ -109,7 +109,7 @@ class MpiTransport final : public Transport {
   // Raises the capacity to `capacity` bytes (never lowers it): between collectives, alike on every rank, since
   // receives are posted at it (the context does, once, from the topology every rank shares, where the cost model
   // takes the latency path past the capacity it was created with). A shared segment is mapped anew at the
-  // capacity (collective); where that fails on any rank, every rank goes back to the butterfly's messages.
+  // capacity (collective); where that fails on any rank, every rank keeps the old slots and the old capacity.
   Status grow_agreement_capacity(std::size_t capacity);
   // The sequence number of the latest agreement (the collective in progress).
   std::uint64_t sequence() const { return sequence_; }
@@ -212,8 +212,9 @@ class MpiTransport final : public Transport {
                             const char* what, bool* mismatch, ArrivalWaits* previous);
   Status shared_exchange(std::uint64_t fingerprint, std::uint64_t form, const AgreedReduction* reduction,
                          const char* what, bool* mismatch, ArrivalWaits* previous);
-  // Maps the shared segment where every rank wants it (collective; the caller knows every rank of the
-  // communicator is on this host: create, or grow_agreement_capacity once it was).
+  // Maps a shared segment at agreement_capacity_ where every rank wants it (collective; the caller knows every
+  // rank of the communicator is on this host: create, or grow_agreement_capacity once it was). It replaces the
+  // one in use only where every rank mapped the new one.
   Status attach_shared_memory(bool wanted);
   // This rank's view of `rank`'s slot for the collective in progress, and the wait for every slot's counter.
   char* shared_slot(int rank) const;

@@ -22,6 +22,7 @@ import functools
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 PROGRAMS = Path(__file__).parent / "programs"
@@ -68,13 +69,14 @@ def mpi_command(ranks: int, *extra_flags: str) -> list[str]:
 
 
 def run_mpi(ranks: int, program: str, *args: str, timeout: float = 300, env: dict | None = None,
-            check: bool = True) -> subprocess.CompletedProcess:
-    """Run tests/mpi/programs/<program> on `ranks` processes; fail the test with its output if it fails."""
+            check: bool = True, prefix: Sequence[str] = ()) -> subprocess.CompletedProcess:
+    """Run tests/mpi/programs/<program> on `ranks` processes; fail the test with its output if it fails.
+    `prefix`: a command that runs the launcher (as `unshare`, `taskset`)."""
     full_env = dict(os.environ)
     full_env.setdefault("PYTHONUNBUFFERED", "1")
     if env:
         full_env.update(env)
-    command = [*mpi_command(ranks), sys.executable, str(PROGRAMS / program), *args]
+    command = [*prefix, *mpi_command(ranks), sys.executable, str(PROGRAMS / program), *args]
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=full_env)
     if check and result.returncode != 0:
         raise AssertionError(

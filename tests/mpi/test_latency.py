@@ -9,6 +9,9 @@ element (blocks of none)."""
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import pytest
 
 from tests.mpi.launcher import run_mpi
@@ -23,6 +26,25 @@ def test_latency_path_results_and_disagreements(ranks: int, halving: str, shared
     env = {"DDLFAST_HALVING_BYTES": halving, "DDLFAST_SHARED_MEMORY": shared}
     result = run_mpi(ranks, "latency_cases.py", timeout=900, env=env)
     assert result.stdout.count(" 0 failures") == ranks, result.stdout
+
+
+# A private /dev/shm of this size holds MPICH's and Open MPI's own segments and the creation's slots at P = 2
+# (0.5 MiB), not the reach's (2 x 2 x 4 MiB).
+SMALL_DEV_SHM = "8m"
+
+
+@pytest.mark.mpi
+def test_shared_memory_slots_that_cannot_grow() -> None:
+    """Where /dev/shm cannot hold the slots of the reach's capacity (a container's 64 MiB at P = 8), every rank
+    keeps its smaller slots and the agreement stays in shared memory; calls past them take the ring, with the
+    right numbers (shared_memory_cases.py --slots-cannot-grow). Two ranks on one core (`taskset`), so the policy
+    is the oversubscribed one on any machine, in a mount namespace (`unshare -m`) with a small tmpfs on /dev/shm."""
+    if os.geteuid() != 0 or not (shutil.which("unshare") and shutil.which("taskset")):
+        pytest.skip("needs root, unshare and taskset (a private /dev/shm of a chosen size)")
+    mount = f"mount -t tmpfs -o size={SMALL_DEV_SHM} tmpfs /dev/shm && exec taskset -c 0 \"$@\""
+    result = run_mpi(2, "shared_memory_cases.py", "--slots-cannot-grow", timeout=600,
+                     env={"DDLFAST_FLIGHT_RECORDS": "16"}, prefix=["unshare", "-m", "sh", "-c", mount, "sh"])
+    assert result.stdout.count(" 0 failures") == 2, result.stdout
 
 
 @pytest.mark.mpi

@@ -4,13 +4,18 @@
 1. It is on for every context of more than one rank here, the same on every rank; DDLFAST_SHARED_MEMORY=0 on one
    rank only turns it off on every rank (the creation agrees on it, as on a segment a rank could not map), and
    that context still gives the right numbers through the butterfly's messages.
-2. The reach this host's policy gives (cost_model.latency_plan: 1 MiB where ranks outnumber cores, the latency
+2. The reach this host's policy gives (cost_model.latency_plan: 4 MiB where ranks outnumber cores, the latency
    limit with a core per rank): the capacity grew to it on every rank and the segment was mapped anew at it (still
    on); a call of the reach's size rode in the agreement (its flight record ends when the agreement did), one
    element more did not; sum, average, min and product at the reach, halving and whole, against NumPy and
    bit-identical on every rank.
 3. Disagreements on one rank at the reach, after the layout was cached: another count, another op, one rank past
    the reach. Every rank raises, no array is written, the context works on.
+
+With --slots-cannot-grow (tests/mpi/test_latency.py runs it on one core, so the reach is past the creation
+capacity, with a /dev/shm too small for the reach's slots): every rank keeps its slots at the creation capacity,
+still in shared memory; a call of that capacity rides in the agreement, one element more does not, and calls from
+there to the reach give the right numbers on the ring.
 
 Prints "N cases on P ranks, F failures"; exits non-zero on any failure.
 """
@@ -61,31 +66,49 @@ def switch_cases(comm: MPI.Intracomm) -> list[tuple[str, str | None]]:
     return results
 
 
-def reach_cases(comm: MPI.Intracomm) -> list[tuple[str, str | None]]:
-    world = comm.Get_size()
+def capacity_cases(comm: MPI.Intracomm, want_capacity: int, reach: int) -> list[tuple[str, str | None]]:
+    """Every rank's capacity is `want_capacity`, still in shared memory; a float32 call of the reach or the
+    capacity, whichever is smaller, rides in the agreement, one element more does not."""
     state = state_of(comm)
-    reach = state.latency_reach(load_settings())
     capacity = comm.allgather(state.core.agreement_capacity)
     shared = comm.allgather(state.core.shared_memory)
-    results = [
-        ("the capacity is the reach's on every rank",
-         None if capacity == [max(reach, 2 * MAX_LATENCY_BYTES)] * world else f"{capacity}, {reach}"),
-        ("still in shared memory after growing", None if all(shared) else f"{shared}"),
+    count = min(want_capacity, reach) // 4
+    on = comm.allgather(rode_in_agreement(comm, count))
+    off = comm.allgather(rode_in_agreement(comm, count + 1))
+    return [
+        (f"capacity {want_capacity} on every rank (reach {reach})",
+         None if capacity == [want_capacity] * comm.Get_size() else f"{capacity}"),
+        ("still in shared memory", None if all(shared) else f"{shared}"),
+        (f"float32[{count}] on the latency path", None if all(on) else f"{on}"),
+        (f"float32[{count + 1}] off it", None if not any(off) else f"{off}"),
     ]
-    count = reach // 4
-    rode = comm.allgather(rode_in_agreement(comm, count))
-    results.append((f"float32[{count}] on the latency path", None if all(rode) else f"{rode}"))
-    rode = comm.allgather(rode_in_agreement(comm, count + 1))
-    results.append((f"float32[{count + 1}] off it", None if not any(rode) else f"{rode}"))
+
+
+def reach_cases(comm: MPI.Intracomm) -> list[tuple[str, str | None]]:
+    reach = state_of(comm).latency_reach(load_settings())
+    results = capacity_cases(comm, max(reach, 2 * MAX_LATENCY_BYTES), reach)
     cases = [(name, op, reach // size) for name, size in (("float32", 4), ("float64", 8), ("bfloat16", 2))
              for op in ("sum", "average", "min", "product")]
     cases += [("int32", "sum", reach // 4 - 3), ("float16", "max", 1001)]
     results += op_results(comm, cases, 30_000)
+    count = reach // 4
     return results + disagreements_at_reach(comm, count, count - 1, count + 1)
+
+
+def slots_kept_cases(comm: MPI.Intracomm) -> list[tuple[str, str | None]]:
+    reach = state_of(comm).latency_reach(load_settings())
+    kept = 2 * MAX_LATENCY_BYTES  # the creation's (ddlfast/context.py)
+    results = [("the reach is past the creation capacity", None if reach > kept else f"reach {reach}")]
+    results += capacity_cases(comm, kept, reach)
+    cases = [("float32", op, kept // 4 + 1) for op in ("sum", "average", "min", "product")]
+    cases += [("float64", "sum", reach // 8), ("bfloat16", "max", reach // 2)]
+    return results + op_results(comm, cases, 40_000)
 
 
 def main() -> int:
     world = MPI.COMM_WORLD
+    if "--slots-cannot-grow" in sys.argv:
+        return report_results(world, slots_kept_cases(world.Dup()))
     results = switch_cases(world)
     if world.Get_size() > 1:
         results += reach_cases(world.Dup())
