@@ -89,10 +89,11 @@ Status MpiTransport::grow_agreement_capacity(std::size_t capacity) {
   if (shared_ == nullptr) return Status::ok();
   // The slots hold the old capacity: map larger ones beside them, on every rank alike (shared_agreement.cc). Where
   // any rank cannot (a small /dev/shm), every rank keeps the old slots and capacity: calls past it take the ring.
-  const SharedSegment* old = shared_.get();
-  DDLFAST_RETURN_IF_ERROR(attach_shared_memory(true));
-  if (shared_.get() == old) agreement_capacity_ = before;
-  return Status::ok();
+  const std::size_t old_slot_bytes = shared_slot_bytes_;
+  const Status attached = attach_shared_memory(true);
+  // Kept (on an error too): no call may pass the old slots' capacity.
+  if (shared_slot_bytes_ == old_slot_bytes) agreement_capacity_ = before;
+  return attached;
 }
 
 Status MpiTransport::exchange_step(int peer, const char* send, std::size_t send_bytes, char* receive,
