@@ -26,6 +26,7 @@ from shard_cases import DTYPES, factorizations  # a sibling program: its checks,
 
 import ddlfast
 from ddlfast import config
+from ddlfast.api import _context_for
 
 OPS = ("sum", "average", "min", "max", "product")
 WIRE = {"fp16": np.float16, "bf16": ml_dtypes.bfloat16}
@@ -232,7 +233,9 @@ def auto_half_data_cases() -> None:
     global cases
     os.environ["DDLFAST_ALGORITHM"] = "auto"
     chunk_bytes, os.environ["DDLFAST_CHUNK_BYTES"] = os.environ["DDLFAST_CHUNK_BYTES"], "16KiB"
-    n = (1 << 19) + 1  # 1 MiB: float32 data of this size takes the ring here (P = 3 to 8, one host)
+    # Past the latency path's reach (4 MiB where ranks outnumber cores, in shared memory): the direct step's sizes.
+    reach = _context_for(comm)._state.latency_reach(config.load_settings())
+    n = max(reach, 1 << 20) // 2 + 1
     for dtype in (np.float16, ml_dtypes.bfloat16):
         inputs = [random_input(r, n, 4).astype(dtype) for r in range(WORLD)]
         for name, call in (("allreduce", lambda x: ddlfast.allreduce(x, dims=(WORLD,))),
