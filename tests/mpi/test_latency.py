@@ -28,9 +28,11 @@ def test_latency_path_results_and_disagreements(ranks: int, halving: str, shared
     assert result.stdout.count(" 0 failures") == ranks, result.stdout
 
 
-# A private /dev/shm of this size holds MPICH's and Open MPI's own segments and the creation's slots at P = 2
-# (0.5 MiB), not the reach's (2 x 2 x 4 MiB).
+# A private /dev/shm of this size holds MPICH's own segments (2 MiB) and the creation's slots at P = 2 (0.5 MiB),
+# not the reach's (2 x 2 x 4 MiB). Open MPI's shared-memory transport wants 16 MiB there: its backing file goes to
+# /tmp instead (MPICH ignores the variable).
 SMALL_DEV_SHM = "8m"
+OPEN_MPI_BACKING = {"OMPI_MCA_btl_sm_backing_directory": "/tmp"}
 
 
 @pytest.mark.mpi
@@ -43,7 +45,8 @@ def test_shared_memory_slots_that_cannot_grow() -> None:
         pytest.skip("needs root, unshare and taskset (a private /dev/shm of a chosen size)")
     mount = f"mount -t tmpfs -o size={SMALL_DEV_SHM} tmpfs /dev/shm && exec taskset -c 0 \"$@\""
     result = run_mpi(2, "shared_memory_cases.py", "--slots-cannot-grow", timeout=600,
-                     env={"DDLFAST_FLIGHT_RECORDS": "16"}, prefix=["unshare", "-m", "sh", "-c", mount, "sh"])
+                     env={"DDLFAST_FLIGHT_RECORDS": "16", **OPEN_MPI_BACKING},
+                     prefix=["unshare", "-m", "sh", "-c", mount, "sh"])
     assert result.stdout.count(" 0 failures") == 2, result.stdout
 
 
