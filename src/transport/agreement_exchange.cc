@@ -85,8 +85,10 @@ Status MpiTransport::grow_agreement_capacity(std::size_t capacity) {
   if (capacity <= agreement_capacity_) return Status::ok();
   const std::size_t before = agreement_capacity_;
   agreement_capacity_ = capacity;
-  allocate_exchange();
-  if (shared_ == nullptr) return Status::ok();
+  if (shared_ == nullptr) {  // the butterfly's buffers: unused while the agreement runs in shared memory
+    allocate_exchange();
+    return Status::ok();
+  }
   // The slots hold the old capacity: map larger ones beside them, on every rank alike (shared_agreement.cc). Where
   // any rank cannot (a small /dev/shm), every rank keeps the old slots and capacity: calls past it take the ring.
   const std::size_t old_slot_bytes = shared_slot_bytes_;
