@@ -53,6 +53,8 @@ MAX_SMALL_BYTES = GIB  # MPI_Allreduce's int count stays below INT_MAX for every
 # remainders too, twice its bytes); each context keeps two message buffers that size. Larger "small" buffers go to
 # MPI_Allreduce after the agreement.
 MAX_LATENCY_BYTES = 64 * KIB
+# The bytes each context's agreement messages carry from its creation (twice MAX_LATENCY_BYTES, as above).
+CREATION_AGREEMENT_BYTES = 2 * MAX_LATENCY_BYTES
 # Across hosts the cost model may send auto's allreduces farther to the latency path, up to this
 # (cost_model.latency_plan: its halving form is Rabenseifner's with the agreement in the halving steps' headers);
 # the context's message buffers then grow to that (cost_model.agreement_capacity).

@@ -28,7 +28,7 @@ from mpi4py import MPI
 
 from ddlfast import _core, config, launch, process, ulfm
 from ddlfast.config import (
-    MAX_LATENCY_BYTES,
+    CREATION_AGREEMENT_BYTES,
     STALL_LIMITS,
     check_environment,
     current_stall_limit,
@@ -119,7 +119,7 @@ class Context:
             # A private duplicate: the one transport. Its agreement messages can carry the latency path's data (the
             # same capacity on every rank, whatever DDLFAST_SMALL_BYTES says now or later; grown alike where the
             # topology takes the latency path farther: EngineState.topology_for).
-            core = _core.Core(comm, settings.timeout_s, 2 * MAX_LATENCY_BYTES)
+            core = _core.Core(comm, settings.timeout_s, CREATION_AGREEMENT_BYTES)
             duplicate, created = comm.Idup()  # agreement descriptions and Python-side collectives
             core.wait_requests([created], "the other ranks to create their ddlfast context")
             control = duplicate  # complete: only now may it be revoked (Open MPI crashes on a communicator under way)

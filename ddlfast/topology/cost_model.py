@@ -424,7 +424,7 @@ def agreement_capacity(reach: int) -> int:
     beside its data), more where auto's reach across hosts is farther, up to MAX_LATENCY_REACH_BYTES (a larger
     DDLFAST_SMALL_BYTES does not grow it: those calls go to MPI_Allreduce after the agreement). Each context keeps
     two message buffers of it and one of half."""
-    return max(2 * config.MAX_LATENCY_BYTES, min(reach, config.MAX_LATENCY_REACH_BYTES))
+    return max(config.CREATION_AGREEMENT_BYTES, min(reach, config.MAX_LATENCY_REACH_BYTES))
 
 
 def latency_plan(cluster: Cluster | None, ranks: int, one_host: bool, small_bytes: int,

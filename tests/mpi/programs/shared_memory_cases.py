@@ -33,7 +33,7 @@ from mpi4py import MPI
 
 import ddlfast
 from ddlfast.api import _context_for
-from ddlfast.config import MAX_LATENCY_BYTES, load_settings
+from ddlfast.config import CREATION_AGREEMENT_BYTES, load_settings
 
 
 def state_of(comm: MPI.Intracomm):
@@ -86,7 +86,7 @@ def capacity_cases(comm: MPI.Intracomm, want_capacity: int, reach: int) -> list[
 
 def reach_cases(comm: MPI.Intracomm) -> list[tuple[str, str | None]]:
     reach = state_of(comm).latency_reach(load_settings())
-    results = capacity_cases(comm, max(reach, 2 * MAX_LATENCY_BYTES), reach)
+    results = capacity_cases(comm, max(reach, CREATION_AGREEMENT_BYTES), reach)
     cases = [(name, op, reach // size) for name, size in (("float32", 4), ("float64", 8), ("bfloat16", 2))
              for op in ("sum", "average", "min", "product")]
     cases += [("int32", "sum", reach // 4 - 3), ("float16", "max", 1001)]
@@ -97,7 +97,7 @@ def reach_cases(comm: MPI.Intracomm) -> list[tuple[str, str | None]]:
 
 def slots_kept_cases(comm: MPI.Intracomm) -> list[tuple[str, str | None]]:
     reach = state_of(comm).latency_reach(load_settings())
-    kept = 2 * MAX_LATENCY_BYTES  # the creation's (ddlfast/context.py)
+    kept = CREATION_AGREEMENT_BYTES
     results = [("the reach is past the creation capacity", None if reach > kept else f"reach {reach}")]
     results += capacity_cases(comm, kept, reach)
     cases = [("float32", op, kept // 4 + 1) for op in ("sum", "average", "min", "product")]
