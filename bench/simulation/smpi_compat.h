@@ -131,7 +131,7 @@ static inline int ddlfast_sim_pause() {
 #define sched_yield ddlfast_sim_pause
 
 // The transport spins before its first pause when this machine has a core per rank of a host
-// (mpi_transport.cc, spin_us_for): that would make the simulation depend on the machine running it (a spin polls
+// (MpiTransport::choose_spin): that would make the simulation depend on the machine running it (a spin polls
 // every 0.1 us of simulated time for 200 us). A simulated rank has no core of its own: no spin, ever.
 static inline int ddlfast_sim_getaffinity(pid_t, size_t size, cpu_set_t* set) {
   CPU_ZERO_S(size, set);

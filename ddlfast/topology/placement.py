@@ -14,6 +14,7 @@ Context, when it is created.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -52,13 +53,14 @@ class TopologyWarning(UserWarning):
 class Placement:
     host_of_rank: tuple[int, ...]  # host index of each communicator rank
     host_names: tuple[str, ...]  # MPI processor name of each host's first rank
-    cores_of_host: tuple[int, ...] = ()  # the fewest cores a rank of each host may run on (); empty: not known
+    # Whether some rank of each host shares its cores with more ranks than it has (crowded_ranks); empty: not known
+    crowded_hosts: tuple[bool, ...] = ()
 
     @property
     def oversubscribed(self) -> bool:
-        """Whether some host runs more ranks than it has cores: each step of a collective then waits for its
+        """Whether ranks outnumber the cores they run on somewhere: each step of a collective then waits for its
         partner to be scheduled, and the algorithm with the fewest steps wins (EngineState.latency_reach)."""
-        return any(ranks > cores for ranks, cores in zip(self.ranks_per_host, self.cores_of_host, strict=False))
+        return any(self.crowded_hosts)
 
     @property
     def size(self) -> int:
@@ -117,7 +119,7 @@ def detect_placement(comm: MPI.Intracomm) -> Placement:
         leader = local.allreduce(comm.rank, op=MPI.MIN)
     finally:
         local.Free()
-    entries = comm.allgather((leader, MPI.Get_processor_name(), emulated, usable_cores()))
+    entries = comm.allgather((leader, MPI.Get_processor_name(), emulated, cores_here()))
     if len({entry[2] for entry in entries}) > 1:
         values = ", ".join(f"rank {r}: {entry[2]}" for r, entry in enumerate(entries))
         raise DdlfastError(f"DDLFAST_EMULATED_HOSTS differs between the ranks ({values}); set it alike everywhere")
@@ -131,16 +133,37 @@ def detect_placement(comm: MPI.Intracomm) -> Placement:
                          tuple(f"emulated-host-{h}" for h in range(emulated)))
     leaders = sorted({entry[0] for entry in entries})
     index = {leader: i for i, leader in enumerate(leaders)}
-    cores = [min(entry[3] for entry in entries if entry[0] == leader) for leader in leaders]
-    return Placement(tuple(index[entry[0]] for entry in entries), tuple(entries[r][1] for r in leaders), tuple(cores))
+    crowded = crowded_ranks([entry[3] for entry in entries])
+    return Placement(tuple(index[entry[0]] for entry in entries), tuple(entries[r][1] for r in leaders),
+                     tuple(any(crowded[r] for r in range(comm.size) if entries[r][0] == leader) for leader in leaders))
 
 
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity mask where the system has one)."""
+def cores_here() -> tuple[str, str, int]:
+    """(this machine, a digest of the cores this process may run on, how many). The machine is the kernel's boot
+    id, which every process of one kernel shares whatever hostname, container or network namespace it runs in
+    (where MPI may see a host of its own); the processor name where it cannot be read."""
     try:
-        return len(os.sched_getaffinity(0))
+        with open("/proc/sys/kernel/random/boot_id") as file:
+            machine = file.read().strip()
+    except OSError:
+        machine = ""
+    try:
+        cores = tuple(sorted(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
-        return os.cpu_count() or 1
+        cores = tuple(range(os.cpu_count() or 1))
+    mask = hashlib.blake2b(",".join(map(str, cores)).encode(), digest_size=8).hexdigest()  # a few bytes per rank
+    return machine or MPI.Get_processor_name(), mask, len(cores)
+
+
+def crowded_ranks(cores: list[tuple[str, str, int]]) -> list[bool]:
+    """Per rank, from every rank's cores_here(): whether more ranks share its cores than it has. Ranks share
+    cores where they run on one machine with the same affinity mask; ranks pinned to cores of their own (Open
+    MPI binds 2 ranks to a core each) do not. The transport's spin follows the same rule (MpiTransport::
+    choose_spin)."""
+    sharing: dict[tuple[str, str], int] = {}
+    for machine, mask, _ in cores:
+        sharing[machine, mask] = sharing.get((machine, mask), 0) + 1
+    return [sharing[machine, mask] > count for machine, mask, count in cores]
 
 
 def hosts_per_group(hosts: int) -> tuple[int, str | None]:
@@ -282,6 +305,8 @@ class Topology:
         text += ", host-contiguous" if p.contiguous else ", renumbered host-contiguous"
         if self.shared_memory:
             text += ", agreement in shared memory"
+        if p.oversubscribed:
+            text += ", ranks outnumber their cores"
         text += f"; auto {'x'.join(map(str, self.auto_dims))} for {self.plan_bytes / 2**20:.3g} MiB buckets"
         text += "; per call size: " + ", ".join(f"{config.format_size(n)} {name}"
                                                 for n, name in self.algorithms().items())
@@ -294,7 +319,7 @@ class Topology:
             "size": p.size, "hosts": p.hosts, "ranks_per_host": list(p.ranks_per_host),
             "host_names": list(p.host_names), "host_of_rank": list(p.host_of_rank), "regular": p.regular,
             "contiguous": p.contiguous, "order": list(self.order), "hosts_per_group": self.hosts_per_group,
-            "shared_memory": self.shared_memory,
+            "shared_memory": self.shared_memory, "oversubscribed": p.oversubscribed,
             "links": self.links.as_dict(), "plan_bytes": self.plan_bytes,
             "auto_dims": "x".join(map(str, self.auto_dims)),
             "candidates": [{"dims": c.name, "seconds": c.seconds} for c in self.candidates[:8]],

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <climits>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <utility>
 
@@ -105,13 +106,26 @@ int ranks_on_this_host(MPI_Comm comm) {
   return ranks_here;
 }
 
-// Spinning before yielding pays only when every rank of this host has a core of its own: with more ranks than
-// cores, a spinning rank holds the core its peer needs to answer, and every ring step then costs a scheduler
-// slice (4 ranks on 2 cores: 4 KiB allreduce 85 us -> 900 us with a 200 us spin). Then yield at once instead.
-double spin_us_for(int ranks_here) {
-  cpu_set_t cpus;
-  const int cores = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
-  return ranks_here > cores ? 0.0 : PollBackoff::kDefaultSpinUs;
+// 64 bits of `bytes` (FNV-1a): the same input gives the same value on every rank.
+std::uint64_t fingerprint_of(const void* data, std::size_t bytes) {
+  std::uint64_t hash = 14695981039346656037ULL;
+  for (std::size_t i = 0; i < bytes; ++i) hash = (hash ^ static_cast<const unsigned char*>(data)[i]) * 1099511628211ULL;
+  return hash;
+}
+
+// Which machine this rank runs on: its kernel's boot id, which every process of one kernel shares whatever
+// hostname, container or network namespace it runs in (where MPI may see a host of its own); the processor name
+// where the id cannot be read.
+std::uint64_t machine_fingerprint() {
+  std::ifstream file("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  if (!(file >> id)) {
+    char name[MPI_MAX_PROCESSOR_NAME];
+    int length = 0;
+    MPI_Get_processor_name(name, &length);
+    id.assign(name, static_cast<std::size_t>(length));
+  }
+  return fingerprint_of(id.data(), id.size());
 }
 
 }  // namespace
@@ -148,18 +162,40 @@ Status MpiTransport::create(MPI_Comm comm, double timeout_s, std::size_t agreeme
   transport->allocate_exchange();
   if (transport->size_ > 1) transport->arrivals_ = ArrivalLog(transport->size_);
   const int ranks_here = ranks_on_this_host(transport->comm_);
-  transport->spin_us_ = spin_us_for(ranks_here);
   MPI_Op_create(&fp16_sum_op, 1, &transport->fp16_sum_);
   MPI_Op_create(&bf16_sum_op, 1, &transport->bf16_sum_);
   create_combine_row<0>(&transport->combine_ops_, std::make_index_sequence<kNumDTypes>());
   create_combine_row<1>(&transport->combine_ops_, std::make_index_sequence<kNumDTypes>());
   create_combine_row<2>(&transport->combine_ops_, std::make_index_sequence<kNumDTypes>());
   transport->timeout_s_ = timeout_s;
+  DDLFAST_RETURN_IF_ERROR(transport->choose_spin());
   if (transport->size_ > 1 && ranks_here == transport->size_) {  // the same answer on every rank
     DDLFAST_RETURN_IF_ERROR(transport->attach_shared_memory(shared_memory));
   }
   transport->post_census_ask();
   *out = std::move(transport);
+  return Status::ok();
+}
+
+// Spinning before yielding pays only when every rank has a core to itself: with more ranks than cores, a spinning
+// rank holds the core its peer needs to answer, and every ring step then costs a scheduler slice (4 ranks on 2
+// cores: 4 KiB allreduce 85 us -> 900 us with a 200 us spin). Then yield at once instead. Ranks compete for cores
+// where they run on one machine (also where MPI sees hosts of their own: containers, network namespaces) with the
+// same affinity mask; ranks pinned to cores of their own (Open MPI binds 2 ranks to a core each) do not.
+Status MpiTransport::choose_spin() {
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  const int cores = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+  const std::uint64_t mine[2] = {machine_fingerprint(), fingerprint_of(&cpus, sizeof cpus)};
+  std::vector<std::uint64_t> all(2 * static_cast<std::size_t>(size_));
+  MPI_Request request;
+  DDLFAST_RETURN_IF_ERROR(
+      check(MPI_Iallgather(mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE, comm_, &request),
+            "MPI_Iallgather", -1));
+  DDLFAST_RETURN_IF_ERROR(wait_request(&request, "the other ranks' machines and cores (creating the context)"));
+  int sharing = 0;
+  for (int rank = 0; rank < size_; ++rank) sharing += all[2 * rank] == mine[0] && all[2 * rank + 1] == mine[1];
+  spin_us_ = sharing > cores ? 0.0 : PollBackoff::kDefaultSpinUs;
   return Status::ok();
 }
 

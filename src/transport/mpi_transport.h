@@ -212,6 +212,9 @@ class MpiTransport final : public Transport {
                             const char* what, bool* mismatch, ArrivalWaits* previous);
   Status shared_exchange(std::uint64_t fingerprint, std::uint64_t form, const AgreedReduction* reduction,
                          const char* what, bool* mismatch, ArrivalWaits* previous);
+  // spin_us_ where DDLFAST_SPIN_US is not set: 0 where more ranks share this rank's cores than it has
+  // (collective, at creation).
+  Status choose_spin();
   // Maps a shared segment at agreement_capacity_ where every rank wants it (collective; the caller knows every
   // rank of the communicator is on this host: create, or grow_agreement_capacity once it was). It replaces the
   // one in use only where every rank mapped the new one.
@@ -235,9 +238,9 @@ class MpiTransport final : public Transport {
   std::vector<MPI_Op> combine_ops_;
   int rank_ = 0;
   int size_ = 1;
-  double timeout_s_ = 0.0;      // 0: wait forever
-  double spin_us_ = 0.0;        // how long a wait spins before it yields (0 when this host's ranks outnumber its cores)
-  std::uint64_t sequence_ = 0;  // the collective this rank is in (agreements so far; in census answers too)
+  double timeout_s_ = 0.0;            // 0: wait forever
+  double spin_us_ = 0.0;              // how long a wait spins before it yields (choose_spin)
+  std::uint64_t sequence_ = 0;        // the collective this rank is in (agreements so far; in census answers too)
   std::uint64_t numbering_base_ = 0;  // number_from_here()
   std::uint64_t last_wait_us_ = 0;    // this rank's wait in the latest agreement
   ArrivalLog arrivals_{1};            // sized in allocate_exchange()

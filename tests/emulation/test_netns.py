@@ -6,6 +6,7 @@ Runs where root and `ip`/`tc`/`unshare` are available (CI runs as root); always 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -52,6 +53,21 @@ def test_two_hosts_by_two_ranks(cluster: EmulatedCluster) -> None:
     # ... and the host's ranks talk faster among themselves (shared memory, unshaped; by a wide margin when
     # the machine is quiet, less when it is busy).
     assert 1 / info["links"]["intra"][1] > 1.5 * inter_rate
+    _assert_cores_shared(info, ranks=4)
+
+
+def _assert_cores_shared(info: dict, ranks: int) -> None:
+    """MPI sees hosts of their own, but every emulated host runs on this machine's cores: the ranks count as
+    competing for them where they outnumber them (the plan and the transport's spin, MpiTransport::choose_spin)."""
+    crowded = ranks > len(os.sched_getaffinity(0))  # the launched ranks inherit this process's cores
+    assert info["oversubscribed"] is crowded, info
+    assert info["spin_us"] == [0.0 if crowded else 200.0] * ranks, info
+
+
+def test_one_rank_per_emulated_host_has_a_core(cluster: EmulatedCluster) -> None:
+    info, _ = _run(cluster, [1, 1], "--dims", "auto", "--count", "100003")
+    assert info["hosts"] == 2 and info["ranks_per_host"] == [1, 1]
+    _assert_cores_shared(info, ranks=2)
 
 
 def test_round_robin_placement_is_renumbered(cluster: EmulatedCluster) -> None:

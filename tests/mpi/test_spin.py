@@ -3,6 +3,8 @@ spin at all and with a long one (checked against NumPy, identical bits on every 
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tests.mpi.launcher import run_mpi
@@ -22,6 +24,20 @@ def test_allreduce_matches_numpy_with_each_spin(monkeypatch: pytest.MonkeyPatch,
     result = run_mpi(ranks, "spin_cases.py", "--dims", dims, "--large", "100003",
                      "--dtypes", "float32,float64,bfloat16,int64", env=env, timeout=600)
     assert f"every rank spins {spin_us or ''}" in result.stdout and " 0 failures" in result.stdout, result.stdout
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_ranks_pinned_to_cores_of_their_own_spin(monkeypatch: pytest.MonkeyPatch, ranks: int) -> None:
+    """Rank r pinned to core r mod 2 first (as --bind-to core): each has one core, and 2 ranks on 2 cores have a
+    core each (they spin, and the plan is not the oversubscribed one), where 4 share them (no spin)."""
+    if len(os.sched_getaffinity(0)) != 2:
+        pytest.skip("written for 2 cores: pins rank r to core r mod 2")
+    monkeypatch.delenv("DDLFAST_SPIN_US", raising=False)
+    result = run_mpi(ranks, "spin_cases.py", "--pin", "--dims", "flat", "--large", "100003",
+                     "--dtypes", "float32,int64", timeout=600)
+    expected = "200 us; oversubscribed=False" if ranks == 2 else "0 us; oversubscribed=True"
+    assert f"every rank spins {expected}" in result.stdout and " 0 failures" in result.stdout, result.stdout
 
 
 @pytest.mark.mpi

@@ -9,7 +9,14 @@ import pytest
 from ddlfast.config import DEFAULT_HALVING_BYTES, HALVING_REACH_BYTES, MAX_LATENCY_BYTES, MAX_LATENCY_REACH_BYTES
 from ddlfast.errors import DdlfastError
 from ddlfast.topology.cost_model import Link
-from ddlfast.topology.placement import Placement, TopologyWarning, decide, hosts_per_group, probe_pairs
+from ddlfast.topology.placement import (
+    Placement,
+    TopologyWarning,
+    crowded_ranks,
+    decide,
+    hosts_per_group,
+    probe_pairs,
+)
 from ddlfast.topology.probe import Links
 
 SLOW = Links(Link(1e-6, 1e-10), Link(20e-6, 8e-9), None, 1e-10, "test")
@@ -115,14 +122,32 @@ def test_as_dict_is_json_ready() -> None:
     assert data["order"] == [0, 2, 1, 3] and data["links"]["source"] == "test"
 
 
-@pytest.mark.parametrize(("cores", "oversubscribed"), [((), False), ((2, 2), False), ((2, 1), True), ((4, 4), False)])
-def test_oversubscribed_is_more_ranks_than_cores_on_some_host(cores: tuple[int, ...], oversubscribed: bool) -> None:
-    assert Placement((0, 0, 1, 1), ("a", "b"), cores).oversubscribed is oversubscribed
+@pytest.mark.parametrize(("crowded", "oversubscribed"),
+                         [((), False), ((False, False), False), ((False, True), True), ((True, True), True)])
+def test_oversubscribed_is_some_host_with_crowded_ranks(crowded: tuple[bool, ...], oversubscribed: bool) -> None:
+    assert Placement((0, 0, 1, 1), ("a", "b"), crowded).oversubscribed is oversubscribed
+
+
+@pytest.mark.parametrize(("cores", "expected"), [
+    # 2 ranks on one machine's 2 cores (the same mask): a core each
+    ([("m", "01", 2)] * 2, [False, False]),
+    # 4 there: crowded, also where MPI sees two hosts (the machine is the kernel's, not MPI's host)
+    ([("m", "01", 2)] * 4, [True] * 4),
+    # pinned to a core each (--bind-to core): not crowded; 2 on each core: crowded
+    ([("m", "0", 1), ("m", "1", 1)], [False, False]),
+    ([("m", "0", 1), ("m", "1", 1)] * 2, [True] * 4),
+    # the same mask on another machine is other cores
+    ([("m", "01", 2)] * 2 + [("n", "01", 2)] * 2, [False] * 4),
+    # one machine's ranks on a mask of 4 cores and one on its own core
+    ([("m", "0123", 4)] * 3 + [("m", "4", 1)], [False] * 4),
+])
+def test_crowded_ranks_share_one_machine_and_mask(cores: list[tuple[str, str, int]], expected: list[bool]) -> None:
+    assert crowded_ranks(cores) == expected
 
 
 def test_latency_reach_grows_under_auto_on_an_oversubscribed_placement() -> None:
-    crowded = decide(0, Placement((0, 0, 0, 0), ("a",), (2,)), 1, SLOW, 64 << 20)
-    roomy = decide(0, Placement((0, 0, 0, 0), ("a",), (4,)), 1, SLOW, 64 << 20)
+    crowded = decide(0, Placement((0, 0, 0, 0), ("a",), (True,)), 1, SLOW, 64 << 20)
+    roomy = decide(0, Placement((0, 0, 0, 0), ("a",), (False,)), 1, SLOW, 64 << 20)
     assert crowded.latency_reach(8 << 10) == MAX_LATENCY_BYTES
     assert crowded.latency_reach(1 << 20) == 1 << 20  # never below DDLFAST_SMALL_BYTES
     assert crowded.latency_reach(8 << 10, "ring") == 8 << 10  # only auto chooses
@@ -134,10 +159,10 @@ def test_the_latency_path_halves_where_every_rank_has_a_core(monkeypatch: pytest
     """Halving (DDLFAST_HALVING_BYTES=auto): from DEFAULT_HALVING_BYTES on one host with a core per rank, never
     where ranks outnumber cores; the latency path then reaches HALVING_REACH_BYTES under auto for P > 2."""
     monkeypatch.delenv("DDLFAST_HALVING_BYTES", raising=False)
-    crowded = decide(0, Placement((0, 0, 0, 0), ("a",), (2,)), 1, SLOW, 64 << 20)
-    roomy = decide(0, Placement((0, 0, 0, 0), ("a",), (4,)), 1, SLOW, 64 << 20)
-    pair = decide(0, Placement((0, 0), ("a",), (2,)), 1, SLOW, 64 << 20)
-    two_hosts = decide(0, Placement((0, 0, 1, 1), ("a", "b"), (4, 4)), 1, SLOW, 64 << 20)
+    crowded = decide(0, Placement((0, 0, 0, 0), ("a",), (True,)), 1, SLOW, 64 << 20)
+    roomy = decide(0, Placement((0, 0, 0, 0), ("a",), (False,)), 1, SLOW, 64 << 20)
+    pair = decide(0, Placement((0, 0), ("a",), (False,)), 1, SLOW, 64 << 20)
+    two_hosts = decide(0, Placement((0, 0, 1, 1), ("a", "b"), (False, False)), 1, SLOW, 64 << 20)
     assert crowded.halving_bytes() == 0 and roomy.halving_bytes() == DEFAULT_HALVING_BYTES
     assert two_hosts.latency_reach(8 << 10, "auto", 0) >= 8 << 10  # across hosts the cost model decides
     assert roomy.halving_bytes(0) == 0 and crowded.halving_bytes(512) == 512  # DDLFAST_HALVING_BYTES decides
@@ -167,9 +192,9 @@ def test_the_latency_path_reaches_farther_in_shared_memory(monkeypatch: pytest.M
     def shared(placement: Placement):
         return replace(decide(0, placement, 1, SLOW, 64 << 20), shared_memory=True)
 
-    crowded = shared(Placement((0, 0, 0, 0), ("a",), (2,)))
-    roomy = shared(Placement((0, 0, 0, 0), ("a",), (4,)))
-    pair = shared(Placement((0, 0), ("a",), (2,)))
+    crowded = shared(Placement((0, 0, 0, 0), ("a",), (True,)))
+    roomy = shared(Placement((0, 0, 0, 0), ("a",), (False,)))
+    pair = shared(Placement((0, 0), ("a",), (False,)))
     assert roomy.halving_bytes() == pair.halving_bytes() == DEFAULT_HALVING_BYTES
     assert roomy.latency_reach(8 << 10, "auto", roomy.halving_bytes()) == MAX_LATENCY_BYTES
     assert pair.latency_reach(8 << 10, "auto", pair.halving_bytes()) == MAX_LATENCY_BYTES
@@ -181,7 +206,7 @@ def test_the_latency_path_reaches_farther_in_shared_memory(monkeypatch: pytest.M
     assert crowded.agreement_capacity() == SHARED_OVERSUBSCRIBED_REACH_BYTES
     assert crowded.algorithms()[1 << 20] == "latency path, halving"
     assert crowded.algorithms()[16 << 20] != "latency path, halving"
-    two_hosts = Placement((0, 0, 1, 1), ("a", "b"), (4, 4))  # emulated hosts sharing memory: the model decides
+    two_hosts = Placement((0, 0, 1, 1), ("a", "b"), (False, False))  # emulated hosts sharing memory: the model decides
     assert shared(two_hosts).latency_plan() == decide(0, two_hosts, 1, SLOW, 64 << 20).latency_plan()
 
 
@@ -193,7 +218,7 @@ def test_across_hosts_the_cost_model_chooses_halving_and_reach(hosts: int) -> No
     from ddlfast.topology.cost_model import LATENCY_SIZES, halving_seconds, latency_seconds, predict_call
 
     topology = decide(0, Placement(tuple(r // 4 for r in range(4 * hosts)), tuple(map(str, range(hosts))),
-                                   (4,) * hosts), 1, SLOW, 64 << 20)
+                                   (False,) * hosts), 1, SLOW, 64 << 20)
     cluster, small = topology.cluster, 8 << 10
     halving = topology.halving_bytes()
 

@@ -12,6 +12,7 @@ import numpy as np
 from mpi4py import MPI
 
 import ddlfast
+import ddlfast.api
 from ddlfast import topology
 from ddlfast.errors import DdlfastError
 
@@ -42,6 +43,7 @@ if args.straddle:
             failures.append(f"rank {comm.rank}: unexpected error {error}")
 failures = [f for per_rank in comm.allgather(failures) for f in per_rank]
 names = comm.allgather(MPI.Get_processor_name())
+spins = comm.allgather(ddlfast.api.default_context()._state.core.spin_us)
 if comm.rank == 0:
-    print(json.dumps({**info.as_dict(), "processor_names": names}))
+    print(json.dumps({**info.as_dict(), "processor_names": names, "spin_us": spins}))
     print(f"{len(failures)} failures", failures)

@@ -16,23 +16,32 @@ import ddlfast.api
 AUTOMATIC_SPIN_US = 200.0  # PollBackoff::kDefaultSpinUs
 
 
+def crowded(comm: MPI.Intracomm) -> bool:
+    """Whether more ranks of this machine run on exactly this rank's cores than there are of them, worked out
+    here from every rank's boot id and affinity mask, independently of ddlfast."""
+    with open("/proc/sys/kernel/random/boot_id") as file:
+        mine = (file.read().strip(), sorted(os.sched_getaffinity(0)))
+    return comm.allgather(mine).count(mine) > len(mine[1])
+
+
 def expected_spin_us(comm: MPI.Intracomm) -> float:
-    """DDLFAST_SPIN_US when set, else 200 us unless this host's ranks outnumber its cores (then 0), worked out
-    here from MPI and the affinity mask, independently of the core."""
+    """DDLFAST_SPIN_US when set, else 200 us unless this rank's cores are crowded (then 0)."""
     if os.environ.get("DDLFAST_SPIN_US", "").strip():
         return float(os.environ["DDLFAST_SPIN_US"])
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    ranks_here = local.Get_size()
-    local.Free()
-    return 0.0 if ranks_here > len(os.sched_getaffinity(0)) else AUTOMATIC_SPIN_US
+    return 0.0 if crowded(comm) else AUTOMATIC_SPIN_US
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--expect-error", action="store_true")
+    parser.add_argument("--pin", action="store_true",
+                        help="pin rank r to core r mod (cores) first, as mpiexec --bind-to core does")
     args, rest = parser.parse_known_args()
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
+    if args.pin:
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[rank % len(cores)]})
     if args.expect_error:
         try:
             ddlfast.api.default_context()
@@ -41,14 +50,18 @@ def main() -> int:
             return 0
         print(f"rank {rank}: no error")
         return 1
-    spin_us, expected = ddlfast.api.default_context()._state.core.spin_us, expected_spin_us(comm)
+    state = ddlfast.api.default_context()._state
+    spin_us, expected = state.core.spin_us, expected_spin_us(comm)
     wrong = comm.allgather(f"rank {rank} spins {spin_us:g} us, expected {expected:g}" if spin_us != expected else "")
+    oversubscribed, any_crowded = state.topology.placement.oversubscribed, any(comm.allgather(crowded(comm)))
+    if oversubscribed != any_crowded and rank == 0:
+        wrong.append(f"the plan sees oversubscribed={oversubscribed}, expected {any_crowded}")
     if any(wrong):
         if rank == 0:
             print("\n".join(line for line in wrong if line))
         return 1
     if rank == 0:
-        print(f"every rank spins {spin_us:g} us")
+        print(f"every rank spins {spin_us:g} us; oversubscribed={oversubscribed}")
     sys.argv[1:] = rest
     return allreduce_cases.main()
 
