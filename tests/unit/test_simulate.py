@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ddlfast import simulate
-from ddlfast.config import MAX_LATENCY_BYTES
+from ddlfast.config import CREATION_AGREEMENT_BYTES
 from ddlfast.topology.cost_model import SMPI_FACTORS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -179,7 +179,7 @@ def test_the_latency_path_reaches_past_the_creation_capacity() -> None:
     platform = simulate.load_platform("ethernet-10g")
     cluster = platform.cluster(64)
     _, reach = simulate.latency_forms(cluster)
-    assert reach > 2 * MAX_LATENCY_BYTES and simulate.check_bytes(64) >= reach
+    assert reach > CREATION_AGREEMENT_BYTES and simulate.check_bytes(64) >= reach
     (row,) = simulate.simulate(platform, 64, [reach], builtins=(), iters=1, warmup=0)["rows"]
     assert row["algorithm"] == "latency"
     assert row["planner_s"] == pytest.approx(row["ddlfast_s"], rel=0.10), row

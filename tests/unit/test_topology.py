@@ -6,7 +6,13 @@ import warnings
 
 import pytest
 
-from ddlfast.config import DEFAULT_HALVING_BYTES, HALVING_REACH_BYTES, MAX_LATENCY_BYTES, MAX_LATENCY_REACH_BYTES
+from ddlfast.config import (
+    CREATION_AGREEMENT_BYTES,
+    DEFAULT_HALVING_BYTES,
+    HALVING_REACH_BYTES,
+    MAX_LATENCY_BYTES,
+    MAX_LATENCY_REACH_BYTES,
+)
 from ddlfast.errors import DdlfastError
 from ddlfast.topology.cost_model import Link
 from ddlfast.topology.placement import (
@@ -198,7 +204,7 @@ def test_the_latency_path_reaches_farther_in_shared_memory(monkeypatch: pytest.M
     assert roomy.halving_bytes() == pair.halving_bytes() == DEFAULT_HALVING_BYTES
     assert roomy.latency_reach(8 << 10, "auto", roomy.halving_bytes()) == MAX_LATENCY_BYTES
     assert pair.latency_reach(8 << 10, "auto", pair.halving_bytes()) == MAX_LATENCY_BYTES
-    assert roomy.agreement_capacity() == 2 * MAX_LATENCY_BYTES  # the creation capacity: nothing grows
+    assert roomy.agreement_capacity() == CREATION_AGREEMENT_BYTES  # nothing grows
     assert crowded.halving_bytes() == SHARED_OVERSUBSCRIBED_HALVING_BYTES
     assert crowded.latency_reach(8 << 10, "auto", crowded.halving_bytes()) == SHARED_OVERSUBSCRIBED_REACH_BYTES
     assert crowded.latency_reach(8 << 10, "auto", 0) == MAX_LATENCY_BYTES
@@ -233,7 +239,7 @@ def test_across_hosts_the_cost_model_chooses_halving_and_reach(hosts: int) -> No
         assert halving_seconds(cluster, below) >= whole(below)
     reach = topology.latency_reach(small, "auto", halving)
     assert small <= reach <= MAX_LATENCY_REACH_BYTES
-    assert topology.agreement_capacity() == max(2 * MAX_LATENCY_BYTES, topology.latency_reach(halving_bytes=halving))
+    assert topology.agreement_capacity() == max(CREATION_AGREEMENT_BYTES, topology.latency_reach(halving_bytes=halving))
 
     def agreed(n: int) -> float:
         choice = topology.algorithm(n, small_bytes=0)

@@ -31,7 +31,7 @@ from ops_cases import DTYPES, OPS
 
 import ddlfast
 from ddlfast.api import _context_for
-from ddlfast.config import MAX_LATENCY_BYTES, MAX_LATENCY_REACH_BYTES
+from ddlfast.config import CREATION_AGREEMENT_BYTES, MAX_LATENCY_BYTES, MAX_LATENCY_REACH_BYTES
 
 SLOW_NETWORK = [2e-3, 1e-10]  # 2 ms per message, 10 GB/s: the latency path wins up to its farthest reach
 REACH = MAX_LATENCY_REACH_BYTES
@@ -77,7 +77,7 @@ def op_cases(comm: MPI.Intracomm) -> list[tuple[str, str | None]]:
     for name, dtype in DTYPES.items():
         edge = REACH // dtype.itemsize
         for op in OPS:
-            cases.append((name, op, 2 * MAX_LATENCY_BYTES // dtype.itemsize + 3))
+            cases.append((name, op, CREATION_AGREEMENT_BYTES // dtype.itemsize + 3))
             if op in ("sum", "average"):
                 cases += [(name, op, count) for count in (edge // 2 - 1, edge, edge + 1)]
     return op_results(comm, cases, 20_000)
