@@ -383,8 +383,8 @@ def run_bench(
             algorithm = _algorithm(comm, dims, nbytes, settings, compression)
             topology = ddlfast.topology(comm)
             halving = topology.halving_bytes(config.halving_bytes())
-            reach = 0 if settings.reproducible else topology.latency_reach(settings.small_bytes, settings.algorithm,
-                                                                           halving)
+            takes = not settings.reproducible and topology.latency_takes(nbytes, settings.small_bytes,
+                                                                         settings.algorithm, halving)
             latency = "halving" if halves(nbytes, halving) else "latency"
             resets = collective in ("allreduce", "broadcast")  # in place: each call starts from the input
 
@@ -419,7 +419,7 @@ def run_bench(
                 # MPI's own collective; above, DDLFAST_ALGORITHM chooses (the name here, the shape in "algorithm").
                 "path": ("local" if world == 1 else "mpi-bcast" if collective == "broadcast"
                          else latency if collective == "allreduce" and compression == "none"
-                         and settings.small_bytes < nbytes <= reach
+                         and settings.small_bytes < nbytes and takes
                          else algorithm.name if nbytes > settings.small_bytes
                          else latency if collective == "allreduce" and settings.algorithm != "mpi"
                          else "mpi-handoff"),

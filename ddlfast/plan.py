@@ -24,6 +24,7 @@ from ddlfast.topology.cost_model import (
     MessageFactors,
     PlanError,
     auto_latency_plan,
+    auto_latency_takes,
     choose_algorithm,
     format_rate,
     halves,
@@ -84,7 +85,7 @@ def report(cluster: Cluster, nbytes: float, compute_s: float, overlap: float, ma
     halving, reach = auto_latency_plan(cluster, pick.dims)
 
     def algorithm(n: int) -> tuple[str, float]:
-        if n <= reach:  # the latency path, inside the per-call agreement's messages
+        if auto_latency_takes(cluster, pick.dims, n):  # the latency path, inside the per-call agreement's messages
             form = "halving" if halves(n, halving) else "whole payload"
             return f"latency path ({form})", latency_seconds(cluster, n, halving)
         choice = choose_algorithm(cluster, pick.dims, n)
@@ -112,7 +113,7 @@ def report(cluster: Cluster, nbytes: float, compute_s: float, overlap: float, ma
         "overlap": overlap,
         "scaling_efficiency": step_efficiency(compute_s, pick.seconds, overlap) if compute_s > 0 else None,
         # DDLFAST_ALGORITHM=auto per call size on the pick's dims (uncompressed): the latency path within its
-        # reach (cost_model.auto_latency_plan), else the cost model's algorithm
+        # reach where it wins (cost_model.auto_latency_takes), else the cost model's algorithm
         "algorithms": [{"bytes": n, "algorithm": name, "seconds": seconds} for n, name, seconds in by_size],
     }
 

@@ -35,6 +35,7 @@ from ddlfast.topology.cost_model import (
     PlanError,
     agreement_capacity,
     auto_latency_plan,
+    auto_latency_takes,
     choose_algorithm,
     parse_bytes,
     parse_link,
@@ -135,12 +136,14 @@ def engine_choice(cluster: Cluster, nbytes: int, dims: tuple[int, ...] | None = 
                   reach: int | None = None) -> Algorithm:
     """What ddlfast runs for one allreduce of `nbytes` with its defaults: the ring dims auto plans once for the
     job (`plan` at DDLFAST_BUCKET_BYTES, as topology.placement.decide) or `dims`, then the algorithm per call
-    size (topology.placement.Topology.algorithm): the latency path within `reach` (None: an allreduce's,
-    latency_forms), else cost_model.choose_algorithm (a direct reduce-scatter per dimension, or the all-2 shape
-    where auto's dims may be reshaped)."""
+    size (topology.placement.Topology.algorithm): the latency path up to `reach` (None: where an allreduce's
+    takes it, cost_model.auto_latency_takes), else cost_model.choose_algorithm (a direct reduce-scatter per
+    dimension, or the all-2 shape where auto's dims may be reshaped)."""
     auto = plan(cluster, DEFAULT_BUCKET_BYTES)[0].dims
     shape = auto if dims is None else dims
-    if nbytes <= (latency_forms(cluster, dims)[1] if reach is None else reach):
+    takes = (auto_latency_takes(cluster, shape, nbytes, reshape=shape == auto) if reach is None
+             else nbytes <= reach)
+    if takes:
         return Algorithm("latency", shape)
     return choose_algorithm(cluster, shape, nbytes, "auto", reshape=shape == auto)
 
@@ -154,9 +157,12 @@ def latency_forms(cluster: Cluster, dims: tuple[int, ...] | None = None) -> tupl
 
 
 def case_text(nbytes: int, choice: Algorithm) -> str:
-    """The driver's --case for one choice: BYTES:DIMS, and :DIRECT (a digit per dimension) where any is direct."""
+    """The driver's --case for one choice: BYTES:DIMS, and :DIRECT (a digit per dimension) where any is direct, or
+    :latency where the latency path takes it."""
     text = f"{nbytes}:{'x'.join(map(str, choice.dims))}"
-    if any(choice.direct):
+    if choice.name == "latency":
+        text += ":latency"
+    elif any(choice.direct):
         text += ":" + "".join(str(flag) for flag in choice.direct)
     return text
 
@@ -331,21 +337,22 @@ def simulate(platform: Platform, ranks: int, sizes: Sequence[int], dims: tuple[i
     cluster = platform.cluster(ranks)
     halving, reach = latency_forms(cluster, dims)
     capacity = agreement_capacity(reach)  # the context's, whatever the collective
-    if collective != "allreduce":  # the latency path is an allreduce's: the passes hand off at the limit
-        reach = DEFAULT_SMALL_BYTES
+    # The latency path is an allreduce's, size by size: the passes hand off at the limit.
+    limit = None if collective == "allreduce" else DEFAULT_SMALL_BYTES
     chosen = {}
     for size in sizes:
-        choice = engine_choice(cluster, size, dims, reach)
-        chosen[size] = (choice, predict_call(cluster, choice.dims, size, reach, choice.direct, halving))
+        choice = engine_choice(cluster, size, dims, limit)
+        latency = size if choice.name == "latency" else 0
+        chosen[size] = (choice, predict_call(cluster, choice.dims, size, latency, choice.direct, halving))
     simulation = Simulation(platform, ranks, compute)
     checked = check_bytes(ranks)
     common = ["--iters", str(iters), "--warmup", str(warmup), "--check-bytes", str(checked)]
     cases = [arg for size in sizes for arg in ("--case", case_text(size, chosen[size][0]))]
-    # ddlfast's defaults: within its reach an allreduce takes the latency path (inside the agreement's butterfly,
-    # halving from `halving` up); at or below the small-message limit reduce-scatter and allgather hand off to
-    # MPI's own collective, here MPICH's selection (the MPI ddlfast's wheel runs on).
-    engine = ["--small-bytes", str(reach), "--chunk-bytes", str(DEFAULT_CHUNK_BYTES), "--halving-bytes", str(halving),
-              "--agreement-capacity", str(capacity)]
+    # ddlfast's defaults: an allreduce the latency path takes (a case marked :latency) rides inside the agreement's
+    # butterfly, halving from `halving` up; at or below the small-message limit reduce-scatter and allgather hand
+    # off to MPI's own collective, here MPICH's selection (the MPI ddlfast's wheel runs on).
+    engine = ["--small-bytes", str(DEFAULT_SMALL_BYTES), "--chunk-bytes", str(DEFAULT_CHUNK_BYTES),
+              "--halving-bytes", str(halving), "--agreement-capacity", str(capacity)]
     ours, agreement = {}, None
     if run_ddlfast:
         ours = _results(simulation.run(["--collective", collective, *common, *engine, *cases],

@@ -5,14 +5,15 @@
 // there is no Python here.
 //
 //   smpirun ... driver --collective allreduce|reduce_scatter|allgather|builtin|agree
-//                      --case BYTES:DIMS[:DIRECT] [--case ...] [--iters N] [--warmup N] [--check-bytes N]
+//                      --case BYTES:DIMS[:DIRECT|:latency] [--case ...] [--iters N] [--warmup N] [--check-bytes N]
 //                      [--small-bytes N] [--chunk-bytes N] [--halving-bytes N] [--agreement-capacity N]
 //                      [--missing-rank R --timeout S]
 //                      [--corrupt-rank R]  (R adds 1 to its first input: the check must fail)
 //
 // DIRECT is one digit per dimension, 1 where that dimension's reduce-scatter is
 // direct (EngineOptions::direct_by_dim, as ddlfast's auto chooses per call
-// size: cost_model.choose_algorithm), e.g. 65536:8x4x4x8:0111.
+// size: cost_model.choose_algorithm), e.g. 65536:8x4x4x8:0111. `latency` sends the case to the latency path
+// whatever --small-bytes says (ddlfast's auto takes it size by size across hosts: Topology.latency_takes).
 //
 // Per case it prints one line `result <collective> <bytes> <dims>[:DIRECT] <seconds>`:
 // the simulated time (MPI_Wtime, one clock for all ranks) from the last rank's
@@ -33,6 +34,7 @@
 #include <mpi.h>
 #include <smpi/smpi.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -63,6 +65,7 @@ struct Case {
   std::size_t bytes;
   std::vector<int> dims;
   std::vector<int> direct;  // per dimension: 1 = direct reduce-scatter (empty: the ring everywhere)
+  bool latency = false;     // the latency path takes it (the small-message limit raised to its size)
   std::string dims_text;
 };
 
@@ -116,7 +119,9 @@ Options parse(int argc, char** argv, int rank, int size) {
       const auto second = entry.dims_text.find(':');
       const std::string shape = entry.dims_text.substr(0, second);
       if (entry.bytes == 0 || !parse_dims(shape, &entry.dims)) usage(rank, "bad --case " + value);
-      if (second != std::string::npos) {
+      if (second != std::string::npos && entry.dims_text.substr(second + 1) == "latency") {
+        entry.latency = true;
+      } else if (second != std::string::npos) {
         const std::string direct = entry.dims_text.substr(second + 1);
         if (direct.size() != entry.dims.size() || direct.find_first_not_of("01") != std::string::npos) {
           usage(rank, "bad --case " + value + ": give one 0 (ring) or 1 (direct) per dimension");
@@ -324,6 +329,7 @@ struct Runner {
     Buffer output(out_bytes, !checked);
     ddlfast::EngineOptions engine = options.engine;
     engine.direct_by_dim = entry.direct;
+    if (entry.latency) engine.small_bytes = std::max(engine.small_bytes, entry.bytes);
     double total = 0.0;
     for (int iteration = 1 - options.warmup; iteration <= options.iters; ++iteration) {
       if (checked) fill(input);

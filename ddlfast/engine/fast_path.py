@@ -71,15 +71,15 @@ class FastPath:
             # above DDLFAST_SMALL_BYTES) take the general path. reproducible=True runs its own plan at any
             # DDLFAST_ALGORITHM (state.reproducible_options).
             half_sum = is_half_sum(array.dtype, op)
-            reach = state.latency_reach(settings)  # a size it reaches runs the latency path here
-            if not settings.reproducible and array.nbytes > reach and state.algorithm_for(
+            latency = state.latency_takes(array.nbytes, settings)  # a size it takes runs the latency path here
+            if not settings.reproducible and not latency and state.algorithm_for(
                     array.nbytes, ring_dims, settings, compressed_dims(ring_dims, (), half_sum)).name in (
                     "mpi", "latency"):
                 return None
         except DdlfastError:
             return None  # the general path refuses it on every rank
         layout = allreduce_layout(op, ring_dims, ((array.dtype, array.shape),), codec, False, settings)
-        options = state.call_options(array.nbytes, ring_dims, settings, (), half_sum, reach)
+        options = state.call_options(array.nbytes, ring_dims, settings, (), half_sum, latency)
         plan = Plan(settings, code, OPS[op], options, layout, state.agreement.digest(layout))
         if len(self._plans) >= MAX_PLANS:
             self._plans.clear()

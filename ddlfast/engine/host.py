@@ -152,8 +152,9 @@ def _reduce_bucket(state: EngineState, members: list[HostBuffer], request: HostR
             pointers.append(b.pointer)
         counts.append(b.count)
     dtype = members[0].array.dtype
-    options = state.call_options(sum(counts) * dtype.itemsize, dims, settings, wire, is_half_sum(dtype, request.op),
-                                 state.latency_reach(settings))
+    nbytes = sum(counts) * dtype.itemsize
+    options = state.call_options(nbytes, dims, settings, wire, is_half_sum(dtype, request.op),
+                                 state.latency_takes(nbytes, settings))
     agreed = state.core.allreduce_segments(pointers, counts, members[0].dtype_code, OPS[request.op], options,
                                            fingerprint)
     state.record_events(state.core.take_events)

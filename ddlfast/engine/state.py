@@ -170,19 +170,27 @@ class EngineState:
             return 0
         return self.topology.latency_reach(settings.small_bytes, settings.algorithm, self.halving_bytes)
 
+    def latency_takes(self, nbytes: int, settings: Settings) -> bool:
+        """Whether the latency path takes an uncompressed allreduce of `nbytes` (Topology.latency_takes): at most
+        latency_reach, and across hosts only where the cost model predicts it faster. Agreed values only."""
+        if settings.reproducible:
+            return False
+        return self.topology.latency_takes(nbytes, settings.small_bytes, settings.algorithm, self.halving_bytes)
+
     def call_options(self, nbytes: int, dims: tuple[int, ...], settings: Settings,
-                     wire: tuple[int, ...] = (), half_sum: bool = False, reach: int = 0, chain: bool = True
+                     wire: tuple[int, ...] = (), half_sum: bool = False, latency: bool = False, chain: bool = True
                      ) -> _core.CallOptions:
         """The core's options for one call of `nbytes` (one object across the binding, cached per kind of call):
         DDLFAST_ALGORITHM's choice for that size (algorithm_for) with the settings that size messages. `mpi` hands
         every size to MPI's own allreduce, after the agreement; every other choice leaves buffers of at most
         DDLFAST_SMALL_BYTES to the latency path. `half_sum` (is_half_sum): fp16/bf16 data summed, which the ring
         rounds at every hop, is chosen for as a 16-bit wire is (the direct step adds in float32, rounds once).
-        `chain`: reproducible=True may run the canonical chain across hosts."""
+        `latency`: an allreduce the latency path takes (latency_takes). `chain`: reproducible=True may run the
+        canonical chain across hosts."""
         if settings.reproducible:
             return self.reproducible_options(settings, wire, chain)
-        if settings.small_bytes < nbytes <= reach and not wire:
-            return self.latency_options(dims, settings, reach)
+        if latency and settings.small_bytes < nbytes and not wire:
+            return self.latency_options(dims, settings, self.latency_reach(settings))
         choice = self.algorithm_for(nbytes, dims, settings, compressed_dims(dims, wire, half_sum))
         key = (choice, settings, wire, self.rank_order)
         try:
@@ -203,8 +211,8 @@ class EngineState:
         return options
 
     def latency_options(self, dims: tuple[int, ...], settings: Settings, reach: int) -> _core.CallOptions:
-        """An allreduce above DDLFAST_SMALL_BYTES within `reach` (latency_reach; call_options' `reach` for an
-        allreduce): the core's small-message limit raised to `reach`, so the latency path takes it."""
+        """An allreduce above DDLFAST_SMALL_BYTES that the latency path takes (call_options' `latency`): the core's
+        small-message limit raised to `reach` (latency_reach), so the latency path takes it."""
         key = ("latency", reach, dims, settings, self.rank_order)
         try:
             return self._options_cache[key]

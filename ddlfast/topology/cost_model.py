@@ -442,10 +442,12 @@ def latency_plan(cluster: Cluster | None, ranks: int, one_host: bool, small_byte
       halving from 8 KiB, where the whole payload passes MPICH's shared-memory eager size, reach
       config.HALVING_REACH_BYTES for P > 2 (at P = 2 the ring's one step stays ahead).
     - Across hosts, this model: halving from the first of LATENCY_SIZES from which halving_seconds stays below
-      butterfly_seconds, and reach the last size up to which the latency path's form stays faster than
+      butterfly_seconds, and reach the last of LATENCY_SIZES at which the latency path's form is faster than
       `agreed_call` (under SMPI's model, within 5 % of the simulated times at 64 ranks), up to
-      config.MAX_LATENCY_REACH_BYTES; with no model (an irregular placement, `cluster` None), no halving and no
-      reach beyond the limit.
+      config.MAX_LATENCY_REACH_BYTES. Below it the latency path takes only the sizes where it is faster too
+      (latency_wins; modeled_reach): the two cross more than once (fattree-8gpu at 64 ranks: the ring with
+      direct steps wins at 256 KiB, the latency path's halving at 128 KiB and 512 KiB-4 MiB). With no model (an
+      irregular placement, `cluster` None), no halving and no reach beyond the limit.
     - On one host whose ranks share the agreement's memory (`shared_memory`, src/transport/shared_agreement.cc),
       measured on 2 cores against the butterfly and the ring: with a core per rank (P = 2), halving from 8 KiB and
       reach config.MAX_LATENCY_BYTES (16-64 KiB 1.4-2.0x MPI_Allreduce's busbw, where the ring was 1.0x; past
@@ -454,6 +456,55 @@ def latency_plan(cluster: Cluster | None, ranks: int, one_host: bool, small_byte
       and the butterfly were 0.8-1.1x: one pass over shared memory instead of a scheduling of a partner per step;
       at 16 MiB, in pieces of 1 MiB, it was 0.84x against the ring's 0.99x).
       Without halving (a setting of 0) the reach stays config.MAX_LATENCY_BYTES."""
+    if not modeled_reach(cluster, one_host, oversubscribed):
+        return measured_latency_plan(ranks, one_host, small_bytes, halving_setting, oversubscribed, shared_memory)
+    assert cluster is not None  # modeled_reach
+    if halving_setting is not None:
+        halving = halving_setting
+    else:
+        halving = 0
+        for n in reversed(LATENCY_SIZES):
+            if halving_seconds(cluster, n) >= latency_seconds(cluster, n):
+                break
+            halving = n
+    reach = small_bytes
+    for n in LATENCY_SIZES:
+        if n > small_bytes and latency_wins(cluster, n, halving, agreed_call):
+            reach = n
+    return halving, reach
+
+
+def modeled_reach(cluster: Cluster | None, one_host: bool, oversubscribed: bool) -> bool:
+    """Whether latency_plan asks the cost model (across hosts, a core per rank, a regular placement): the latency
+    path then takes the sizes up to its reach where latency_wins, elsewhere every size up to its reach."""
+    return cluster is not None and not one_host and not oversubscribed
+
+
+def latency_wins(cluster: Cluster, nbytes: int, halving_bytes: int, agreed_call: Callable[[int], float]) -> bool:
+    """Whether the model predicts the latency path (halving from `halving_bytes` up) at least as fast as
+    `agreed_call(nbytes)`, the agreement and auto's algorithm (latency_plan)."""
+    return latency_seconds(cluster, nbytes, halving_bytes) <= agreed_call(nbytes)
+
+
+def latency_takes(cluster: Cluster | None, one_host: bool, oversubscribed: bool, nbytes: int, small_bytes: int,
+                  halving_bytes: int, reach: int, agreed_call: Callable[[int], float]) -> bool:
+    """Whether the latency path takes an allreduce of `nbytes` under latency_plan's (halving_bytes, reach): at or
+    below the small-message limit; up to the reach, every size where no model decides, else the sizes where
+    latency_wins."""
+    if nbytes <= small_bytes:
+        return True
+    if nbytes > reach:
+        return False
+    if not modeled_reach(cluster, one_host, oversubscribed):
+        return True
+    assert cluster is not None  # modeled_reach
+    return latency_wins(cluster, nbytes, halving_bytes, agreed_call)
+
+
+def measured_latency_plan(ranks: int, one_host: bool, small_bytes: int, halving_setting: int | None,
+                          oversubscribed: bool, shared_memory: bool) -> tuple[int, int]:
+    """latency_plan where no model decides: the measured policies (its docstring), and no reach beyond the limit
+    without a model."""
     if shared_memory and one_host:
         if oversubscribed:
             halving = config.SHARED_OVERSUBSCRIBED_HALVING_BYTES if halving_setting is None else halving_setting
@@ -468,35 +519,34 @@ def latency_plan(cluster: Cluster | None, ranks: int, one_host: bool, small_byte
     if one_host:
         halving = config.DEFAULT_HALVING_BYTES if halving_setting is None else halving_setting
         return halving, max(small_bytes, config.HALVING_REACH_BYTES) if halving and ranks > 2 else small_bytes
-    if cluster is None:
-        return halving_setting or 0, small_bytes
-    if halving_setting is not None:
-        halving = halving_setting
-    else:
-        halving = 0
-        for n in reversed(LATENCY_SIZES):
-            if halving_seconds(cluster, n) >= latency_seconds(cluster, n):
-                break
-            halving = n
-    reach = small_bytes
-    for n in LATENCY_SIZES:
-        if n <= small_bytes:
-            continue
-        if latency_seconds(cluster, n, halving) > agreed_call(n):
-            break
-        reach = n
-    return halving, reach
+    return halving_setting or 0, small_bytes
 
 
 def auto_latency_plan(cluster: Cluster, dims: Sequence[int], reshape: bool = True,
                       small_bytes: int = config.DEFAULT_SMALL_BYTES) -> tuple[int, int]:
     """latency_plan for a job on `cluster` (a core per rank) whose auto dims are `dims`: what the simulator's
     driver and `python -m ddlfast.plan` show ddlfast running (topology.placement.Topology.latency_plan on a job)."""
+    agreed_call = auto_agreed_call(cluster, dims, reshape)
+    return latency_plan(cluster, cluster.ranks, cluster.hosts == 1, small_bytes, agreed_call)
+
+
+def auto_agreed_call(cluster: Cluster, dims: Sequence[int], reshape: bool = True) -> Callable[[int], float]:
+    """Predicted seconds of the agreement and auto's algorithm per call size, for a job on `cluster` whose auto dims
+    are `dims` (latency_plan's `agreed_call`)."""
     def agreed_call(nbytes: int) -> float:
         choice = choose_algorithm(cluster, dims, nbytes, "auto", reshape)
         return predict_call(cluster, choice.dims, nbytes, 0, choice.direct)
 
-    return latency_plan(cluster, cluster.ranks, cluster.hosts == 1, small_bytes, agreed_call)
+    return agreed_call
+
+
+def auto_latency_takes(cluster: Cluster, dims: Sequence[int], nbytes: int, reshape: bool = True,
+                       small_bytes: int = config.DEFAULT_SMALL_BYTES) -> bool:
+    """Whether auto's latency path takes an allreduce of `nbytes` for a job on `cluster` (a core per rank) whose auto
+    dims are `dims` (topology.placement.Topology.latency_takes on a job)."""
+    halving, reach = auto_latency_plan(cluster, dims, reshape, small_bytes)
+    return latency_takes(cluster, cluster.hosts == 1, False, nbytes, small_bytes, halving, reach,
+                         auto_agreed_call(cluster, dims, reshape))
 
 
 def predict_call(cluster: Cluster, dims: Sequence[int], nbytes: float,

@@ -35,12 +35,15 @@ from ddlfast.topology.cost_model import (
     choose_algorithm,
     halves,
     latency_plan,
+    latency_takes,
     plan,
     predict_call,
 )
 
 # The call sizes ddlfast.topology() and `python -m ddlfast.plan` show the algorithm of.
 SHOWN_SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20)
+# Calls of ever new sizes must not grow memory (Topology.latency_takes).
+MAX_LATENCY_TAKES = 4096
 # Environment that changes which transport MPI uses between hosts, so a cached probe would not apply.
 _TRANSPORT_VARIABLES = ("MPIR_CVAR_CH4_NETMOD", "FI_PROVIDER", "FI_TCP_IFACE", "UCX_TLS", "UCX_NET_DEVICES")
 
@@ -208,6 +211,8 @@ class Topology:
     # latency_plan's answers by (small_bytes, halving setting): the model runs once per kind of setting
     _latency_plans: dict[tuple[int, int | None], tuple[int, int]] = field(default_factory=dict, compare=False,
                                                                            repr=False)
+    # latency_takes' answers by its arguments, at most MAX_LATENCY_TAKES of them
+    _latency_takes: dict[tuple[int, int, str, int], bool] = field(default_factory=dict, compare=False, repr=False)
     # Whether the context's agreement runs in memory its ranks share (Core.shared_memory; all on one host): the
     # latency path then reaches farther there (cost_model.latency_plan).
     shared_memory: bool = False
@@ -261,15 +266,16 @@ class Topology:
         DDLFAST_HALVING_BYTES `halving_setting` (None: auto)."""
         key = (small_bytes, halving_setting)
         if key not in self._latency_plans:
-            def agreed_call(nbytes: int) -> float:
-                choice = self.algorithm(nbytes, small_bytes=0)
-                return predict_call(self.cluster, choice.dims, nbytes, 0, choice.direct)
-
             placement = self.placement
             self._latency_plans[key] = latency_plan(self.cluster, placement.size, placement.hosts == 1,
-                                                    small_bytes, agreed_call, halving_setting,
+                                                    small_bytes, self._agreed_call, halving_setting,
                                                     placement.oversubscribed, self.shared_memory)
         return self._latency_plans[key]
+
+    def _agreed_call(self, nbytes: int) -> float:
+        """Predicted seconds of the agreement and auto's algorithm for an allreduce of `nbytes` (latency_plan)."""
+        choice = self.algorithm(nbytes, small_bytes=0)
+        return predict_call(self.cluster, choice.dims, nbytes, 0, choice.direct)
 
     def halving_bytes(self, setting: int | None = None) -> int:
         """From what payload the latency path halves (DDLFAST_HALVING_BYTES `setting`; None: auto,
@@ -285,6 +291,24 @@ class Topology:
             return small_bytes
         return self.latency_plan(small_bytes, halving_bytes)[1]
 
+    def latency_takes(self, nbytes: int, small_bytes: int = config.DEFAULT_SMALL_BYTES, algorithm: str = "auto",
+                      halving_bytes: int = 0) -> bool:
+        """Whether the latency path takes an uncompressed allreduce of `nbytes`: at or below DDLFAST_SMALL_BYTES;
+        under auto up to latency_reach, across hosts only the sizes where the cost model predicts it faster than
+        the agreement and auto's algorithm (cost_model.latency_wins). A pure function of agreed values: every
+        rank of a call decides alike."""
+        if nbytes <= small_bytes:
+            return True
+        key = (nbytes, small_bytes, algorithm, halving_bytes)
+        if key not in self._latency_takes:
+            if len(self._latency_takes) >= MAX_LATENCY_TAKES:
+                self._latency_takes.clear()
+            placement = self.placement
+            self._latency_takes[key] = latency_takes(
+                self.cluster, placement.hosts == 1, placement.oversubscribed, nbytes, small_bytes, halving_bytes,
+                self.latency_reach(small_bytes, algorithm, halving_bytes), self._agreed_call)
+        return self._latency_takes[key]
+
     def agreement_capacity(self, halving_setting: int | None = None) -> int:
         """The bytes each agreement message of a context on this topology carries at most
         (cost_model.agreement_capacity of auto's reach with DDLFAST_HALVING_BYTES `halving_setting`)."""
@@ -293,8 +317,8 @@ class Topology:
     def algorithms(self, small_bytes: int = config.DEFAULT_SMALL_BYTES) -> dict[int, str]:
         """auto's algorithm per shown size (uncompressed, on auto's dims), as text."""
         halving = self.halving_bytes(config.halving_bytes())
-        reach = self.latency_reach(small_bytes, halving_bytes=halving)
-        return {n: ("latency path, halving" if halves(n, halving) else "latency path") if n <= reach
+        return {n: ("latency path, halving" if halves(n, halving) else "latency path")
+                if self.latency_takes(n, small_bytes, halving_bytes=halving)
                 else str(self.algorithm(n, small_bytes=small_bytes)) for n in SHOWN_SIZES}
 
     def describe(self) -> str:

@@ -64,6 +64,17 @@ def test_latency_path_past_its_creation_capacity(tmp_path, ranks: int, halving: 
 
 
 @pytest.mark.mpi
+def test_latency_path_takes_the_sizes_it_wins_across_hosts(tmp_path) -> None:
+    """8 emulated hosts on a network where the model's latency path wins at 128 KiB, loses at 256 KiB and wins at
+    512 KiB: the engine takes each size as the topology says, with the right numbers, and a rank at the ring's size
+    against the others at a latency size raises on every rank (latency_reach_cases.py --crossing)."""
+    env = {"DDLFAST_EMULATED_HOSTS": "8", "DDLFAST_CACHE_DIR": str(tmp_path), "DDLFAST_PROBE": "1",
+           "DDLFAST_FLIGHT_RECORDS": "16"}
+    result = run_mpi(8, "latency_reach_cases.py", "--crossing", timeout=900, env=env)
+    assert result.stdout.count(" 0 failures") == 8, result.stdout
+
+
+@pytest.mark.mpi
 @pytest.mark.parametrize("ranks", [1, 2, 3, 4])
 def test_latency_path_in_shared_memory(ranks: int) -> None:
     """All ranks on this host: the agreement runs in shared memory, on or off alike on every rank, and the latency

@@ -172,17 +172,38 @@ def test_the_simulated_rows_run_what_auto_chooses_with_a_direct_reduce_scatter()
 
 @needs_simgrid
 def test_the_latency_path_reaches_past_the_creation_capacity() -> None:
-    # At 64 ranks on ethernet-10g the model takes allreduces up to 256 KiB to the latency path, past the 128 KiB a
-    # context is created with: the driver's context grows as ddlfast's does (--agreement-capacity), the result is
-    # checked against the reference, and the planner's latency path is within 10 %. With the creation capacity
-    # the call runs the agreement and then MPI's allreduce (SMPI's mpich selection): 10.1 ms against 1.5.
+    # At 64 ranks on ethernet-10g the model takes a 256 KiB allreduce to the latency path (and others up to 4 MiB),
+    # past the 128 KiB a context is created with: the driver's context grows as ddlfast's does
+    # (--agreement-capacity), the result is checked against the reference, and the planner's latency path is
+    # within 10 %. With the creation capacity the call runs the agreement and then MPI's allreduce (SMPI's mpich
+    # selection): 10.1 ms against 1.5.
     platform = simulate.load_platform("ethernet-10g")
     cluster = platform.cluster(64)
+    size = 256 << 10
     _, reach = simulate.latency_forms(cluster)
-    assert reach > CREATION_AGREEMENT_BYTES and simulate.check_bytes(64) >= reach
-    (row,) = simulate.simulate(platform, 64, [reach], builtins=(), iters=1, warmup=0)["rows"]
+    assert reach >= size > CREATION_AGREEMENT_BYTES and simulate.check_bytes(64) >= size
+    assert simulate.engine_choice(cluster, size).name == "latency"
+    (row,) = simulate.simulate(platform, 64, [size], builtins=(), iters=1, warmup=0)["rows"]
     assert row["algorithm"] == "latency"
     assert row["planner_s"] == pytest.approx(row["ddlfast_s"], rel=0.10), row
+
+
+@needs_simgrid
+def test_the_latency_path_takes_the_sizes_it_wins_past_one_it_loses() -> None:
+    # At 64 ranks on fattree-8gpu the model's latency path wins at 128 KiB, loses at 256 KiB to the ring with direct
+    # steps, and wins again from 512 KiB (before: the reach stopped at 128 KiB, and 512 KiB-4 MiB ran all-2 dims at
+    # 0.90-0.97 of SMPI's rab_rdb; the latency path is 0.99-1.00). The driver runs each case as auto chooses it
+    # (:latency), checked against the reference, each within 10 % of the planner.
+    platform = simulate.load_platform("fattree-8gpu")
+    cluster = platform.cluster(64)
+    sizes = [128 << 10, 256 << 10, 512 << 10]
+    assert simulate.check_bytes(64) >= max(sizes)
+    rows = simulate.simulate(platform, 64, sizes, builtins=(), iters=1, warmup=0)["rows"]
+    assert [row["algorithm"] == "latency" for row in rows] == [True, False, True], rows
+    assert all(str(simulate.engine_choice(cluster, row["size_bytes"])) == row["algorithm"] for row in rows)
+    assert simulate.case_text(512 << 10, simulate.engine_choice(cluster, 512 << 10)).endswith(":latency")
+    for row in rows:
+        assert row["planner_s"] == pytest.approx(row["ddlfast_s"], rel=0.10), row
 
 
 @needs_simgrid

@@ -248,9 +248,31 @@ def test_across_hosts_the_cost_model_chooses_halving_and_reach(hosts: int) -> No
     def latency(n: int) -> float:
         return halving_seconds(cluster, n) if halving and n >= halving else whole(n)
 
-    assert all(latency(n) <= agreed(n) for n in LATENCY_SIZES if small < n <= reach)
-    if reach < MAX_LATENCY_REACH_BYTES:
-        assert latency(max(reach, small) * 2) > agreed(max(reach, small) * 2)
+    # The reach is the last size at which the latency path wins; below it, it takes exactly the sizes it wins at.
+    assert all(latency(n) > agreed(n) for n in LATENCY_SIZES if n > reach)
+    assert reach == small or latency(reach) <= agreed(reach)
+    for n in LATENCY_SIZES:
+        wins = n <= reach and latency(n) <= agreed(n)
+        assert topology.latency_takes(n, small, "auto", halving) == (n <= small or wins)
+
+
+# 8 hosts of one rank on a network where the model's latency path and auto's algorithm cross twice below the reach.
+CROSSING = Links(None, Link(1.47e-6, 1.0e-9), None, 1e-11, "test")
+
+
+def test_across_hosts_the_latency_path_takes_only_the_sizes_it_wins() -> None:
+    """Where the latency path loses at one size and wins again at a larger one, it takes the sizes it wins at
+    (Topology.latency_takes), not every size up to its reach nor only those below the first loss; at or below
+    DDLFAST_SMALL_BYTES always, and under another DDLFAST_ALGORITHM nothing more."""
+    topology = decide(0, Placement(tuple(range(8)), tuple(map(str, range(8))), (False,) * 8), 1, CROSSING, 64 << 20)
+    halving = topology.halving_bytes()
+    assert topology.latency_reach(8 << 10, "auto", halving) == 512 << 10
+    takes = {n: topology.latency_takes(n, 8 << 10, "auto", halving) for n in (128 << 10, 256 << 10, 512 << 10)}
+    assert takes == {128 << 10: True, 256 << 10: False, 512 << 10: True}
+    assert not topology.latency_takes((512 << 10) + 4, 8 << 10, "auto", halving)  # past the reach
+    assert topology.latency_takes(256 << 10, 256 << 10, "auto", halving)  # DDLFAST_SMALL_BYTES decides
+    assert not topology.latency_takes(128 << 10, 8 << 10, "ring", halving)
+    assert topology.agreement_capacity() == 512 << 10
 
 
 def test_emulated_hosts(monkeypatch: pytest.MonkeyPatch) -> None:

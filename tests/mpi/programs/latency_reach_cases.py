@@ -13,6 +13,12 @@ with it and takes allreduces up to MAX_LATENCY_REACH_BYTES to the latency path.
 3. Disagreements on one rank, after the layout was cached: another count (both within the reach), a call past
    the reach against ones within it, another op. Every rank raises, no array is written, the context works on.
 
+With --crossing (8 ranks): a network on which the model's latency path wins at 128 KiB, loses to the ring at
+256 KiB and wins again at 512 KiB, its reach. The engine takes each size as the topology says (Topology.latency_takes):
+in the agreement's messages, on the ring, in them; sum, min and average against NumPy through allreduce and
+fused_allreduce([x]); one rank at the ring's size against the others at a latency size, after the layout was
+cached: every rank raises, no array is written.
+
 Prints "N cases on P ranks, F failures"; exits non-zero on any failure.
 """
 
@@ -31,18 +37,22 @@ from ops_cases import DTYPES, OPS
 
 import ddlfast
 from ddlfast.api import _context_for
-from ddlfast.config import CREATION_AGREEMENT_BYTES, MAX_LATENCY_BYTES, MAX_LATENCY_REACH_BYTES
+from ddlfast.config import CREATION_AGREEMENT_BYTES, MAX_LATENCY_BYTES, MAX_LATENCY_REACH_BYTES, load_settings
 
 SLOW_NETWORK = [2e-3, 1e-10]  # 2 ms per message, 10 GB/s: the latency path wins up to its farthest reach
 REACH = MAX_LATENCY_REACH_BYTES
 
 
-def plant_slow_network(comm: MPI.Intracomm) -> None:
+# 8 hosts of a rank (tests/unit/test_topology.py's CROSSING): the latency path wins at 128 KiB and 512 KiB, not 256.
+CROSSING_NETWORK = {"inter": [1.47e-6, 1.0e-9], "gamma": 1e-11}
+
+
+def plant_network(comm: MPI.Intracomm, links: dict) -> None:
     ddlfast.allreduce(np.ones(4, np.float32), comm=comm)  # the first context probes and writes the cache
     if comm.Get_rank() == 0:
         (cache,) = Path(os.environ["DDLFAST_CACHE_DIR"]).glob("probe-*.json")
         data = json.loads(cache.read_text())
-        data["inter"] = SLOW_NETWORK
+        data.update(links)
         cache.write_text(json.dumps(data))
     comm.Barrier()
 
@@ -114,11 +124,32 @@ def disagreement_cases(comm: MPI.Intracomm) -> list[tuple[str, str | None]]:
     return disagreements_at_reach(comm, REACH // 8, REACH // 4, REACH // 4 + 1)
 
 
+def crossing_cases(comm: MPI.Intracomm) -> list[tuple[str, str | None]]:
+    state = _context_for(comm)._state
+    sizes = (128 << 10, 256 << 10, 512 << 10)
+    settings = load_settings()
+    takes = [state.latency_takes(n, settings) for n in sizes]
+    results: list[tuple[str, str | None]] = [
+        ("the planted network crosses twice", None if takes == [True, False, True] else f"latency path at {takes}")]
+    for n, latency in zip(sizes, takes, strict=True):
+        rode = comm.allgather(rode_in_agreement(comm, n // 4))
+        results.append((f"float32[{n // 4}] {'on' if latency else 'off'} the latency path",
+                        None if rode == [latency] * len(rode) else f"rode in the agreement: {rode}"))
+    cases = [("float32", op, n // 4) for n in sizes for op in ("sum", "min", "average")]
+    results += op_results(comm, cases, 30_000)
+    # After 512 KiB sums were cached (the latency path), one rank passes 256 KiB (the ring's size).
+    return results + disagreements_at_reach(comm, (512 << 10) // 4, (256 << 10) // 4, (512 << 10) // 4 + 1)
+
+
 def main() -> int:
     world = MPI.COMM_WORLD
+    if "--crossing" in sys.argv:
+        plant_network(world, CROSSING_NETWORK)
+        comm = world.Dup()
+        return report_results(world, crossing_cases(comm))
     if world.Get_size() == 1:  # one host: nothing to probe, no latency path; the same sizes on the ring
         return report_results(world, op_cases(world))
-    plant_slow_network(world)
+    plant_network(world, {"inter": SLOW_NETWORK})
     comm = world.Dup()  # a second context, planned with the rewritten cache
     return report_results(world, capacity_cases(comm) + op_cases(comm) + disagreement_cases(comm))
 
