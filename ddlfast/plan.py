@@ -82,10 +82,11 @@ def report(cluster: Cluster, nbytes: float, compute_s: float, overlap: float, ma
     """Everything the CLI prints, as data."""
     pick, everything = plan(cluster, nbytes, max_dims)
     flat = predict(cluster, (cluster.ranks,), nbytes)
-    halving, reach = auto_latency_plan(cluster, pick.dims)
+    halving = auto_latency_plan(cluster, pick.dims)[0]
+    takes = auto_latency_takes(cluster, pick.dims)
 
     def algorithm(n: int) -> tuple[str, float]:
-        if auto_latency_takes(cluster, pick.dims, n):  # the latency path, inside the per-call agreement's messages
+        if takes(n):  # the latency path, inside the per-call agreement's messages
             form = "halving" if halves(n, halving) else "whole payload"
             return f"latency path ({form})", latency_seconds(cluster, n, halving)
         choice = choose_algorithm(cluster, pick.dims, n)

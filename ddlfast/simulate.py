@@ -141,7 +141,7 @@ def engine_choice(cluster: Cluster, nbytes: int, dims: tuple[int, ...] | None = 
     dimension, or the all-2 shape where auto's dims may be reshaped)."""
     auto = plan(cluster, DEFAULT_BUCKET_BYTES)[0].dims
     shape = auto if dims is None else dims
-    takes = (auto_latency_takes(cluster, shape, nbytes, reshape=shape == auto) if reach is None
+    takes = (auto_latency_takes(cluster, shape, reshape=shape == auto)(nbytes) if reach is None
              else nbytes <= reach)
     if takes:
         return Algorithm("latency", shape)

@@ -540,13 +540,15 @@ def auto_agreed_call(cluster: Cluster, dims: Sequence[int], reshape: bool = True
     return agreed_call
 
 
-def auto_latency_takes(cluster: Cluster, dims: Sequence[int], nbytes: int, reshape: bool = True,
-                       small_bytes: int = config.DEFAULT_SMALL_BYTES) -> bool:
-    """Whether auto's latency path takes an allreduce of `nbytes` for a job on `cluster` (a core per rank) whose auto
-    dims are `dims` (topology.placement.Topology.latency_takes on a job)."""
-    halving, reach = auto_latency_plan(cluster, dims, reshape, small_bytes)
-    return latency_takes(cluster, cluster.hosts == 1, False, nbytes, small_bytes, halving, reach,
-                         auto_agreed_call(cluster, dims, reshape))
+def auto_latency_takes(cluster: Cluster, dims: Sequence[int], reshape: bool = True,
+                       small_bytes: int = config.DEFAULT_SMALL_BYTES) -> Callable[[int], bool]:
+    """Per call size, whether auto's latency path takes an allreduce of that many bytes for a job on `cluster` (a
+    core per rank) whose auto dims are `dims` (topology.placement.Topology.latency_takes on a job); the plan is
+    worked out once, here."""
+    agreed_call = auto_agreed_call(cluster, dims, reshape)
+    halving, reach = latency_plan(cluster, cluster.ranks, cluster.hosts == 1, small_bytes, agreed_call)
+    return lambda nbytes: latency_takes(cluster, cluster.hosts == 1, False, nbytes, small_bytes, halving, reach,
+                                        agreed_call)
 
 
 def predict_call(cluster: Cluster, dims: Sequence[int], nbytes: float,

@@ -136,9 +136,11 @@ def detect_placement(comm: MPI.Intracomm) -> Placement:
                          tuple(f"emulated-host-{h}" for h in range(emulated)))
     leaders = sorted({entry[0] for entry in entries})
     index = {leader: i for i, leader in enumerate(leaders)}
-    crowded = crowded_ranks([entry[3] for entry in entries])
+    crowded_hosts = [False] * len(leaders)
+    for entry, crowded in zip(entries, crowded_ranks([entry[3] for entry in entries]), strict=True):
+        crowded_hosts[index[entry[0]]] |= crowded
     return Placement(tuple(index[entry[0]] for entry in entries), tuple(entries[r][1] for r in leaders),
-                     tuple(any(crowded[r] for r in range(comm.size) if entries[r][0] == leader) for leader in leaders))
+                     tuple(crowded_hosts))
 
 
 def cores_here() -> tuple[str, str, int]:
