@@ -24,6 +24,11 @@
 #   hostbench  python -m ddlfast.bench at P=8 and 16 beside MPI_Allreduce (a core per rank)
 #   overlap    bench/overlap_torch.py --device cuda at P=2: DDP hook and ddlfast.torch.distribute on the GPU
 #   torchstep  bench/torch_step.py at P=4 and 8 on the CPU
+#   basebuild  BASE (another ddlfast tree, e.g. `git archive REF | tar -x -C .base`) built in place, host only
+#   hostab     python -m ddlfast.bench at P in HOST_PS (default 2 3 4 8 16) for this tree and BASE, alternating,
+#              ROUNDS rounds with the order swapped each round (a core per rank); bench/latency_paths.py at 4 KiB
+#              for P=2 and 4 likewise. Without BASE, this tree alone.
+# DEADLINE (seconds, default none): steps that would start later than that after the script began are skipped.
 # Exit status: the number of steps that failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -37,12 +42,17 @@ STEPS=${STEPS:-info install build tests bandwidth gpubench crossover memcheck ho
 LOG=$OUT/gpu_check.log
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 failed=0
+began=$(date +%s)
 
 # step NAME SECONDS COMMAND...: run it bounded, log it, print its last lines.
 step() {
   local name=$1 limit=$2 start rc
   shift 2
   start=$(date +%s)
+  if [ -n "${DEADLINE:-}" ] && [ $((start - began)) -ge "$DEADLINE" ]; then
+    echo "----- $name: skipped at $((start - began)) s (DEADLINE $DEADLINE)" | tee -a "$OUT/summary.txt" >>"$LOG"
+    return
+  fi
   echo "===== $name: $*" >>"$LOG"
   timeout -k 10 "$limit" "$@" >"$OUT/.step.log" 2>&1
   rc=$?
@@ -58,6 +68,7 @@ for s in $STEPS; do
   case $s in
   info)
     step info 60 bash -c "nvidia-smi; nvcc --version | tail -2; uname -r; nproc; free -g | head -2;
+      echo THP \$(cat /sys/kernel/mm/transparent_hugepage/enabled);
       $PY -c 'import sys, numpy, torch, cupy; print(sys.version); print(\"numpy\", numpy.__version__, \"torch\",
       torch.__version__, \"cupy\", cupy.__version__, torch.cuda.get_device_name(0))'"
     ;;
@@ -114,6 +125,32 @@ for s in $STEPS; do
   torchstep)
     for p in 4 8; do
       step "torchstep_P$p" 120 "$BIN/mpiexec" -n "$p" "$PY" bench/torch_step.py
+    done
+    ;;
+  basebuild)
+    step basebuild 300 bash -c "cd '${BASE:?BASE names the other tree}' &&
+      DDLFAST_CUDA=off DDLFAST_MPICC='$BIN/mpicc' '$PY' setup.py -q build_ext --inplace"
+    ;;
+  hostab)
+    trees=("$PWD")
+    [ -n "${BASE:-}" ] && trees+=("$(cd "$BASE" && pwd)")
+    for round in $(seq 1 "${ROUNDS:-2}"); do
+      order=("${trees[@]}")
+      [ $((round % 2)) = 0 ] && [ "${#trees[@]}" = 2 ] && order=("${trees[1]}" "${trees[0]}")
+      for p in ${HOST_PS:-2 3 4 8 16}; do
+        for tree in "${order[@]}"; do
+          # From the tree itself: `python -m` puts the working directory first on the path.
+          TAIL=14 step "hostab_r${round}_P${p}_$(basename "$tree")" 120 env -C "$tree" PYTHONPATH="$tree" bash -c \
+            "'$PY' -c 'import ddlfast; print(ddlfast.__file__)' && '$BIN/mpiexec' -n $p '$PY' -m ddlfast.bench \
+            --sizes ${HOST_SIZES:-4KiB,8KiB,16KiB,32KiB,64KiB,256KiB,1MiB,4MiB,16MiB,64MiB}"
+        done
+      done
+      for p in 2 4; do
+        for tree in "${order[@]}"; do
+          TAIL=8 step "latency_r${round}_P${p}_$(basename "$tree")" 90 env -C "$tree" PYTHONPATH="$tree" \
+            "$BIN/mpiexec" -n "$p" "$PY" bench/latency_paths.py --sizes 4KiB
+        done
+      done
     done
     ;;
   *)
