@@ -449,12 +449,15 @@ def latency_plan(cluster: Cluster | None, ranks: int, one_host: bool, small_byte
       direct steps wins at 256 KiB, the latency path's halving at 128 KiB and 512 KiB-4 MiB). With no model (an
       irregular placement, `cluster` None), no halving and no reach beyond the limit.
     - On one host whose ranks share the agreement's memory (`shared_memory`, src/transport/shared_agreement.cc),
-      measured on 2 cores against the butterfly and the ring: with a core per rank (P = 2), halving from 8 KiB and
-      reach config.MAX_LATENCY_BYTES (16-64 KiB 1.4-2.0x MPI_Allreduce's busbw, where the ring was 1.0x; past
-      that the ring wins); oversubscribed (P = 4, 8), halving from config.SHARED_OVERSUBSCRIBED_HALVING_BYTES and
-      reach config.SHARED_OVERSUBSCRIBED_REACH_BYTES (128 KiB-1 MiB 1.3-2.2x, 2-4 MiB 1.7-2.0x, where the ring
-      and the butterfly were 0.8-1.1x: one pass over shared memory instead of a scheduling of a partner per step;
-      at 16 MiB, in pieces of 1 MiB, it was 0.84x against the ring's 0.99x).
+      measured on 2 cores against the butterfly and the ring: with a core per rank, reach config.MAX_LATENCY_BYTES
+      (P = 2: 16-64 KiB 1.4-2.0x MPI_Allreduce's busbw, where the ring was 1.0x; past that the ring wins; on 16
+      cores, P = 2-8, 4-64 KiB 1.2-2.5x), halving from 8 KiB for P > 2 and never at P = 2 (the whole payload is
+      one exchange through the segment: 8 KiB 1.24-1.32x MPI's busbw against halving's 1.12-1.16x, 16 KiB
+      2.50-2.58x against 2.31-2.38x, 32-64 KiB alike); oversubscribed (P = 4, 8), halving from
+      config.SHARED_OVERSUBSCRIBED_HALVING_BYTES and reach config.SHARED_OVERSUBSCRIBED_REACH_BYTES (128 KiB-1 MiB
+      1.3-2.2x, 2-4 MiB 1.7-2.0x, where the ring and the butterfly were 0.8-1.1x: one pass over shared memory
+      instead of a scheduling of a partner per step; at 16 MiB, in pieces of 1 MiB, it was 0.84x against the
+      ring's 0.99x).
       Without halving (a setting of 0) the reach stays config.MAX_LATENCY_BYTES."""
     if not modeled_reach(cluster, one_host, oversubscribed):
         return measured_latency_plan(ranks, one_host, small_bytes, halving_setting, oversubscribed, shared_memory)
@@ -510,7 +513,9 @@ def measured_latency_plan(ranks: int, one_host: bool, small_bytes: int, halving_
             halving = config.SHARED_OVERSUBSCRIBED_HALVING_BYTES if halving_setting is None else halving_setting
             reach = config.SHARED_OVERSUBSCRIBED_REACH_BYTES if halving else config.MAX_LATENCY_BYTES
         else:
-            halving = config.DEFAULT_HALVING_BYTES if halving_setting is None else halving_setting
+            # Two ranks: the whole payload is one exchange through the segment, halving two.
+            default = 0 if ranks == 2 else config.DEFAULT_HALVING_BYTES
+            halving = default if halving_setting is None else halving_setting
             reach = config.MAX_LATENCY_BYTES
         return halving, max(small_bytes, reach)
     if oversubscribed:

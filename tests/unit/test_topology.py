@@ -186,7 +186,8 @@ def test_the_latency_path_halves_where_every_rank_has_a_core(monkeypatch: pytest
 
 def test_the_latency_path_reaches_farther_in_shared_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     """With the agreement in shared memory (Topology.shared_memory, from Core.shared_memory): on one host with a core
-    per rank, halving from DEFAULT_HALVING_BYTES and reach MAX_LATENCY_BYTES at every P; oversubscribed, halving
+    per rank, reach MAX_LATENCY_BYTES at every P, halving from DEFAULT_HALVING_BYTES for P > 2 and never at P = 2
+    (the whole payload is one exchange through the segment there); oversubscribed, halving
     from SHARED_OVERSUBSCRIBED_HALVING_BYTES and reach SHARED_OVERSUBSCRIBED_REACH_BYTES (MAX_LATENCY_BYTES
     without halving), the context's capacity following it; across hosts the cost model as before."""
     from dataclasses import replace
@@ -201,9 +202,11 @@ def test_the_latency_path_reaches_farther_in_shared_memory(monkeypatch: pytest.M
     crowded = shared(Placement((0, 0, 0, 0), ("a",), (True,)))
     roomy = shared(Placement((0, 0, 0, 0), ("a",), (False,)))
     pair = shared(Placement((0, 0), ("a",), (False,)))
-    assert roomy.halving_bytes() == pair.halving_bytes() == DEFAULT_HALVING_BYTES
+    assert roomy.halving_bytes() == DEFAULT_HALVING_BYTES and pair.halving_bytes() == 0
+    assert pair.halving_bytes(4 << 10) == 4 << 10  # DDLFAST_HALVING_BYTES decides
     assert roomy.latency_reach(8 << 10, "auto", roomy.halving_bytes()) == MAX_LATENCY_BYTES
     assert pair.latency_reach(8 << 10, "auto", pair.halving_bytes()) == MAX_LATENCY_BYTES
+    assert pair.algorithms()[MAX_LATENCY_BYTES] == "latency path"
     assert roomy.agreement_capacity() == CREATION_AGREEMENT_BYTES  # nothing grows
     assert crowded.halving_bytes() == SHARED_OVERSUBSCRIBED_HALVING_BYTES
     assert crowded.latency_reach(8 << 10, "auto", crowded.halving_bytes()) == SHARED_OVERSUBSCRIBED_REACH_BYTES
