@@ -379,6 +379,9 @@ def run_bench(
             out_count = count // world if collective == "reduce_scatter" else count
             ours = np.empty(out_count, np_dtype)
             theirs = np.empty(out_count, np_dtype)
+            # Both libraries run on one buffer, so neither gets the better placement: with a buffer each, where
+            # the two sat in memory moved the 4-16 MiB rows by up to 30 % on a 2-core VM (bench/README.md).
+            work = np.empty(out_count, np_dtype)
             run_ours, run_theirs = _calls(collective, pristine, op, dims, comm, compression)
             algorithm = _algorithm(comm, dims, nbytes, settings, compression)
             topology = ddlfast.topology(comm)
@@ -390,13 +393,15 @@ def run_bench(
 
             samples = np.zeros((n_iters, 2), dtype=np.float64)
             for i in range(n_warmup + n_iters):
-                for column, (buf, call) in enumerate(((ours, run_ours), (theirs, run_theirs))):
+                for column, (result, call) in enumerate(((ours, run_ours), (theirs, run_theirs))):
                     if resets:
-                        np.copyto(buf, pristine)
+                        np.copyto(work, pristine)
                     comm.Barrier()
                     start = MPI.Wtime()
-                    call(buf)
+                    call(work)
                     elapsed = MPI.Wtime() - start
+                    if i == n_warmup + n_iters - 1:
+                        np.copyto(result, work)  # the last call's result, for check
                     if i >= n_warmup:
                         samples[i - n_warmup, column] = elapsed
             comm.Allreduce(MPI.IN_PLACE, samples, op=MPI.MAX)  # each iteration: the slowest rank's time
@@ -443,7 +448,7 @@ def run_bench(
             rows.append(row)
             if on_row is not None:
                 on_row(row)
-            del pristine, ours, theirs
+            del pristine, ours, theirs, work
     return rows
 
 
@@ -491,7 +496,7 @@ def header_lines(rows: Sequence[dict[str, Any]], world: int) -> list[str]:
         f"# settings: chunk bytes {chunk} ({format_bytes(chunk)}, DDLFAST_CHUNK_BYTES), small bytes {small} "
         f"(DDLFAST_SMALL_BYTES: an allreduce of at most this takes the latency path, reduce-scatter and allgather "
         f"MPI's own collective, path 'mpi-handoff')",
-        f"# baseline: {baseline}, alternated with ddlfast every iteration",
+        f"# baseline: {baseline}, alternated with ddlfast every iteration, both on one buffer",
         "# time: median over iterations of the slowest rank's time; GB/s = 1e9 B/s; "
         "ratio = busbw_ddlfast / busbw_mpi (>1: ddlfast faster)",
         "# vs nccl-tests: they time a loop of back-to-back calls and divide by its length; here every call is "

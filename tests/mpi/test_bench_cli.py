@@ -45,6 +45,43 @@ def test_rows_reach_on_row_as_they_are_measured() -> None:
     assert seen == [64, 128, 256] == [row["size_bytes"] for row in rows]
 
 
+@pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather", "broadcast"])
+def test_both_libraries_run_on_one_buffer(monkeypatch: pytest.MonkeyPatch, collective: str) -> None:
+    """Every timed call, ddlfast's and MPI's, gets the same buffer (where two buffers sit in memory moved the
+    4-16 MiB rows by up to 30 %), and the last results still reach --check: a wrong result is still caught."""
+    given: list[tuple[str, int]] = []
+    real_calls = bench._calls
+
+    def recording_calls(*args, **kwargs):
+        ours, theirs = real_calls(*args, **kwargs)
+
+        def record(name, call):
+            def run(out):
+                given.append((name, out.__array_interface__["data"][0]))
+                return call(out)
+            return run
+        return record("ddlfast", ours), record("mpi", theirs)
+
+    monkeypatch.setattr(bench, "_calls", recording_calls)
+    rows = bench.run_bench([4096, 3 << 20], iters=3, warmup=1, check=True, collective=collective)
+    assert [row["check"] for row in rows] == ["ok", "ok"]
+    assert [name for name, _ in given] == ["ddlfast", "mpi"] * 8
+    assert all(given[i][1] == given[i + 1][1] for i in range(0, len(given), 2))
+
+    def wrong_calls(*args, **kwargs):  # ddlfast's call writes a wrong value after its collective
+        ours, theirs = real_calls(*args, **kwargs)
+
+        def spoiled(out):
+            ours(out)
+            out[0] += 1
+
+        return spoiled, theirs
+
+    monkeypatch.setattr(bench, "_calls", wrong_calls)
+    rows = bench.run_bench([4096], iters=2, warmup=0, check=True, collective=collective)
+    assert rows[0]["check"] == "FAIL" and rows[0]["wrong"] >= 1
+
+
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     command = [*mpi_command(2), sys.executable, "-m", "ddlfast.bench", "--iters", "2", "--warmup", "0", *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=300, env=dict(os.environ))
