@@ -29,6 +29,7 @@
 #              ROUNDS rounds with the order swapped each round (a core per rank); bench/latency_paths.py at 4 KiB
 #              for P=2 and 4 likewise. Without BASE, this tree alone.
 # DEADLINE (seconds, default none): steps that would start later than that after the script began are skipped.
+# MPIEXEC (default: the mpiexec beside PYTHON) starts hostab's ranks, with any flags it needs.
 # Exit status: the number of steps that failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -38,6 +39,7 @@ OUT=$(cd "$OUT" && pwd)
 PYTHON=${PYTHON:-python3}
 PY=$("$PYTHON" -c 'import sys; print(sys.executable)')
 BIN=$(dirname "$PY")
+MPIEXEC=${MPIEXEC:-$BIN/mpiexec}
 STEPS=${STEPS:-info install build tests bandwidth gpubench crossover memcheck hostbench overlap torchstep racecheck}
 LOG=$OUT/gpu_check.log
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -141,14 +143,15 @@ for s in $STEPS; do
         for tree in "${order[@]}"; do
           # From the tree itself: `python -m` puts the working directory first on the path.
           TAIL=14 step "hostab_r${round}_P${p}_$(basename "$tree")" 120 env -C "$tree" PYTHONPATH="$tree" bash -c \
-            "'$PY' -c 'import ddlfast; print(ddlfast.__file__)' && '$BIN/mpiexec' -n $p '$PY' -m ddlfast.bench \
+            "'$PY' -c 'import ddlfast; print(ddlfast.__file__)' && $MPIEXEC -n $p '$PY' -m ddlfast.bench \
             --sizes ${HOST_SIZES:-4KiB,8KiB,16KiB,32KiB,64KiB,256KiB,1MiB,4MiB,16MiB,64MiB}"
         done
       done
       for p in 2 4; do
         for tree in "${order[@]}"; do
+          # shellcheck disable=SC2086  # MPIEXEC: a command and its flags
           TAIL=8 step "latency_r${round}_P${p}_$(basename "$tree")" 90 env -C "$tree" PYTHONPATH="$tree" \
-            "$BIN/mpiexec" -n "$p" "$PY" bench/latency_paths.py --sizes 4KiB
+            $MPIEXEC -n "$p" "$PY" bench/latency_paths.py --sizes 4KiB
         done
       done
     done
