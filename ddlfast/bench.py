@@ -377,11 +377,11 @@ def run_bench(
                 raise DdlfastError(f"iters must be >= 1 and warmup >= 0 (got {n_iters}, {n_warmup})")
             pristine = _pristine(count // world if collective == "allgather" else count, np_dtype, rank, world)
             out_count = count // world if collective == "reduce_scatter" else count
-            ours = np.empty(out_count, np_dtype)
-            theirs = np.empty(out_count, np_dtype)
             # Both libraries run on one buffer, so neither gets the better placement: with a buffer each, where
             # the two sat in memory moved the 4-16 MiB rows by up to 30 % on a 2-core VM (bench/README.md).
             work = np.empty(out_count, np_dtype)
+            # The last call of each library copied aside, only for check: (ddlfast's, MPI's).
+            results = [np.empty(out_count, np_dtype) for _ in range(2)] if check else []
             run_ours, run_theirs = _calls(collective, pristine, op, dims, comm, compression)
             algorithm = _algorithm(comm, dims, nbytes, settings, compression)
             topology = ddlfast.topology(comm)
@@ -393,15 +393,15 @@ def run_bench(
 
             samples = np.zeros((n_iters, 2), dtype=np.float64)
             for i in range(n_warmup + n_iters):
-                for column, (result, call) in enumerate(((ours, run_ours), (theirs, run_theirs))):
+                for column, call in enumerate((run_ours, run_theirs)):
                     if resets:
                         np.copyto(work, pristine)
                     comm.Barrier()
                     start = MPI.Wtime()
                     call(work)
                     elapsed = MPI.Wtime() - start
-                    if i == n_warmup + n_iters - 1:
-                        np.copyto(result, work)  # the last call's result, for check
+                    if results and i == n_warmup + n_iters - 1:
+                        np.copyto(results[column], work)
                     if i >= n_warmup:
                         samples[i - n_warmup, column] = elapsed
             comm.Allreduce(MPI.IN_PLACE, samples, op=MPI.MAX)  # each iteration: the slowest rank's time
@@ -435,6 +435,7 @@ def run_bench(
             ours_bw, theirs_bw = row["ddlfast"]["busbw_GBps"], row["mpi"]["busbw_GBps"]
             row["ratio"] = ours_bw / theirs_bw if ours_bw is not None and theirs_bw else None
             if check:
+                ours, theirs = results
                 what = f"{collective} {format_bytes(nbytes)} {dtype} dims {dims} op {op}"
                 wrong: list[int] = []
                 if collective in ("allgather", "broadcast"):
@@ -445,10 +446,11 @@ def run_bench(
                 row["wrong"] = comm.allreduce(sum(wrong))  # nccl-tests' #wrong: elements, over every rank
                 row["check"] = "FAIL" if errors else "ok"
                 row["check_errors"] = errors
+                del ours, theirs
             rows.append(row)
             if on_row is not None:
                 on_row(row)
-            del pristine, ours, theirs, work
+            del pristine, work, results
     return rows
 
 
