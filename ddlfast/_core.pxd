@@ -230,6 +230,13 @@ cdef extern from "engine/core.h" namespace "ddlfast" nogil:
         Status allgather(const SegmentedBuffer& input, const SegmentedBuffer& output, const vector[size_t]& counts,
                          bool float32, const vector[int]& dims, const vector[int]& order,
                          const EngineOptions& options) except +
+        Status agreed_reduce_scatter(uint64_t digest, bool carried, bool* agreed, const SegmentedBuffer& input,
+                                     const SegmentedBuffer& output, const vector[size_t]& counts, DType dtype,
+                                     ReduceOp op, const vector[int]& dims, const vector[int]& order,
+                                     const EngineOptions& options) except +
+        Status agreed_allgather(uint64_t digest, bool carried, bool* agreed, const SegmentedBuffer& input,
+                                const SegmentedBuffer& output, const vector[size_t]& counts, const vector[int]& dims,
+                                const vector[int]& order, const EngineOptions& options) except +
 
 
 cdef extern from "common/cuda_info.h" namespace "ddlfast" nogil:
@@ -274,5 +281,11 @@ cdef class Core:
     cdef bint _run_segments(self, const SegmentedBuffer& data, int dtype, int op, CallOptions options,
                             bint agree, uint64_t digest) except -1
     cdef EngineOptions _with_events(self, CallOptions options)
-    cdef int _shard(self, bint reduce, list in_pointers, list in_counts, list out_pointers, list out_counts, counts,
-                   size_t element_size, int dtype, int op, CallOptions options) except -1
+    cdef bint _shard(self, bint reduce, list in_pointers, list in_counts, list out_pointers, list out_counts, counts,
+                     size_t element_size, int dtype, int op, CallOptions options, bint agree=*, uint64_t digest=*,
+                     bint carried=*) except -1
+    cdef int _set_site(self, int64_t site) except -1
+    cdef int _outcome(self, bint agreed) except -2
+    cdef bint _agreed_shard(self, bint reduce, const SegmentedBuffer& source, const SegmentedBuffer& target,
+                            const vector[size_t]& blocks, int dtype, int op, CallOptions options, uint64_t digest,
+                            bint carried) except -1

@@ -577,32 +577,48 @@ cdef class Core:
         return engine_options
 
     def reduce_scatter_segments(self, list in_pointers, list in_counts, list out_pointers, list out_counts,
-                                counts, int dtype, int op, CallOptions options not None) -> None:
+                                counts, int dtype, int op, CallOptions options not None, agreement=None,
+                                bint carried=False) -> bool:
         """Reduce-scatter (RingAllreduce::reduce_scatter): the input segments hold every rank's block in rank
         order (counts[q] elements for rank q) and stay unchanged; this rank's block lands in the output
-        segments. The caller validated everything."""
+        segments. The caller validated everything.
+
+        agreement: a fingerprint to run the per-call agreement on in the same call (Core::agreed_reduce_scatter,
+        uncompressed; `carried`: inside the agreement's messages); returns False, having written nothing, when
+        the ranks disagree."""
         cdef size_t element_size = dtype_size(dtype)
         check_op(op)
-        self._shard(True, in_pointers, in_counts, out_pointers, out_counts, counts, element_size, dtype, op, options)
+        return self._shard(True, in_pointers, in_counts, out_pointers, out_counts, counts, element_size, dtype, op,
+                           options, agreement is not None, 0 if agreement is None else <uint64_t>agreement, carried)
 
     def allgather_segments(self, list in_pointers, list in_counts, list out_pointers, list out_counts, counts,
-                           size_t element_size, bint float32, CallOptions options not None) -> None:
+                           size_t element_size, bint float32, CallOptions options not None, agreement=None,
+                           bint carried=False) -> bool:
         """Allgather (RingAllreduce::allgather) of elements of element_size bytes: this rank's block from the
         input segments, every rank's block (counts[q] elements) in rank order into the output segments.
-        The options' wire compresses only float32 elements."""
+        The options' wire compresses only float32 elements. agreement, carried: as reduce_scatter_segments'
+        (opaque elements only)."""
         if element_size == 0:
             raise DdlfastError("element_size must be at least 1")
-        self._shard(False, in_pointers, in_counts, out_pointers, out_counts, counts, element_size,
-                   0 if float32 else -1, 0, options)
+        if agreement is not None and float32:
+            raise DdlfastError("the agreement runs inside the core call for opaque elements only")
+        return self._shard(False, in_pointers, in_counts, out_pointers, out_counts, counts, element_size,
+                           0 if float32 else -1, 0, options, agreement is not None,
+                           0 if agreement is None else <uint64_t>agreement, carried)
 
-    cdef int _shard(self, bint reduce, list in_pointers, list in_counts, list out_pointers, list out_counts, counts,
-                   size_t element_size, int dtype, int op, CallOptions options) except -1:
-        """dtype: allgather passes 0 for float32 (the wire may compress it), -1 for opaque elements."""
+    cdef bint _shard(self, bint reduce, list in_pointers, list in_counts, list out_pointers, list out_counts, counts,
+                     size_t element_size, int dtype, int op, CallOptions options, bint agree=False,
+                     uint64_t digest=0, bint carried=False) except -1:
+        """dtype: allgather passes 0 for float32 (the wire may compress it), -1 for opaque elements. With `agree`:
+        False when the ranks disagree, having written nothing."""
         cdef unique_ptr[SegmentedBuffer] source
         cdef unique_ptr[SegmentedBuffer] target
         to_segments(in_pointers, in_counts, element_size, &source)
         to_segments(out_pointers, out_counts, element_size, &target)
         cdef vector[size_t] blocks = to_sizes(counts)
+        if agree:
+            return self._agreed_shard(reduce, source.get()[0], target.get()[0], blocks, dtype, op, options, digest,
+                                      carried)
         cdef EngineOptions engine_options = self._with_events(options)
         cdef Status status
         cdef CoreCpp* context = self.get()
@@ -614,7 +630,106 @@ cdef class Core:
                 status = context.allgather(source.get()[0], target.get()[0], blocks, dtype == 0, options.dims,
                                            options.order, engine_options)
         finish_call(status)
+        return True
+
+    cdef bint _agreed_shard(self, bint reduce, const SegmentedBuffer& source, const SegmentedBuffer& target,
+                            const vector[size_t]& blocks, int dtype, int op, CallOptions options, uint64_t digest,
+                            bint carried) except -1:
+        """Core::agreed_reduce_scatter / agreed_allgather: False when the ranks disagree, having written nothing."""
+        cdef EngineOptions engine_options = self._with_events(options)
+        cdef Status status
+        cdef bool agreed = True
+        cdef CoreCpp* context = self.get()
+        with nogil:
+            if reduce:
+                status = context.agreed_reduce_scatter(digest, carried, &agreed, source, target, blocks, <DType>dtype,
+                                                       <ReduceOp>op, options.dims, options.order, engine_options)
+            else:
+                status = context.agreed_allgather(digest, carried, &agreed, source, target, blocks, options.dims,
+                                                  options.order, engine_options)
+        raise_on_error(status)
+        if agreed:  # a signal meanwhile is kept for the end of the collective, which stands
+            finish_call(status)
+        return agreed
+
+    def shard_array(self, bint reduce, array, out, size_t count, int dtype, int op, CallOptions options not None,
+                    uint64_t digest, bint carried, int64_t site=-1):
+        """reduce_scatter() or allgather() of one array into `out`, with the per-call agreement on `digest` in
+        the same call (Core::agreed_reduce_scatter / agreed_allgather; `carried`: inside the agreement's
+        messages). reduce: `count` elements of dtype `dtype`, equal blocks, this rank's into `out`; else `count`
+        bytes (opaque) from every rank, in rank order into `out`.
+
+        Returns 1 when done; 0, having written nothing, when the ranks disagree; -1, having done nothing (not even
+        the agreement), where a buffer does not fit: `array` not a C-contiguous buffer of `count` aligned
+        elements, `out` not a writable C-contiguous one of the result's size, or the two overlapping. The caller
+        then takes the general path, which says what is wrong on every rank. `site`: as allreduce_array's."""
+        cdef Py_buffer source_view
+        cdef Py_buffer target_view
+        cdef CoreCpp* context = self.get()
+        cdef int world = context.size()
+        cdef size_t element_size
+        cdef size_t result
+        cdef uintptr_t source_start
+        cdef uintptr_t target_start
+        cdef vector[size_t] blocks
+        cdef vector[char*] bases
+        cdef vector[size_t] sizes
+        cdef bint agreed
+        cdef unique_ptr[SegmentedBuffer] source
+        cdef unique_ptr[SegmentedBuffer] target
+        try:
+            PyObject_GetBuffer(array, &source_view, PyBUF_C_CONTIGUOUS)
+        except (BufferError, ValueError):
+            return -1
+        try:
+            try:
+                PyObject_GetBuffer(out, &target_view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)
+            except (BufferError, ValueError):  # read-only or not C-contiguous
+                return -1
+            try:
+                element_size = <size_t>source_view.itemsize if reduce else 1
+                result = count // <size_t>world if reduce else count * <size_t>world
+                source_start = <uintptr_t>source_view.buf
+                target_start = <uintptr_t>target_view.buf
+                if (<size_t>source_view.len != count * element_size or <size_t>target_view.len != result * element_size
+                        or target_view.itemsize != source_view.itemsize or count % <size_t>world and reduce
+                        or source_start % element_size != 0 or target_start % element_size != 0
+                        or (source_view.len and target_view.len and source_start < target_start + target_view.len
+                            and target_start < source_start + source_view.len)):
+                    return -1
+                blocks.assign(world, result if reduce else count)
+                bases.push_back(<char*>source_view.buf)
+                sizes.push_back(count)
+                source.reset(new SegmentedBuffer(bases, sizes, element_size))
+                bases[0] = <char*>target_view.buf
+                sizes[0] = result
+                target.reset(new SegmentedBuffer(bases, sizes, element_size))
+                self._set_site(site)
+                if reduce:
+                    check_op(op)
+                agreed = self._agreed_shard(reduce, source.get()[0], target.get()[0], blocks, dtype, op, options,
+                                            digest, carried)
+            finally:
+                PyBuffer_Release(&target_view)
+        finally:
+            PyBuffer_Release(&source_view)
+        return self._outcome(agreed)
+
+    cdef int _set_site(self, int64_t site) except -1:
+        """The flight recorder's call site for the next collective (allreduce_array's `site`)."""
+        if site == -2:
+            self.get().transport().flight().set_site(-1 if self.call_sites is None else self.call_sites.find())
+        elif site >= 0:
+            self.get().transport().flight().set_site(site)
         return 0
+
+    cdef int _outcome(self, bint agreed) except -2:
+        """An array entry's result: 1 done, 0 the ranks disagreed; a Ctrl-C kept for the collective's end now."""
+        if not agreed:
+            return 0
+        if deferred_interrupts:  # the collective completed: it stands (ddlfast/engine/fast_path.py)
+            raise deferred_interrupts.pop()
+        return 1
 
     def allreduce_array(self, array, size_t count, int dtype, int op, CallOptions options not None,
                         uint64_t digest, int64_t site=-1):
@@ -642,18 +757,11 @@ cdef class Core:
                 return -1
             bases.push_back(<char*>view.buf)
             sizes.push_back(count)
-            if site == -2:
-                self.get().transport().flight().set_site(-1 if self.call_sites is None else self.call_sites.find())
-            elif site >= 0:
-                self.get().transport().flight().set_site(site)
+            self._set_site(site)
             agreed = self._run(bases, sizes, dtype, op, options, True, digest)
         finally:
             PyBuffer_Release(&view)
-        if not agreed:
-            return 0
-        if deferred_interrupts:  # the collective completed: it stands (ddlfast/engine/fast_path.py)
-            raise deferred_interrupts.pop()
-        return 1
+        return self._outcome(agreed)
 
     def take_overflows(self) -> int:
         """Finite values this rank's wire encoders turned into inf since the last call."""

@@ -389,6 +389,11 @@ def run_bench(
             takes = not settings.reproducible and topology.latency_takes(nbytes, settings.small_bytes,
                                                                          settings.algorithm, halving)
             latency = "halving" if halves(nbytes, halving) else "latency"
+            # A reduce-scatter the latency path's allreduce takes, an allgather whose result fits the limit: carried
+            # in the agreement's messages too (engine/shards.py, carried_options).
+            carried = compression == "none" and settings.algorithm != "mpi" and (
+                (collective == "reduce_scatter" and takes)
+                or (collective == "allgather" and 0 < nbytes <= min(settings.small_bytes, config.MAX_LATENCY_BYTES)))
             resets = collective in ("allreduce", "broadcast")  # in place: each call starts from the input
 
             samples = np.zeros((n_iters, 2), dtype=np.float64)
@@ -420,9 +425,11 @@ def run_bench(
                 "chunk_bytes": settings.chunk_bytes,
                 "small_bytes": settings.small_bytes,
                 # Buffers <= DDLFAST_SMALL_BYTES: an allreduce rides in the agreement's butterfly (the latency
-                # path, "halving" where it halves; MPI's allreduce with DDLFAST_ALGORITHM=mpi), the passes go to
-                # MPI's own collective; above, DDLFAST_ALGORITHM chooses (the name here, the shape in "algorithm").
+                # path, "halving" where it halves; MPI's allreduce with DDLFAST_ALGORITHM=mpi), uncompressed
+                # passes too (`carried`), compressed ones go to MPI's own collective; above, DDLFAST_ALGORITHM
+                # chooses (the name here, the shape in "algorithm").
                 "path": ("local" if world == 1 else "mpi-bcast" if collective == "broadcast"
+                         else latency if carried
                          else latency if collective == "allreduce" and compression == "none"
                          and settings.small_bytes < nbytes and takes
                          else algorithm.name if nbytes > settings.small_bytes
@@ -496,7 +503,8 @@ def header_lines(rows: Sequence[dict[str, Any]], world: int) -> list[str]:
         f"mpi4py on {info.get('mpi4py_vendor', '?')}, compiler {info.get('compiler', '?')}",
         f"# ddlfast wire compression: {first.get('compression', 'none')}",
         f"# settings: chunk bytes {chunk} ({format_bytes(chunk)}, DDLFAST_CHUNK_BYTES), small bytes {small} "
-        f"(DDLFAST_SMALL_BYTES: an allreduce of at most this takes the latency path, reduce-scatter and allgather "
+        f"(DDLFAST_SMALL_BYTES: an allreduce or a reduce-scatter of at most this, and an allgather whose result "
+        f"fits it, ride in the agreement's messages, path 'latency'; a compressed reduce-scatter or allgather takes "
         f"MPI's own collective, path 'mpi-handoff')",
         f"# baseline: {baseline}, alternated with ddlfast every iteration, both on one buffer",
         "# time: median over iterations of the slowest rank's time; GB/s = 1e9 B/s; "

@@ -703,13 +703,56 @@ class Context:
 
     # -- reduce-scatter and allgather (ddlfast/engine/shards.py) -----------------------------------------------------
 
-    @traced("reduce_scatter")
     def reduce_scatter(self, array: Any, *, op: str = "sum", dims: object = None, counts: Sequence[int] | None = None,
                        out: Any = None, compression: object = None, stream: object = None, name: Name = None,
                        reproducible: bool | None = None) -> Any:
-        """Rank r gets block r of the reduced array (MPI_Reduce_scatter); the input stays unchanged."""
+        """Rank r gets block r of the reduced array (MPI_Reduce_scatter); the input stays unchanged. One host
+        array in equal blocks takes the fast path (ddlfast/engine/fast_path.py) where it applies."""
+        if _modules_get(PROFILER) is not None:  # traced()'s test, spelled out: the fast path
+            span = recording_range("ddlfast:reduce_scatter")
+            if span is not None:
+                with span:
+                    return self._reduce_scatter(array, op, dims, counts, out, compression, stream, name, reproducible)
+        return self._reduce_scatter(array, op, dims, counts, out, compression, stream, name, reproducible)
+
+    def _reduce_scatter(self, array: Any, op: object, dims: object, counts: object, out: Any, compression: object,
+                        stream: object, name: Name, reproducible: bool | None) -> Any:
+        if counts is None and stream is None and reproducible is None:
+            if type(op) is not str:
+                op = canonical_op(op)
+            result = self._shard_fast(shards.REDUCE_SCATTER, array, op, dims, out, compression, name)
+            if result is not None:
+                return result
         return self._shard(shards.REDUCE_SCATTER, [array], op, dims, counts, out, compression, stream, True, name=name,
-                          reproducible=reproducible)
+                           reproducible=reproducible)
+
+    def _shard_fast(self, kind: str, array: Any, op: str, dims: object, out: Any, compression: object,
+                    name: Name) -> Any:
+        """A reduce_scatter() or allgather() of one host array on the fast path; None where it did not run
+        (nothing ran: the general path validates, explains, and runs it)."""
+        if (type(array) is not np.ndarray or (out is not None and type(out) is not np.ndarray)
+                or self._state.timeline is not None or (name is not None and type(name) not in (str, int))):
+            return None
+        if _get_ident() != self._issuer:
+            self._other_caller()
+        settings = load_settings()
+        plan = self._fast.shard_plan(kind, array, op, dims, compression, settings)
+        if plan is None:
+            return None
+        if out is None:
+            result = np.empty(plan.result_shape, array.dtype)
+        elif out.dtype is array.dtype:
+            result = out
+        else:
+            return None
+        fast = self._fast
+        if self._worker is None and not self._ulfm:  # _in_order's own first case, spelled out
+            with self._lock:
+                self._check_open()
+                done = fast.run_shard(array, result, plan, settings, name)
+        else:
+            done = self._in_order(lambda: fast.run_shard(array, result, plan, settings, name), kind)
+        return result if done else None
 
     @traced("fused_reduce_scatter")
     def fused_reduce_scatter(self, arrays: Sequence[Any], *, op: str = "sum", dims: object = None,
@@ -720,10 +763,22 @@ class Context:
         return self._shard(shards.REDUCE_SCATTER, arrays, op, dims, counts, out, compression, stream, False, name=name,
                           reproducible=reproducible)
 
-    @traced("allgather")
     def allgather(self, array: Any, *, dims: object = None, out: Any = None, compression: object = None,
                   stream: object = None, name: Name = None) -> Any:
-        """The ranks' arrays concatenated along axis 0 in rank order (MPI_Allgather)."""
+        """The ranks' arrays concatenated along axis 0 in rank order (MPI_Allgather); one host array takes the
+        fast path where it applies."""
+        if _modules_get(PROFILER) is not None:  # traced()'s test, spelled out: the fast path
+            span = recording_range("ddlfast:allgather")
+            if span is not None:
+                with span:
+                    return self._allgather(array, dims, out, compression, stream, name)
+        return self._allgather(array, dims, out, compression, stream, name)
+
+    def _allgather(self, array: Any, dims: object, out: Any, compression: object, stream: object, name: Name) -> Any:
+        if stream is None:
+            result = self._shard_fast(shards.ALLGATHER, array, "sum", dims, out, compression, name)
+            if result is not None:
+                return result
         return self._shard(shards.ALLGATHER, [array], "sum", dims, None, out, compression, stream, True, name=name)
 
     @traced("fused_allgather")

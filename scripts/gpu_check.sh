@@ -27,7 +27,8 @@
 #   basebuild  BASE (another ddlfast tree, e.g. `git archive REF | tar -x -C .base`) built in place, host only
 #   hostab     python -m ddlfast.bench at P in HOST_PS (default 2 3 4 8 16) for this tree and BASE, alternating,
 #              ROUNDS rounds with the order swapped each round (a core per rank); bench/latency_paths.py at 4 KiB
-#              for P=2 and 4 likewise. Without BASE, this tree alone.
+#              for P=2 and 4 likewise. Without BASE, this tree alone. HOST_COLLECTIVES (default allreduce): the
+#              bench's --collective values to run, each in turn.
 # DEADLINE (seconds, default none): steps that would start later than that after the script began are skipped.
 # MPIEXEC (default: the mpiexec beside PYTHON) starts hostab's ranks, with any flags it needs.
 # Exit status: the number of steps that failed.
@@ -139,12 +140,15 @@ for s in $STEPS; do
     for round in $(seq 1 "${ROUNDS:-2}"); do
       order=("${trees[@]}")
       [ $((round % 2)) = 0 ] && [ "${#trees[@]}" = 2 ] && order=("${trees[1]}" "${trees[0]}")
-      for p in ${HOST_PS:-2 3 4 8 16}; do
-        for tree in "${order[@]}"; do
-          # From the tree itself: `python -m` puts the working directory first on the path.
-          TAIL=14 step "hostab_r${round}_P${p}_$(basename "$tree")" 120 env -C "$tree" PYTHONPATH="$tree" bash -c \
-            "'$PY' -c 'import ddlfast; print(ddlfast.__file__)' && $MPIEXEC -n $p '$PY' -m ddlfast.bench \
-            --sizes ${HOST_SIZES:-4KiB,8KiB,16KiB,32KiB,64KiB,256KiB,1MiB,4MiB,16MiB,64MiB}"
+      for collective in ${HOST_COLLECTIVES:-allreduce}; do
+        for p in ${HOST_PS:-2 3 4 8 16}; do
+          for tree in "${order[@]}"; do
+            # From the tree itself: `python -m` puts the working directory first on the path.
+            TAIL=14 step "hostab_r${round}_${collective}_P${p}_$(basename "$tree")" 120 env -C "$tree" \
+              PYTHONPATH="$tree" bash -c "'$PY' -c 'import ddlfast; print(ddlfast.__file__)' && \
+              $MPIEXEC -n $p '$PY' -m ddlfast.bench --collective $collective \
+              --sizes ${HOST_SIZES:-4KiB,8KiB,16KiB,32KiB,64KiB,256KiB,1MiB,4MiB,16MiB,64MiB}"
+          done
         done
       done
       for p in 2 4; do

@@ -4,6 +4,11 @@ Per kind of call (dtype, shape, op, dims, compression) and settings a plan holds
 agreement and the collective are one call into the core (`allreduce_array`), with the buffer checks done in
 Cython before it: a refused array falls back to the general path having done nothing. Anything the plan cannot
 take (GPU arrays, compression, bfloat16, bad arguments) goes to the general path, which validates and explains.
+
+reduce_scatter() and allgather() of one array (equal blocks) have plans of their own (ShardPlan): the agreement
+and the collective in one call into the core (`shard_array`), carried inside the agreement's messages where the
+general path carries them too (engine/shards.py, carried_options), so ranks on either path exchange the same
+messages.
 """
 
 from __future__ import annotations
@@ -13,8 +18,11 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ddlfast.buffers.dtypes import DTYPE_CODES
+from ddlfast.compression.wire import wire_by_dim
 from ddlfast.config import Settings
 from ddlfast.engine.agreement import allreduce_layout, warn_straggler
+from ddlfast.engine.requests import resolve_compression
+from ddlfast.engine.shards import REDUCE_SCATTER, Spec, carried_options, layout_of, result_shape
 from ddlfast.engine.state import EngineState, compressed_dims, is_half_sum
 from ddlfast.errors import DdlfastConsistentError, DdlfastError
 from ddlfast.ops import OPS
@@ -36,10 +44,26 @@ class Plan(NamedTuple):
     digest: int  # the layout's digest
 
 
+class ShardPlan(NamedTuple):
+    """What one kind of reduce_scatter() or allgather() call needs in the core (as Plan)."""
+
+    settings: Settings
+    reduce: bool  # reduce-scatter; else allgather
+    size: int  # the input's elements (reduce-scatter) or bytes (allgather)
+    dtype_code: int
+    op_code: int
+    options: Any  # _core.CallOptions
+    carried: bool  # inside the agreement's messages (shards.carried_options)
+    result_shape: tuple[int, ...]
+    layout: tuple  # shards.layout_of's, as the general path builds it
+    digest: int
+
+
 class FastPath:
     def __init__(self, state: EngineState) -> None:
         self._state = state
         self._plans: dict[tuple, Plan] = {}
+        self._shard_plans: dict[tuple, ShardPlan] = {}
         # The last plan with what chose it: a loop of one kind of call compares objects, hashing nothing.
         self._last: tuple = (None, None, None, None, None, None)
 
@@ -105,14 +129,90 @@ class FastPath:
             except DdlfastConsistentError:
                 raise
             except BaseException as error:
-                if not isinstance(error, Exception) and not state.core.broken:
-                    # Ctrl-C (a signal handler's exception) that Python raised once the one call into the core had
-                    # returned: the collective completed on every rank, and stands; the core abandons it itself
-                    # (the context is then broken) when the signal comes during a wait.
-                    raise
-                state.raise_after_failure(error)
-            if state.agreement.warn_stragglers and core.straggler_warning_pending:
-                warn_straggler(core)
-            if outcome != 0:
+                self._failed(error)
+            if self._ended(outcome, layout, name):
                 return outcome > 0
-            state.agreement.disagreed(layout, name)  # returned: ranks inside join() take part now; again
+
+    def _failed(self, error: BaseException) -> None:
+        """Called in an `except` block around the one call into the core."""
+        if not isinstance(error, Exception) and not self._state.core.broken:
+            # Ctrl-C (a signal handler's exception) that Python raised once the one call into the core had
+            # returned: the collective completed on every rank, and stands; the core abandons it itself (the
+            # context is then broken) when the signal comes during a wait.
+            raise  # noqa: PLE0704 (re-raises the exception being handled)
+        self._state.raise_after_failure(error)
+
+    def _ended(self, outcome: int, layout: tuple, name: str | int | None) -> bool:
+        """After the core call returned `outcome`: False when the ranks disagreed and ranks inside join() take
+        part now (call again); raises the disagreement everywhere else."""
+        state = self._state
+        if state.agreement.warn_stragglers and state.core.straggler_warning_pending:
+            warn_straggler(state.core)
+        if outcome != 0:
+            return True
+        state.agreement.disagreed(layout, name)  # returned: ranks inside join() take part now; again
+        return False
+
+    def shard_plan(self, kind: str, array: np.ndarray, op: str, dims: object, compression: object,
+                   settings: Settings) -> ShardPlan | None:
+        """The plan for a reduce_scatter() (equal blocks) or allgather() of one host array, or None where the
+        general path must take it."""
+        key = (kind, array.dtype, array.shape, op, dims, compression)
+        try:
+            plan = self._shard_plans.get(key)
+        except Exception:  # noqa: BLE001 (unhashable dims, an op whose __hash__ raises): the general path says
+            return None
+        if plan is not None and plan.settings is settings:
+            return plan
+        state = self._state
+        reduce = kind == REDUCE_SCATTER
+        code = _FAST_DTYPES.get(array.dtype)
+        if (code is None or settings.reproducible or settings.algorithm != "auto"
+                or (reduce and (not isinstance(op, str) or op not in OPS or array.size % state.size))):
+            return None
+        try:
+            ring_dims = state.resolve_dims(dims, settings)
+            codec = resolve_compression(compression, settings, [], state.rank)
+            if codec not in (("none",), ("auto",)) or (array.dtype == np.float32 and wire_by_dim(
+                    codec, ring_dims, state.hosts_tier(ring_dims))):
+                return None  # a wire: the general path
+        except DdlfastError:
+            return None  # the general path refuses it on every rank
+        spec = Spec(None, array.dtype, array.shape, array.dtype)
+        world = state.size
+        blocks = (array.size // world,) * world if reduce else (array.size,) * world
+        shape = result_shape(kind, array.shape, blocks, False, state.rank, world)
+        half_sum = reduce and is_half_sum(array.dtype, op)
+        nbytes = array.nbytes * (1 if reduce else world)  # what the core reduces or gathers
+        options = carried_options(state, kind, nbytes, ring_dims, settings, (), half_sum)
+        carried = options is not None
+        if not carried:
+            options = state.call_options(nbytes, ring_dims, settings, (), half_sum, chain=False)
+        layout = layout_of(kind, op if reduce else "", ring_dims, (spec,), None, codec, settings)
+        plan = ShardPlan(settings, reduce, array.size if reduce else array.nbytes, code, OPS[op] if reduce else 0,
+                         options, carried, shape, layout, state.agreement.digest(layout))
+        if len(self._shard_plans) >= MAX_PLANS:
+            self._shard_plans.clear()
+        self._shard_plans[key] = plan
+        return plan
+
+    def run_shard(self, array: np.ndarray, out: np.ndarray, plan: ShardPlan, settings: Settings,
+                  name: str | int | None = None) -> bool:
+        """As run(), for a shard plan: False when a buffer cannot take the fast path (nothing ran)."""
+        layout, digest = plan.layout, plan.digest
+        state = self._state
+        if name is not None:
+            digest = state.agreement.fingerprint(layout, digest, name)
+        if state.core_timeout_s != settings.timeout_s:
+            state.set_core_timeout(settings.timeout_s)
+        core = state.core
+        while True:
+            try:
+                outcome = core.shard_array(plan.reduce, array, out, plan.size, plan.dtype_code, plan.op_code,
+                                           plan.options, digest, plan.carried, -2)
+            except DdlfastConsistentError:
+                raise
+            except BaseException as error:
+                self._failed(error)
+            if self._ended(outcome, layout, name):
+                return outcome > 0

@@ -8,6 +8,9 @@ src/engine/ring_allreduce.h), so a fused call is one core call per dtype, with n
 
     reduce-scatter  input segments: block 0 of every array, then block 1 of every array, ...; output segments:
                     this rank's output arrays. The core reduces in one working copy (the input stays unchanged).
+
+Small host calls ride in the agreement's own messages (carried_options); one array in equal blocks takes the fast
+path (ddlfast/engine/fast_path.py), which asks carried_options too.
     allgather       input segments: this rank's arrays; output segments: for each rank, its block of every
                     output array. Uncompressed, elements are opaque bytes (any fixed-size dtype).
 
@@ -218,44 +221,53 @@ def prepare(state: EngineState, kind: str, arrays: Any, op: str, dims: object, c
 
 
 def execute(state: EngineState, request: ShardRequest) -> Any:
-    """The agreement, then the collective; returns what the call returns. A small host allgather rides in the
-    agreement's own messages instead (_allgather_in_agreement)."""
+    """The agreement, then the collective; returns what the call returns. A small host call rides in the
+    agreement's own messages instead (_carried)."""
     state.set_core_timeout(request.settings.timeout_s)
-    if not _allgather_in_agreement(state, request):
+    if not _carried(state, request):
         state.agreed(request.layout, lambda: _run(state, request))
     return request.results[0] if request.single else request.results
 
 
-def _allgather_in_agreement(state: EngineState, request: ShardRequest) -> bool:
-    """An uncompressed host allgather whose result fits the small-message limit: each rank puts its blocks at
-    its own place in a zeroed buffer of int64 words, and one latency-path sum inside the agreement
-    (EngineState.carried_in_agreement) leaves every rank's bytes everywhere, exactly. False: not taken."""
-    if request.kind != ALLGATHER or request.gpu is not None:
+def carried_options(state: EngineState, kind: str, nbytes: int, dims: tuple[int, ...], settings: Any,
+                    wire: tuple[int, ...], half_sum: bool) -> Any:
+    """The core's options for a call whose result rides in the agreement's own messages (Core::
+    agreed_reduce_scatter / agreed_allgather, carried), or None: the agreement, then the ring's half.
+    `nbytes`: the whole input of a reduce-scatter (an allreduce of it, as the latency path takes one), the whole
+    result of an allgather (an exact int64 sum, up to the small-message limit). Uncompressed, not reproducible,
+    not DDLFAST_ALGORITHM=mpi. From agreed values only, so ranks that agree choose alike: the general path
+    (_carried) and the fast path (ddlfast/engine/fast_path.py) both ask here."""
+    if wire or settings.reproducible or settings.algorithm == "mpi":
+        return None
+    if kind == ALLGATHER:
+        return state.call_options(-(-nbytes // 8) * 8, dims, settings) if state.folds(nbytes, settings) else None
+    if not state.latency_takes(nbytes, settings):
+        return None
+    return state.call_options(nbytes, dims, settings, (), half_sum, latency=True)
+
+
+def _carried(state: EngineState, request: ShardRequest) -> bool:
+    """An uncompressed host call of one dtype that carried_options takes: its agreement and its result in one
+    core call (agreed_in_core). False: not taken."""
+    if request.gpu is not None or len({s.dtype for s in request.specs}) != 1:
         return False
-    if wire_by_dim(request.codec, request.dims, state.hosts_tier(request.dims)) and all(
-            s.dtype == np.float32 for s in request.specs):
-        return False  # a compressed wire (other dtypes are never compressed)
-    inputs = [s.host for s in request.specs if s.host is not None]
-    if len(inputs) != len(request.specs):
+    dtype = request.specs[0].dtype
+    wire = wire_by_dim(request.codec, request.dims, state.hosts_tier(request.dims)) if dtype == np.float32 else ()
+    inputs = [s.host for s in request.specs]
+    ((method, arguments, nbytes),) = core_calls(request, inputs, state.rank, state.size, False)
+    reduce = request.kind == REDUCE_SCATTER
+    options = carried_options(state, request.kind, nbytes, request.dims, request.settings, wire,
+                              reduce and is_half_sum(dtype, request.op))
+    if options is None:
         return False
-    sizes = [a.nbytes for a in inputs]
-    region = sum(sizes)
-    world = state.size
-    if not state.folds(region * world, request.settings):
-        return False
-    words = np.zeros(-(-region * world // 8), np.int64)
-    gathered = words.view(np.uint8)
-    start = state.rank * region
-    for array, size in zip(inputs, sizes, strict=True):
-        gathered[start:start + size] = array.reshape(-1).view(np.uint8)
-        start += size
-    state.carried_in_agreement(request.layout, words, request.settings)
-    offset = 0
-    for output, size in zip(request.outputs, sizes, strict=True):
-        flat = output.reshape(-1).view(np.uint8)
-        for q in range(world):
-            flat[q * size:(q + 1) * size] = gathered[q * region + offset:q * region + offset + size]
-        offset += size
+    core = state.core
+    if reduce:
+        op = OPS[request.op]
+        state.agreed_in_core(request.layout, lambda fingerprint: core.reduce_scatter_segments(
+            *arguments, op, options, agreement=fingerprint, carried=True))
+    else:
+        state.agreed_in_core(request.layout, lambda fingerprint: core.allgather_segments(
+            *arguments, options, agreement=fingerprint, carried=True))
     for staging, target in request.copy_back:
         target[...] = staging
     return True

@@ -1,5 +1,7 @@
 #include "engine/core.h"
 
+#include <cstring>
+
 namespace ddlfast {
 
 Status Core::create(MPI_Comm comm, double timeout_s, std::size_t agreement_capacity, bool shared_memory,
@@ -80,6 +82,67 @@ Status Core::allgather(const SegmentedBuffer& input, const SegmentedBuffer& outp
   RingAllreduce* engine = nullptr;
   DDLFAST_RETURN_IF_ERROR(engine_for(dims, order, &engine));
   return finish(engine->allgather(input, output, counts, float32, options));
+}
+
+Status Core::agreed_reduce_scatter(std::uint64_t digest, bool carried, bool* agreed, const SegmentedBuffer& input,
+                                   const SegmentedBuffer& output, const std::vector<std::size_t>& counts, DType dtype,
+                                   ReduceOp op, const std::vector<int>& dims, const std::vector<int>& order,
+                                   const EngineOptions& options) {
+  const int me = rank();
+  if (counts.size() != static_cast<std::size_t>(size()) || counts[me] != output.count()) {
+    return Status::invalid("reduce-scatter counts do not match the ranks or the output");
+  }
+  if (!carried) {
+    Status status = finish(transport_->agree(digest, agreed));
+    if (status.is_ok() && *agreed) status = reduce_scatter(input, output, counts, dtype, op, dims, order, options);
+    transport_->flight().end(status.is_ok(), false);
+    return status;
+  }
+  const std::size_t esize = dtype_size(dtype);
+  const std::size_t total = input.count();
+  if (carried_.size() < total * esize + 1) carried_.resize(total * esize + 1);
+  const SegmentedBuffer whole = contiguous(carried_.data(), total, esize);
+  copy_elements(input, whole);
+  DDLFAST_RETURN_IF_ERROR(agreed_allreduce(digest, agreed, whole, dtype, op, dims, order, options));
+  if (*agreed) {
+    std::size_t start = 0;
+    for (int q = 0; q < me; ++q) start += counts[q];
+    copy_elements(contiguous(carried_.data() + start * esize, counts[me], esize), output);
+  }
+  return Status::ok();
+}
+
+Status Core::agreed_allgather(std::uint64_t digest, bool carried, bool* agreed, const SegmentedBuffer& input,
+                              const SegmentedBuffer& output, const std::vector<std::size_t>& counts,
+                              const std::vector<int>& dims, const std::vector<int>& order,
+                              const EngineOptions& options) {
+  const int me = rank();
+  const std::size_t esize = input.element_size();
+  if (counts.size() != static_cast<std::size_t>(size()) || counts[me] != input.count() ||
+      output.element_size() != esize) {
+    return Status::invalid("allgather counts do not match the ranks or the input");
+  }
+  if (!carried) {
+    Status status = finish(transport_->agree(digest, agreed));
+    if (status.is_ok() && *agreed) status = allgather(input, output, counts, false, dims, order, options);
+    transport_->flight().end(status.is_ok(), false);
+    return status;
+  }
+  std::size_t total = 0, start = 0;
+  for (int q = 0; q < size(); ++q) {
+    if (q == me) start = total;
+    total += counts[q];
+  }
+  if (total != output.count()) return Status::invalid("allgather output does not hold every rank's block");
+  // int64 words: each rank's bytes at its place, zeros elsewhere, so the sum is every rank's bytes exactly.
+  const std::size_t words = (total * esize + sizeof(std::int64_t) - 1) / sizeof(std::int64_t);
+  if (carried_.size() < words * sizeof(std::int64_t)) carried_.resize(words * sizeof(std::int64_t));
+  std::memset(carried_.data(), 0, words * sizeof(std::int64_t));
+  copy_elements(input, contiguous(carried_.data() + start * esize, input.count(), esize));
+  DDLFAST_RETURN_IF_ERROR(agreed_allreduce(digest, agreed, contiguous(carried_.data(), words, sizeof(std::int64_t)),
+                                           DType::kInt64, ReduceOp::kSum, dims, order, options));
+  if (*agreed) copy_elements(contiguous(carried_.data(), total, esize), output);
+  return Status::ok();
 }
 
 Status Core::device_allreduce(const SegmentedBuffer& data, DType dtype, ReduceOp op, const std::vector<int>& dims,

@@ -52,6 +52,20 @@ class Core {
   Status allgather(const SegmentedBuffer& input, const SegmentedBuffer& output, const std::vector<std::size_t>& counts,
                    bool float32, const std::vector<int>& dims, const std::vector<int>& order,
                    const EngineOptions& options);
+  // The two halves with the per-call agreement on `digest` in the same call, as agreed_allreduce. `carried`: the
+  // result rides in the agreement's own messages (agreed_allreduce of a private buffer): a reduce-scatter as the
+  // allreduce of a copy of the whole input, this rank's block then copied out; an (uncompressed) allgather of
+  // opaque elements as the exact int64 sum of a zeroed buffer that holds each rank's bytes at its place. Without
+  // it, the agreement and then the ring's half. Ranks decide `carried` from the agreed layout
+  // (ddlfast/engine/shards.py, carried_options), so ranks that agree choose alike; ranks that disagree exchange
+  // agreement messages either way. *agreed false: the ranks disagree, and nothing was written into `output`.
+  Status agreed_reduce_scatter(std::uint64_t digest, bool carried, bool* agreed, const SegmentedBuffer& input,
+                               const SegmentedBuffer& output, const std::vector<std::size_t>& counts, DType dtype,
+                               ReduceOp op, const std::vector<int>& dims, const std::vector<int>& order,
+                               const EngineOptions& options);
+  Status agreed_allgather(std::uint64_t digest, bool carried, bool* agreed, const SegmentedBuffer& input,
+                          const SegmentedBuffer& output, const std::vector<std::size_t>& counts,
+                          const std::vector<int>& dims, const std::vector<int>& order, const EngineOptions& options);
 
   // In-place allreduce of device data with the GPU engine (DeviceRingAllreduce::run) on `lanes` and
   // `staging`, which the caller owns: CUDA streams (DeviceRuntime) or emulated lanes (tests). A failure
@@ -71,6 +85,7 @@ class Core {
   std::unique_ptr<LatencyAllreduce> latency_;
   std::map<RingKey, std::unique_ptr<RingAllreduce>> engines_;
   std::map<RingKey, std::unique_ptr<DeviceRingAllreduce>> device_engines_;
+  std::vector<char> carried_;  // the private buffer of a carried reduce-scatter or allgather
 };
 
 }  // namespace ddlfast

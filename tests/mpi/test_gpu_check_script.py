@@ -25,6 +25,7 @@ def test_hostab_runs_each_tree_from_itself(tmp_path: Path) -> None:
                                                                                   "simulation"))
     out = tmp_path / "out"
     env = dict(os.environ, STEPS="hostab", BASE=str(base), HOST_PS="2", ROUNDS="2", HOST_SIZES="4KiB",
+               HOST_COLLECTIVES="allreduce allgather",
                PYTHON=sys.executable, MPIEXEC=" ".join([mpiexec(), *launcher_flags()]))
     result = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(out)], capture_output=True,
                             text=True, timeout=600, env=env)
@@ -34,12 +35,15 @@ def test_hostab_runs_each_tree_from_itself(tmp_path: Path) -> None:
     benches = [s for s in steps if s.startswith("hostab_")]
     latencies = [s for s in steps if s.startswith("latency_")]
     # Two rounds of (this tree, base), the order swapped in the second; each ran its own ddlfast and measured.
-    assert [s.split(":")[0] for s in benches] == [f"hostab_r1_P2_{ROOT.name}", "hostab_r1_P2_base",
-                                                  "hostab_r2_P2_base", f"hostab_r2_P2_{ROOT.name}"]
+    # Each collective in turn (HOST_COLLECTIVES), its bench run with --collective.
+    assert [s.split(":")[0] for s in benches] == [
+        f"hostab_r{r}_{c}_P2_{t}" for r, c in ((1, "allreduce"), (1, "allgather"), (2, "allreduce"), (2, "allgather"))
+        for t in ((ROOT.name, "base") if r == 1 else ("base", ROOT.name))]
+    assert all(("MPI_Allgather" in s) == ("_allgather_" in s.split(":")[0]) for s in benches), benches
     for step in benches:
         tree = base if "_base:" in step else ROOT
         assert f"{tree / 'ddlfast' / '__init__.py'}\n" in step, step
         assert "  4096 " in step and "exit 0" in step, step
     assert len(latencies) == 8 and all("MPI_Allreduce" in s and "exit 0" in s for s in latencies), latencies
     summary = (out / "summary.txt").read_text()
-    assert summary.count("exit 0") == 12 and "exit 1" not in summary
+    assert summary.count("exit 0") == 16 and "exit 1" not in summary

@@ -20,6 +20,18 @@ def test_reduce_scatter_and_allgather(ranks: int) -> None:
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("shared", ["1", "0"])
+@pytest.mark.parametrize("ranks", [1, 2, 3, 4])
+def test_fast_path_results_and_faults(ranks: int, shared: str) -> None:
+    """reduce_scatter() and allgather() of one array on their fast path (tests/mpi/programs/shard_fast_cases.py):
+    every op and dtype carried in the agreement's messages and past the reach, against NumPy; ranks on the general
+    path beside ranks on the fast path; faults on one rank after the plan was cached. shared: the agreement in
+    shared memory (this host's default) or the butterfly's messages."""
+    result = run_mpi(ranks, "shard_fast_cases.py", timeout=900, env={"DDLFAST_SHARED_MEMORY": shared})
+    assert result.stdout.count(" 0 failures") == ranks, result.stdout
+
+
+@pytest.mark.mpi
 @pytest.mark.parametrize("collective", ["reduce_scatter", "allgather", "broadcast"])
 def test_bench_checks_each_collective_against_mpi(collective: str) -> None:
     """`python -m ddlfast.bench --collective X --check`: ddlfast beside its MPI counterpart, results verified
