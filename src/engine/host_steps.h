@@ -142,12 +142,19 @@ class HalfSum {
   int wire_;
 };
 
+// `source` (a plain wire's reduce-scatter phase, or nullptr): the input, cut like `data`, which this phase reads
+// instead of `data` — its own chunks are sent from it, and each received chunk is added to its source chunk into
+// `data` — so an out-of-place reduce-scatter needs no working copy of its whole input first.
 template <class Wire>
 class HostSteps {
  public:
   HostSteps(const SegmentedBuffer& data, const RingPhase& phase, const PhaseChunks& chunks, int slots,
-            std::size_t chunk_elems, Wire wire, HostScratch* scratch)
-      : data_(data), reduces_(phase.kind == PhaseKind::kReduceScatter), slots_(slots), wire_(wire) {
+            std::size_t chunk_elems, Wire wire, HostScratch* scratch, const SegmentedBuffer* source = nullptr)
+      : data_(data),
+        source_(Wire::kInPlace && phase.kind == PhaseKind::kReduceScatter ? source : nullptr),
+        reduces_(phase.kind == PhaseKind::kReduceScatter),
+        slots_(slots),
+        wire_(wire) {
     if (reduces_) {
       slot_bytes_ = wire_.bytes(std::min(chunk_elems, largest_count(chunks.receives)));
       if (scratch->receive_slots.size() < slots_ * slot_bytes_) scratch->receive_slots.resize(slots_ * slot_bytes_);
@@ -190,6 +197,9 @@ class HostSteps {
   }
 
   Status receive_reduce(std::size_t index, const ChunkItem& chunk, int divisor) {
+    if (source_ != nullptr) {  // the chunk is cache-warm for the addition that follows
+      std::memcpy(data_.address(chunk.offset), source_->address(chunk.offset), chunk.count * data_.element_size());
+    }
     wire_.reduce(data_.address(chunk.offset), slot(index), chunk.count, divisor);
     return Status::ok();
   }
@@ -216,7 +226,9 @@ class HostSteps {
   Status staged(std::size_t, bool*) const { return Status::ok(); }
 
   const void* send_buffer(std::size_t index, const ChunkSend& send) const {
-    if constexpr (Wire::kInPlace) return data_.address(send.offset);
+    if constexpr (Wire::kInPlace) {
+      return (source_ != nullptr && send.forward_of < 0 ? *source_ : data_).address(send.offset);
+    }
     return send_from_[index];
   }
 
@@ -224,6 +236,7 @@ class HostSteps {
   unsigned char* slot(std::size_t index) const { return receive_slots_ + (index % slots_) * slot_bytes_; }
 
   const SegmentedBuffer& data_;
+  const SegmentedBuffer* source_;
   bool reduces_;
   std::size_t slots_;
   Wire wire_;

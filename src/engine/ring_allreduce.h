@@ -63,9 +63,11 @@ class RingAllreduce {
   Status prepare_wire(const SegmentedBuffer& data, bool float32, ReduceOp op, const EngineOptions& options,
                       int* divisor, bool* compressed);
   // Executes the schedule's phases of `halves` through the one phase loop; `op` reaches the reduce kernel as it
-  // is (divisor: average's, on the last reduce-scatter step).
+  // is (divisor: average's, on the last reduce-scatter step). `source`: the input, cut like `data`, which the
+  // first phase (a ring's reduce-scatter, uncompressed) reads instead of `data` (HostSteps); nullptr: none.
   Status run_phases(const SegmentedBuffer& data, const RingSchedule& schedule, DType dtype, ReduceOp op, int divisor,
-                    bool compressed, const EngineOptions& options, RingPasses halves);
+                    bool compressed, const EngineOptions& options, RingPasses halves,
+                    const SegmentedBuffer* source = nullptr);
   // reduce_scatter with options.chain: the chain's allreduce of the whole input, then this rank's block.
   Status reduce_scatter_by_chain(const SegmentedBuffer& input, const SegmentedBuffer& output,
                                  const std::vector<std::size_t>& counts, DType dtype, ReduceOp op,
