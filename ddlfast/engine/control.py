@@ -28,6 +28,10 @@ _ABANDONED: list[Any] = []
 # The most bytes one MPI call here sends or receives in one count (a power of two well inside a C int). Read at
 # each call, so tests lower it to run the pieced paths on small buffers (tests/mpi/programs/trust_engine_cases.py).
 MAX_MESSAGE_BYTES = 1 << 30
+# A broadcast's staging buffer up to this size is kept for the next one: a new one of 16 MiB cost its page faults on
+# every call (at P=2 the broadcast took 2.6x MPI_Bcast's time). Larger ones (a model's start-up broadcast) are not
+# kept.
+KEPT_STAGING_BYTES = 64 << 20
 
 
 def _pieces(nbytes: int, piece: int) -> list[tuple[int, int]]:
@@ -77,6 +81,7 @@ class Control:
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self._core = core
+        self._staging = np.empty(0, np.uint8)  # bcast_into's, kept up to KEPT_STAGING_BYTES
 
     def complete(self, request: MPI.Request | list[MPI.Request], buffers: tuple, what: str,
                  waiting: tuple[int, int, int] | None = None) -> None:
@@ -185,12 +190,21 @@ class Control:
         _ABANDONED). The others receive into a staging buffer, so a broadcast abandoned after a stall can never
         write into the caller's array later; one copy, not two."""
         flat = target.reshape(-1).view(np.uint8)
-        buffer = flat if self.rank == root else np.empty(target.nbytes, dtype=np.uint8)
+        buffer = flat if self.rank == root else self._staging_of(target.nbytes)
         requests = [self.comm.Ibcast([buffer[start:stop], MPI.BYTE], root=root)
                     for start, stop in _pieces(buffer.nbytes, MAX_MESSAGE_BYTES)]
         self.complete(requests, (target if self.rank == root else buffer,), what)
         if self.rank != root:
             flat[...] = buffer
+
+    def _staging_of(self, nbytes: int) -> np.ndarray:
+        """A staging buffer of nbytes. The kept one is reused only while this context works: a broadcast abandoned
+        after a stall (complete() keeps its buffer alive for MPI) broke the context, so no later call writes it."""
+        if nbytes > KEPT_STAGING_BYTES:
+            return np.empty(nbytes, np.uint8)
+        if self._staging.nbytes < nbytes:
+            self._staging = np.empty(nbytes, np.uint8)
+        return self._staging[:nbytes]
 
     def allreduce_sum(self, values: np.ndarray, what: str) -> np.ndarray:
         """The elementwise sum over ranks of `values` (a new array)."""

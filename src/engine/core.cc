@@ -1,5 +1,6 @@
 #include "engine/core.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace ddlfast {
@@ -54,12 +55,12 @@ Status Core::allreduce(const SegmentedBuffer& data, DType dtype, ReduceOp op, co
 }
 
 Status Core::agreed_allreduce(std::uint64_t digest, bool* agreed, const SegmentedBuffer& data, DType dtype, ReduceOp op,
-                              const std::vector<int>& dims, const std::vector<int>& order,
-                              const EngineOptions& options) {
+                              const std::vector<int>& dims, const std::vector<int>& order, const EngineOptions& options,
+                              bool disjoint) {
   Status status;
   const bool latency = latency_->takes(data, dtype, op, options);
   if (latency) {
-    status = finish(latency_->run(digest, agreed, data, dtype, op, options));
+    status = finish(latency_->run(digest, agreed, data, dtype, op, options, disjoint));
   } else {
     status = finish(transport_->agree(digest, agreed));
     if (status.is_ok() && *agreed) status = allreduce(data, dtype, op, dims, order, options);
@@ -128,20 +129,39 @@ Status Core::agreed_allgather(std::uint64_t digest, bool carried, bool* agreed, 
     transport_->flight().end(status.is_ok(), false);
     return status;
   }
-  std::size_t total = 0, start = 0;
-  for (int q = 0; q < size(); ++q) {
-    if (q == me) start = total;
-    total += counts[q];
-  }
+  std::size_t total = 0;
+  for (std::size_t count : counts) total += count;
   if (total != output.count()) return Status::invalid("allgather output does not hold every rank's block");
-  // int64 words: each rank's bytes at its place, zeros elsewhere, so the sum is every rank's bytes exactly.
-  const std::size_t words = (total * esize + sizeof(std::int64_t) - 1) / sizeof(std::int64_t);
-  if (carried_.size() < words * sizeof(std::int64_t)) carried_.resize(words * sizeof(std::int64_t));
-  std::memset(carried_.data(), 0, words * sizeof(std::int64_t));
-  copy_elements(input, contiguous(carried_.data() + start * esize, input.count(), esize));
-  DDLFAST_RETURN_IF_ERROR(agreed_allreduce(digest, agreed, contiguous(carried_.data(), words, sizeof(std::int64_t)),
-                                           DType::kInt64, ReduceOp::kSum, dims, order, options));
-  if (*agreed) copy_elements(contiguous(carried_.data(), total, esize), output);
+  // int64 words: each rank's bytes at its place, zeros elsewhere, so the sum is every rank's bytes exactly. With
+  // equal blocks each starts on a word, where the sum's own partition puts it (AgreedReduction::disjoint), so in
+  // shared memory a rank writes and reads only blocks.
+  constexpr std::size_t kWord = sizeof(std::int64_t);
+  const bool equal = std::all_of(counts.begin(), counts.end(), [&](std::size_t n) { return n == counts[0]; });
+  const std::size_t block_words = (counts[0] * esize + kWord - 1) / kWord;
+  std::vector<std::size_t> starts;  // each rank's first byte in the words
+  std::size_t bytes = 0;
+  for (std::size_t count : counts) {
+    starts.push_back(bytes);
+    bytes += equal ? block_words * kWord : count * esize;
+  }
+  const std::size_t words = (bytes + kWord - 1) / kWord;
+  if (carried_.size() < words * kWord) carried_.resize(words * kWord);
+  std::memset(carried_.data(), 0, words * kWord);
+  copy_elements(input, contiguous(carried_.data() + starts[me], input.count(), esize));
+  DDLFAST_RETURN_IF_ERROR(agreed_allreduce(digest, agreed, contiguous(carried_.data(), words, kWord), DType::kInt64,
+                                           ReduceOp::kSum, dims, order, options, equal));
+  if (!*agreed) return Status::ok();
+  std::size_t element = 0;  // output's next element
+  for (int q = 0; q < size(); ++q) {
+    const char* from = carried_.data() + starts[q];
+    for (std::size_t left = counts[q]; left > 0;) {
+      const std::size_t n = std::min(left, output.contiguous_from(element));
+      std::memcpy(output.address(element), from, n * esize);
+      from += n * esize;
+      element += n;
+      left -= n;
+    }
+  }
   return Status::ok();
 }
 

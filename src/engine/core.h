@@ -43,8 +43,10 @@ class Core {
   // allreduce() with the per-call agreement on `digest` in the same call: a buffer the latency path takes
   // (LatencyAllreduce) rides in the agreement's own messages, a larger one is reduced once the agreement passed.
   // *agreed false: the ranks disagree, and nothing was written into `data`.
+  // `disjoint`: a sum of operands that are zero outside each rank's block (AgreedReduction::disjoint).
   Status agreed_allreduce(std::uint64_t digest, bool* agreed, const SegmentedBuffer& data, DType dtype, ReduceOp op,
-                          const std::vector<int>& dims, const std::vector<int>& order, const EngineOptions& options);
+                          const std::vector<int>& dims, const std::vector<int>& order, const EngineOptions& options,
+                          bool disjoint = false);
   // The two halves on their own (RingAllreduce::reduce_scatter / allgather), with the same failure handling.
   Status reduce_scatter(const SegmentedBuffer& input, const SegmentedBuffer& output,
                         const std::vector<std::size_t>& counts, DType dtype, ReduceOp op, const std::vector<int>& dims,

@@ -25,15 +25,19 @@ bool LatencyAllreduce::takes(const SegmentedBuffer& data, DType dtype, ReduceOp 
 }
 
 Status LatencyAllreduce::run(std::uint64_t digest, bool* agreed, const SegmentedBuffer& data, DType dtype, ReduceOp op,
-                             const EngineOptions& options) {
+                             const EngineOptions& options, bool disjoint) {
   const int world = transport_.size();
   const std::size_t count = data.count();
   const std::size_t esize = dtype_size(dtype);
   const double start = monotonic_seconds();
   const bool exact = dtype == DType::kFloat16 || dtype == DType::kBFloat16 || integer_average(dtype, op);
   if (!exact && data.contiguous_from(0) == count) {  // straight from the caller's memory, written on agreement
-    const AgreedReduction reduction{data.address(0), count, dtype, op == ReduceOp::kAverage ? ReduceOp::kSum : op,
-                                    halves(count * esize, options)};
+    const AgreedReduction reduction{data.address(0),
+                                    count,
+                                    dtype,
+                                    op == ReduceOp::kAverage ? ReduceOp::kSum : op,
+                                    halves(count * esize, options),
+                                    disjoint && op == ReduceOp::kSum};
     DDLFAST_RETURN_IF_ERROR(transport_.agree(digest, agreed, &reduction));
     if (*agreed && op == ReduceOp::kAverage) divide_in_place(dtype, data.address(0), count, world);
   } else {

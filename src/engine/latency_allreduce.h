@@ -26,9 +26,10 @@ class LatencyAllreduce {
   // disagree may choose differently — and still exchange the same messages, and all learn of it.
   bool takes(const SegmentedBuffer& data, DType dtype, ReduceOp op, const EngineOptions& options) const;
   // The agreement on `digest` and the allreduce in place; *agreed false: the ranks disagree, and nothing was
-  // written into `data`.
+  // written into `data`. `disjoint`: a sum of operands that are zero outside each rank's block
+  // (AgreedReduction::disjoint).
   Status run(std::uint64_t digest, bool* agreed, const SegmentedBuffer& data, DType dtype, ReduceOp op,
-             const EngineOptions& options);
+             const EngineOptions& options, bool disjoint = false);
 
  private:
   Transport& transport_;

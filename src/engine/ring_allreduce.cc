@@ -128,22 +128,23 @@ Status RingAllreduce::run_chain(const SegmentedBuffer& data, DType dtype, Reduce
     DDLFAST_RETURN_IF_ERROR(chain(PlainWire(dtype, op, data.element_size())));
   }
   if (options.events) {
-    options.events->push_back({EventKind::kReduceScatter, 1, start, monotonic_seconds(),
-                               data.count() * data.element_size()});
+    options.events->push_back(
+        {EventKind::kReduceScatter, 1, start, monotonic_seconds(), data.count() * data.element_size()});
   }
   RingSchedule gather;
   gather.phases.push_back(schedule.phases.back());
   return run_phases(data, gather, dtype, op, 1, compressed, options, RingPasses::kAllgather);
 }
 
-Status RingAllreduce::prepare_wire(const SegmentedBuffer& data, bool float32, ReduceOp op,
-                                   const EngineOptions& options, int* divisor, bool* compressed) {
+Status RingAllreduce::prepare_wire(const SegmentedBuffer& data, bool float32, ReduceOp op, const EngineOptions& options,
+                                   int* divisor, bool* compressed) {
   *compressed = std::any_of(options.wire_by_dim.begin(), options.wire_by_dim.end(), [](int wire) { return wire >= 0; });
   if (!*compressed) return Status::ok();
   if (!float32) return Status::invalid("wire compression needs float32 data");
   if (op == ReduceOp::kProduct) {
-    return Status::invalid("op='product' cannot run on a compressed wire (each hop would round a product); use "
-                           "compression='none'");
+    return Status::invalid(
+        "op='product' cannot run on a compressed wire (each hop would round a product); use "
+        "compression='none'");
   }
   if (options.wire_by_dim.size() != static_cast<std::size_t>(ring_.torus.num_dims())) {
     return Status::invalid("compression is given for " + std::to_string(options.wire_by_dim.size()) +
@@ -261,8 +262,8 @@ Status RingAllreduce::reduce_scatter(const SegmentedBuffer& input, const Segment
   const bool half = dtype == DType::kFloat16 || dtype == DType::kBFloat16;
   const bool wire = std::any_of(options.wire_by_dim.begin(), options.wire_by_dim.end(), [](int w) { return w >= 0; });
   RingSchedule schedule;
-  bool out_of_place = world > 1 && total * esize > options.small_bytes && !wire && !half &&
-                      !(integer && op == ReduceOp::kAverage);
+  bool out_of_place =
+      world > 1 && total * esize > options.small_bytes && !wire && !half && !(integer && op == ReduceOp::kAverage);
   if (out_of_place) {
     DDLFAST_RETURN_IF_ERROR(check_direct(options.direct_by_dim, ring_.torus.num_dims()));
     schedule = build_rank_schedule(ring_, block_counts, options.direct_by_dim);
@@ -317,7 +318,8 @@ Status RingAllreduce::reduce_scatter_by_chain(const SegmentedBuffer& input, cons
                                               const std::vector<std::size_t>& counts, DType dtype, ReduceOp op,
                                               const EngineOptions& options) {
   if (std::any_of(options.wire_by_dim.begin(), options.wire_by_dim.end(), [](int wire) { return wire >= 0; })) {
-    return Status::invalid("the canonical chain's reduce-scatter runs uncompressed; a 16-bit wire takes the flat order");
+    return Status::invalid(
+        "the canonical chain's reduce-scatter runs uncompressed; a 16-bit wire takes the flat order");
   }
   const std::size_t esize = dtype_size(dtype);
   const std::size_t total = input.count();
@@ -354,7 +356,7 @@ Status RingAllreduce::reduce_scatter_small(const SegmentedBuffer& data, const st
   const SegmentedBuffer own = select_ranges(data, {by_position[ring_.position]});
   std::vector<char> mine(own.count() * esize + 1);
   DDLFAST_RETURN_IF_ERROR(transport_.native_reduce_scatter(send.data(), mine.data(), rank_counts, dtype,
-                                                          op == ReduceOp::kAverage ? ReduceOp::kSum : op));
+                                                           op == ReduceOp::kAverage ? ReduceOp::kSum : op));
   divide_in_place(dtype, mine.data(), own.count(), divisor);
   copy_elements(contiguous(mine.data(), own.count(), esize), own);
   if (options.events) {
@@ -364,7 +366,8 @@ Status RingAllreduce::reduce_scatter_small(const SegmentedBuffer& data, const st
 }
 
 Status RingAllreduce::finish_fp16_bf16_reduce_scatter(const SegmentedBuffer& input, const SegmentedBuffer& output,
-                                                 const std::vector<std::size_t>& counts, DType dtype, ReduceOp op) {
+                                                      const std::vector<std::size_t>& counts, DType dtype,
+                                                      ReduceOp op) {
   const std::uint16_t exponent = dtype == DType::kFloat16 ? 0x7c00 : 0x7f80;
   auto bits_at = [](const SegmentedBuffer& data, std::size_t element) {
     std::uint16_t bits;
@@ -433,8 +436,8 @@ Status RingAllreduce::allgather(const SegmentedBuffer& input, const SegmentedBuf
   bool compressed = false;
   DDLFAST_RETURN_IF_ERROR(
       prepare_wire(ordered, float32 && esize == sizeof(float), ReduceOp::kSum, options, &divisor, &compressed));
-  return run_phases(ordered, build_rank_schedule(ring_, counts_by_position(counts)), DType::kFloat32, ReduceOp::kSum,
-                    1, compressed, options, RingPasses::kAllgather);
+  return run_phases(ordered, build_rank_schedule(ring_, counts_by_position(counts)), DType::kFloat32, ReduceOp::kSum, 1,
+                    compressed, options, RingPasses::kAllgather);
 }
 
 }  // namespace ddlfast

@@ -49,6 +49,7 @@ namespace {
 
 using agreement_wire::disagrees;
 using agreement_wire::kAgreement;
+using agreement_wire::kGathered;
 using agreement_wire::kHalving;
 using agreement_wire::kHeaderBytes;
 using agreement_wire::kSmallAllreduce;
@@ -241,7 +242,10 @@ Status MpiTransport::agree(std::uint64_t digest, bool* agreed, const AgreedReduc
   // exchange could complete here (with the right numbers: every contribution arrived): a notice of it that has
   // already come fails this rank now, as a wait would; one still on its way fails the next collective.
   if (census_ask_arrived()) return answer_census(what, -1);
-  const std::uint64_t form = bytes && reduction->halve ? kHalving : kWhole;
+  const std::uint64_t form = !bytes                                      ? kWhole
+                             : shared_ != nullptr && reduction->disjoint ? kGathered
+                             : reduction->halve                          ? kHalving
+                                                                         : kWhole;
   bool mismatch = false;
   if (shared_ != nullptr) {
     DDLFAST_RETURN_IF_ERROR(shared_exchange(fingerprint, form, reduction, what, &mismatch, &previous));

@@ -16,14 +16,15 @@ struct Header {
   std::uint64_t fingerprint;
   std::uint64_t flags;
   std::uint64_t payload_bytes;
-  std::uint64_t form;     // kWhole or kHalving
+  std::uint64_t form;     // kWhole, kHalving or kGathered
   ArrivalWaits previous;  // the previous collective's waits, reduced so far
 };
 constexpr std::size_t kHeaderBytes = sizeof(Header);
 static_assert(kHeaderBytes == 48, "the payload stays 16-byte aligned behind the header");
 constexpr std::uint64_t kMismatch = 1;
-constexpr std::uint64_t kWhole = 0;    // every step sends the whole partial result
-constexpr std::uint64_t kHalving = 1;  // recursive halving, then doubling (shared memory: scatter, then gather)
+constexpr std::uint64_t kWhole = 0;     // every step sends the whole partial result
+constexpr std::uint64_t kHalving = 1;   // recursive halving, then doubling (shared memory: scatter, then gather)
+constexpr std::uint64_t kGathered = 2;  // shared memory, AgreedReduction::disjoint: each rank's own block copied
 constexpr const char* kSmallAllreduce = "the small allreduce (its agreement in the same messages)";
 constexpr const char* kAgreement = "the agreement on the collective's arguments";
 

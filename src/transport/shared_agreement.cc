@@ -10,7 +10,8 @@
 //   2. it waits until every slot of the bank shows s (acquire loads; stall-limited, the census answered, as every
 //      wait) and reads every header: every rank reads the same headers, so all reach the same verdict and the
 //      same reduction of the previous collective's waits (transport/arrivals.h), at no extra cost;
-//   3. on agreement, the whole form reduces every payload in rank order into the caller's memory; in the halving
+//   3. on agreement, the whole form reduces every payload in rank order into the caller's memory (the gathered
+//      form, AgreedReduction::disjoint, writes only its own block and copies the others' blocks); in the halving
 //      form (AgreedReduction::halve) a rank writes every block but its own into its slot, reduces only its own
 //      block (rank order; its own operand read from its memory) into the part of its slot it left empty, marks it
 //      reduced, waits for every block and copies them out. Either way every element is one reduction in rank
@@ -31,6 +32,7 @@ namespace ddlfast {
 namespace {
 
 using agreement_wire::disagrees;
+using agreement_wire::kGathered;
 using agreement_wire::kHalving;
 using agreement_wire::kSmallAllreduce;
 using agreement_wire::waits_in;
@@ -142,6 +144,8 @@ Status MpiTransport::shared_exchange(std::uint64_t fingerprint, std::uint64_t fo
   if (form == kHalving) {  // the others read every block but this rank's own, which it reduces from its memory
     std::memcpy(mine + kPayloadOffset, result, low * element);
     std::memcpy(mine + kPayloadOffset + high * element, result + high * element, (count - high) * element);
+  } else if (form == kGathered) {  // only this rank's block is not zero
+    std::memcpy(mine + kPayloadOffset + low * element, result + low * element, (high - low) * element);
   } else if (bytes) {
     std::memcpy(mine + kPayloadOffset, result, bytes);
   }
@@ -156,6 +160,14 @@ Status MpiTransport::shared_exchange(std::uint64_t fingerprint, std::uint64_t fo
   *previous = waits;
   if (*mismatch || bytes == 0) return Status::ok();
   auto payload = [&](int rank, std::size_t from) { return shared_slot(rank) + kPayloadOffset + from * element; };
+  if (form == kGathered) {  // every other rank's block where the sum would have put it; no wait follows
+    for (int rank = 0; rank < size_; ++rank) {
+      const std::size_t from = block_low(rank);
+      if (rank != rank_)
+        std::memcpy(result + from * element, payload(rank, from), (block_low(rank + 1) - from) * element);
+    }
+    return Status::ok();
+  }
   if (form != kHalving) {  // every rank reduces everything; no wait follows, so the caller's memory is safe to use
     if (rank_ != 0) std::memcpy(result, payload(0, 0), bytes);  // rank 0's own value is there already
     for (int rank = 1; rank < size_; ++rank) {

@@ -29,6 +29,9 @@ struct AgreedReduction {
   // Recursive halving, then doubling, instead of the whole payload in every step: 2 log2(p) steps moving about
   // twice the payload instead of log2(p) steps moving log2(p) times it, each message a part of the payload.
   bool halve = false;
+  // A sum whose operands are zero outside each rank's own block (count * rank / size up to the next rank's): in
+  // shared memory each rank's block is copied instead (MpiTransport::shared_exchange), the same bytes as the sum.
+  bool disjoint = false;
 };
 
 class Transport {
