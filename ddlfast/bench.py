@@ -123,6 +123,20 @@ def _algorithm(comm: MPI.Comm, dims: str, nbytes: int, settings: config.Settings
                               compressed)
 
 
+def _carried(comm: MPI.Comm, collective: str, nbytes: int, dims: str, settings: config.Settings,
+             compression: str) -> bool:
+    """Whether ddlfast carries a reduce-scatter or allgather of `nbytes` in the agreement's messages (the engine's
+    own rule: engine/shards.carried_options)."""
+    if collective not in ("reduce_scatter", "allgather") or compression != "none":
+        return False
+    from ddlfast.api import _context_for
+    from ddlfast.engine.shards import carried_options
+
+    state = _context_for(comm)._state
+    return carried_options(state, collective, nbytes, state.resolve_dims(dims, settings), settings, (),
+                           False) is not None
+
+
 def sweep_sizes(begin: str | None, end: str | None, factor: int | None) -> list[int]:
     """nccl-tests' -b/-e/-f: begin, begin*factor, ... up to end (bytes; either bound alone is one size)."""
     first = parse_sizes(begin, "-b")[0] if begin else parse_sizes(end, "-e")[0] if end else None
@@ -389,11 +403,9 @@ def run_bench(
             takes = not settings.reproducible and topology.latency_takes(nbytes, settings.small_bytes,
                                                                          settings.algorithm, halving)
             latency = "halving" if halves(nbytes, halving) else "latency"
-            # A reduce-scatter the latency path's allreduce takes, an allgather whose result fits the limit: carried
-            # in the agreement's messages too (engine/shards.py, carried_options).
-            carried = compression == "none" and settings.algorithm != "mpi" and (
-                (collective == "reduce_scatter" and takes)
-                or (collective == "allgather" and 0 < nbytes <= min(settings.small_bytes, config.MAX_LATENCY_BYTES)))
+            # A reduce-scatter the latency path's allreduce takes, an allgather whose result it reaches: carried in
+            # the agreement's messages too.
+            carried = _carried(comm, collective, nbytes, dims, settings, compression)
             resets = collective in ("allreduce", "broadcast")  # in place: each call starts from the input
 
             samples = np.zeros((n_iters, 2), dtype=np.float64)
@@ -429,7 +441,7 @@ def run_bench(
                 # passes too (`carried`), compressed ones go to MPI's own collective; above, DDLFAST_ALGORITHM
                 # chooses (the name here, the shape in "algorithm").
                 "path": ("local" if world == 1 else "mpi-bcast" if collective == "broadcast"
-                         else latency if carried
+                         else (latency if collective == "reduce_scatter" else "latency") if carried
                          else latency if collective == "allreduce" and compression == "none"
                          and settings.small_bytes < nbytes and takes
                          else algorithm.name if nbytes > settings.small_bytes
@@ -503,9 +515,9 @@ def header_lines(rows: Sequence[dict[str, Any]], world: int) -> list[str]:
         f"mpi4py on {info.get('mpi4py_vendor', '?')}, compiler {info.get('compiler', '?')}",
         f"# ddlfast wire compression: {first.get('compression', 'none')}",
         f"# settings: chunk bytes {chunk} ({format_bytes(chunk)}, DDLFAST_CHUNK_BYTES), small bytes {small} "
-        f"(DDLFAST_SMALL_BYTES: an allreduce or a reduce-scatter of at most this, and an allgather whose result "
-        f"fits it, ride in the agreement's messages, path 'latency'; a compressed reduce-scatter or allgather takes "
-        f"MPI's own collective, path 'mpi-handoff')",
+        f"(DDLFAST_SMALL_BYTES: an allreduce, a reduce-scatter or an allgather (its result) of at most this rides "
+        f"in the agreement's messages, path 'latency', in shared memory as far as the latency path reaches; a "
+        f"compressed reduce-scatter or allgather takes MPI's own collective, path 'mpi-handoff')",
         f"# baseline: {baseline}, alternated with ddlfast every iteration, both on one buffer",
         "# time: median over iterations of the slowest rank's time; GB/s = 1e9 B/s; "
         "ratio = busbw_ddlfast / busbw_mpi (>1: ddlfast faster)",

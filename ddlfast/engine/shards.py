@@ -234,13 +234,21 @@ def carried_options(state: EngineState, kind: str, nbytes: int, dims: tuple[int,
     """The core's options for a call whose result rides in the agreement's own messages (Core::
     agreed_reduce_scatter / agreed_allgather, carried), or None: the agreement, then the ring's half.
     `nbytes`: the whole input of a reduce-scatter (an allreduce of it, as the latency path takes one), the whole
-    result of an allgather (an exact int64 sum, up to the small-message limit). Uncompressed, not reproducible,
-    not DDLFAST_ALGORITHM=mpi. From agreed values only, so ranks that agree choose alike: the general path
-    (_carried) and the fast path (ddlfast/engine/fast_path.py) both ask here."""
+    result of an allgather (an exact int64 sum of each rank's block, padded to whole words: up to the
+    small-message limit, and in shared memory, where a rank writes its block and copies the others', as far as
+    the latency path reaches). Uncompressed, not reproducible, not DDLFAST_ALGORITHM=mpi. From agreed values
+    only (whether the ranks share the agreement's memory is one of them), so ranks that agree choose alike: the
+    general path (_carried) and the fast path (ddlfast/engine/fast_path.py) both ask here."""
     if wire or settings.reproducible or settings.algorithm == "mpi":
         return None
     if kind == ALLGATHER:
-        return state.call_options(-(-nbytes // 8) * 8, dims, settings) if state.folds(nbytes, settings) else None
+        world = state.size
+        words = world * -(-(nbytes // world) // 8) * 8  # Core::agreed_allgather's blocks of whole words
+        if state.folds(words, settings):
+            return state.call_options(words, dims, settings)
+        if nbytes and state.core.shared_memory and state.latency_takes(words, settings):
+            return state.call_options(words, dims, settings, latency=True)
+        return None
     if not state.latency_takes(nbytes, settings):
         return None
     return state.call_options(nbytes, dims, settings, (), half_sum, latency=True)

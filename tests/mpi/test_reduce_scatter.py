@@ -44,6 +44,9 @@ def test_bench_checks_each_collective_against_mpi(collective: str) -> None:
     mpi_name = {"reduce_scatter": "MPI_Reduce_scatter_block", "allgather": "MPI_Allgather", "broadcast": "MPI_Bcast"}
     assert f"# check: ddlfast matches {mpi_name[collective]} on every rank in all 2 rows (exactly)" in result.stdout
     assert result.stdout.count(" ok") == 2, result.stdout
+    if collective != "broadcast":  # 4 KiB rides in the agreement's messages (shards.carried_options)
+        row = next(line for line in result.stdout.splitlines() if line.split()[:1] == ["4092"])
+        assert " latency |" in row, row
 
 
 @pytest.mark.mpi
