@@ -124,17 +124,19 @@ def _algorithm(comm: MPI.Comm, dims: str, nbytes: int, settings: config.Settings
 
 
 def _carried(comm: MPI.Comm, collective: str, nbytes: int, dims: str, settings: config.Settings,
-             compression: str) -> bool:
+             compression: str, dtype: np.dtype, op: str) -> bool:
     """Whether ddlfast carries a reduce-scatter or allgather of `nbytes` in the agreement's messages (the engine's
     own rule: engine/shards.carried_options)."""
     if collective not in ("reduce_scatter", "allgather") or compression != "none":
         return False
     from ddlfast.api import _context_for
     from ddlfast.engine.shards import carried_options
+    from ddlfast.engine.state import is_half_sum
 
     state = _context_for(comm)._state
+    half_sum = collective == "reduce_scatter" and is_half_sum(dtype, op)
     return carried_options(state, collective, nbytes, state.resolve_dims(dims, settings), settings, (),
-                           False) is not None
+                           half_sum) is not None
 
 
 def sweep_sizes(begin: str | None, end: str | None, factor: int | None) -> list[int]:
@@ -405,7 +407,7 @@ def run_bench(
             latency = "halving" if halves(nbytes, halving) else "latency"
             # A reduce-scatter the latency path's allreduce takes, an allgather whose result it reaches: carried in
             # the agreement's messages too.
-            carried = _carried(comm, collective, nbytes, dims, settings, compression)
+            carried = _carried(comm, collective, nbytes, dims, settings, compression, np_dtype, op)
             resets = collective in ("allreduce", "broadcast")  # in place: each call starts from the input
 
             samples = np.zeros((n_iters, 2), dtype=np.float64)

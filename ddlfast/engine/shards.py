@@ -233,7 +233,8 @@ def carried_options(state: EngineState, kind: str, nbytes: int, dims: tuple[int,
                     wire: tuple[int, ...], half_sum: bool) -> Any:
     """The core's options for a call whose result rides in the agreement's own messages (Core::
     agreed_reduce_scatter / agreed_allgather, carried), or None: the agreement, then the ring's half.
-    `nbytes`: the whole input of a reduce-scatter (an allreduce of it, as the latency path takes one), the whole
+    `nbytes`: the whole input of a reduce-scatter (an allreduce of it, as the latency path takes one; not for
+    fp16/bf16 sums, `half_sum`), the whole
     result of an allgather (an exact int64 sum of each rank's block, padded to whole words: up to the
     small-message limit, and in shared memory, where a rank writes its block and copies the others', as far as
     the latency path reaches). Uncompressed, not reproducible, not DDLFAST_ALGORITHM=mpi. From agreed values
@@ -249,7 +250,9 @@ def carried_options(state: EngineState, kind: str, nbytes: int, dims: tuple[int,
         if nbytes and state.core.shared_memory and state.latency_takes(words, settings):
             return state.call_options(words, dims, settings, latency=True)
         return None
-    if not state.latency_takes(nbytes, settings):
+    if half_sum or not state.latency_takes(nbytes, settings):
+        # fp16/bf16 sums: the ring's reduce-scatter reports an overflow in this rank's block as its own, where the
+        # allreduce would name the whole buffer's
         return None
     return state.call_options(nbytes, dims, settings, (), half_sum, latency=True)
 
