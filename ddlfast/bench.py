@@ -123,6 +123,17 @@ def _algorithm(comm: MPI.Comm, dims: str, nbytes: int, settings: config.Settings
                               compressed)
 
 
+def _broadcast_path(comm: MPI.Comm, nbytes: int, settings: config.Settings) -> str:
+    """The route of a host broadcast of `nbytes` (engine/small.py's rule): in the agreement's messages, along the
+    ring, or MPI's broadcast."""
+    from ddlfast.api import _context_for
+    from ddlfast.engine.small import ring_broadcasts
+
+    state = _context_for(comm)._state
+    return ("latency" if state.folds(nbytes, settings) else "ring" if ring_broadcasts(state.size, nbytes, settings)
+            else "mpi-bcast")
+
+
 def _carried(comm: MPI.Comm, collective: str, nbytes: int, dims: str, settings: config.Settings,
              compression: str, dtype: np.dtype, op: str) -> bool:
     """Whether ddlfast carries a reduce-scatter or allgather of `nbytes` in the agreement's messages (the engine's
@@ -442,7 +453,7 @@ def run_bench(
                 # path, "halving" where it halves; MPI's allreduce with DDLFAST_ALGORITHM=mpi), uncompressed
                 # passes too (`carried`), compressed ones go to MPI's own collective; above, DDLFAST_ALGORITHM
                 # chooses (the name here, the shape in "algorithm").
-                "path": ("local" if world == 1 else "mpi-bcast" if collective == "broadcast"
+                "path": ("local" if world == 1 else _broadcast_path(comm, nbytes, settings) if collective == "broadcast"
                          else (latency if collective == "reduce_scatter" else "latency") if carried
                          else latency if collective == "allreduce" and compression == "none"
                          and settings.small_bytes < nbytes and takes

@@ -429,7 +429,9 @@ Status RingAllreduce::allgather(const SegmentedBuffer& input, const SegmentedBuf
     }
     return Status::ok();
   }
-  copy_elements(input, select_ranges(output, {consecutive(counts)[me]}));
+  const SegmentedBuffer own = select_ranges(output, {consecutive(counts)[me]});
+  // A broadcast's root passes its block where the output holds it already (ddlfast/engine/small.py).
+  if (input.count() > 0 && input.address(0) != own.address(0)) copy_elements(input, own);
   if (world == 1 || output.count() == 0) return Status::ok();
   const SegmentedBuffer ordered = in_block_order(output, counts);
   int divisor = 1;

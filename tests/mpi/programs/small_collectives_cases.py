@@ -240,10 +240,63 @@ def split_cases(world_comm: MPI.Intracomm) -> list[tuple[str, str | None]]:
     return results
 
 
+def ring_broadcast_cases(comm: MPI.Intracomm) -> list[tuple[str, str | None]]:
+    """Broadcasts from (P - 1) chunks up run on the ring (engine/small.ring_broadcasts), one below through MPI's
+    broadcast: every root, odd sizes and several chunks (4 KiB chunks), blocking and asynchronous, against root's
+    bytes on every rank; then, after the ring's layout was cached, faults on one rank (another root, a size across
+    the threshold, a read-only array): DdlfastError on every rank, no array written."""
+    rank, world = comm.Get_rank(), comm.Get_size()
+    chunk = 4096
+    os.environ["DDLFAST_CHUNK_BYTES"] = str(chunk)
+    edge = max(1, world - 1) * chunk
+    results = []
+    try:
+        for nbytes in (edge - 1, edge, edge + 13, 5 * edge + 4099):
+            for root in range(world):
+                want = np.frombuffer(hashlib.sha256(f"{nbytes} {root}".encode()).digest() * (nbytes // 32 + 1),
+                                     np.uint8)[:nbytes].copy()
+                array = want.copy() if rank == root else np.full(nbytes, 7, np.uint8)
+                if root % 2:
+                    returned = ddlfast.broadcast_async(array, root=root, comm=comm).wait()
+                else:
+                    returned = ddlfast.broadcast(array, root=root, comm=comm)
+                failure = None if returned is array and array.tobytes() == want.tobytes() else "bytes differ"
+                if failure is None and not same_everywhere(comm, array):
+                    failure = "results differ across ranks"
+                results.append((f"broadcast of {nbytes} B (ring from {edge}) root {root}", failure))
+        if world < 2:
+            return results
+        last = world - 1
+        x = np.arange(2 * edge, dtype=np.uint8)
+        for _ in range(2):
+            ddlfast.broadcast(x, root=0, comm=comm)
+        shorter = np.zeros(edge - 1, np.uint8)
+        frozen = np.zeros_like(x)
+        frozen.flags.writeable = False
+        for label, call, needles in (
+                ("another root", lambda: ddlfast.broadcast(x, root=1 if rank == last else 0, comm=comm), ["root"]),
+                ("a size below the ring's", lambda: ddlfast.broadcast(shorter if rank == last else x, comm=comm),
+                 ["disagree"]),
+                ("a read-only array", lambda: ddlfast.broadcast(frozen if rank == last else x, comm=comm),
+                 ["read-only", f"rank {last}"])):
+            before = (x.copy(), shorter.copy())
+            failure = expect_error(comm, call, *needles)
+            if failure is None and not (np.array_equal(x, before[0]) and np.array_equal(shorter, before[1])):
+                failure = f"rank {rank} wrote although the call failed"
+            results.append((f"ring broadcast, {label} on rank {last}", failure))
+        y = np.full(2 * edge, rank, np.uint8)
+        ddlfast.broadcast(y, root=last, comm=comm)
+        results.append(("ring broadcast after the faults", None if np.all(y == last) else "wrong values"))
+    finally:
+        del os.environ["DDLFAST_CHUNK_BYTES"]
+    return results
+
+
 def main() -> int:
     comm = MPI.COMM_WORLD
     world = comm.Get_size()
-    results = barrier_cases(comm) + broadcast_cases(comm) + object_cases(comm) + bad_input_cases(comm)
+    results = barrier_cases(comm) + broadcast_cases(comm) + ring_broadcast_cases(comm) + object_cases(comm)
+    results += bad_input_cases(comm)
     if world > 1:
         os.environ["DDLFAST_SMALL_BYTES"] = "0"
         results += split_cases(comm)
