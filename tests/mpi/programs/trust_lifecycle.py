@@ -86,6 +86,8 @@ def second_thread() -> None:
             for name, action in (("allreduce", lambda: context.allreduce(x)),
                                  ("allreduce_async", lambda: context.allreduce_async(x)),
                                  ("fused_allreduce", lambda: context.fused_allreduce([x, x.copy()])),
+                                 ("reduce_scatter", lambda: context.reduce_scatter(x[:world * 16])),
+                                 ("allgather", lambda: context.allgather(x)),
                                  ("barrier", context.barrier),
                                  ("broadcast", lambda: context.broadcast(x)),
                                  ("submit", lambda: context.submit(lambda: None, "work"))):
@@ -166,6 +168,8 @@ def forked_child() -> None:
             x = np.ones(1024, np.float32)
             for name, action in (("allreduce", lambda: ddlfast.allreduce(x)),
                                  ("allreduce_async", lambda: context.allreduce_async(x)),
+                                 ("reduce_scatter", lambda: ddlfast.reduce_scatter(x[:world * 16])),
+                                 ("allgather", lambda: ddlfast.allgather(x)),
                                  ("barrier", context.barrier),
                                  ("new default-context call", lambda: ddlfast.broadcast(x))):
                 error = caught(action)
@@ -190,7 +194,7 @@ def forked_child() -> None:
         text = report.decode()
         print("\n".join(f"rank {rank} child: {line}" for line in text.splitlines()), flush=True)
         expect(status == 0, f"the child exited with status {status}")
-        expect("BAD" not in text and text.count("ok ") == 6, f"the child's report: {text}")
+        expect("BAD" not in text and text.count("ok ") == 8, f"the child's report: {text}")
     comm.Barrier()  # the parent's job goes on, in step, after its child
     checked_sum(context, seed=4)
     checked_sum(context, count=300_000, seed=5)
