@@ -715,6 +715,43 @@ cdef class Core:
             PyBuffer_Release(&source_view)
         return self._outcome(agreed)
 
+    def broadcast_array(self, array, size_t nbytes, int root, CallOptions options not None, uint64_t digest,
+                        int64_t site=-1):
+        """broadcast() of one array's `nbytes` bytes from `root`, carried in the per-call agreement on `digest`
+        (Core::agreed_allgather with root's block only). Returns as shard_array: 1 done, 0 the ranks disagreed
+        (nothing written), -1 nothing ran (not a writable C-contiguous buffer of nbytes)."""
+        cdef Py_buffer view
+        cdef CoreCpp* context = self.get()
+        cdef vector[size_t] blocks
+        cdef vector[char*] bases
+        cdef vector[size_t] sizes
+        cdef unique_ptr[SegmentedBuffer] source
+        cdef unique_ptr[SegmentedBuffer] target
+        cdef bint agreed
+        if root < 0 or root >= context.size():
+            return -1
+        try:
+            PyObject_GetBuffer(array, &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)
+        except (BufferError, ValueError):  # read-only or not C-contiguous
+            return -1
+        try:
+            if <size_t>view.len != nbytes:
+                return -1
+            blocks.assign(context.size(), 0)
+            blocks[root] = nbytes
+            if context.rank() == root:
+                bases.push_back(<char*>view.buf)
+                sizes.push_back(nbytes)
+            source.reset(new SegmentedBuffer(bases, sizes, 1))
+            bases.assign(1, <char*>view.buf)
+            sizes.assign(1, nbytes)
+            target.reset(new SegmentedBuffer(bases, sizes, 1))
+            self._set_site(site)
+            agreed = self._agreed_shard(False, source.get()[0], target.get()[0], blocks, -1, 0, options, digest, True)
+        finally:
+            PyBuffer_Release(&view)
+        return self._outcome(agreed)
+
     cdef int _set_site(self, int64_t site) except -1:
         """The flight recorder's call site for the next collective (allreduce_array's `site`)."""
         if site == -2:

@@ -746,13 +746,16 @@ class Context:
         else:
             return None
         fast = self._fast
+        done = self._fast_in_core(lambda: fast.run_shard(array, result, plan, settings, name), kind)
+        return result if done else None
+
+    def _fast_in_core(self, run: Callable[[], bool], kind: str) -> bool:
+        """A fast path's run (ddlfast/engine/fast_path.py) in this context's order: False where it did not run."""
         if self._worker is None and not self._ulfm:  # _in_order's own first case, spelled out
             with self._lock:
                 self._check_open()
-                done = fast.run_shard(array, result, plan, settings, name)
-        else:
-            done = self._in_order(lambda: fast.run_shard(array, result, plan, settings, name), kind)
-        return result if done else None
+                return run()
+        return self._in_order(run, kind)
 
     @traced("fused_reduce_scatter")
     def fused_reduce_scatter(self, arrays: Sequence[Any], *, op: str = "sum", dims: object = None,
@@ -891,10 +894,27 @@ class Context:
 
     # -- the small collectives (ddlfast/engine/small.py) --------------------------------------------------------------
 
-    @traced("broadcast")
     def broadcast(self, array: np.ndarray, root: int = 0, name: Name = None) -> np.ndarray:
         """Copy `root`'s array into every rank's array, in place: any fixed-size dtype (a byte copy), host or
-        GPU (through a pinned host copy)."""
+        GPU (through a pinned host copy). A small NumPy array takes the fast path where it applies."""
+        if _modules_get(PROFILER) is not None:  # traced()'s test, spelled out: the fast path
+            span = recording_range("ddlfast:broadcast")
+            if span is not None:
+                with span:
+                    return self._broadcast(array, root, name)
+        return self._broadcast(array, root, name)
+
+    def _broadcast(self, array: np.ndarray, root: int, name: Name) -> np.ndarray:
+        if (type(array) is np.ndarray and type(root) is int and self._state.timeline is None
+                and (name is None or type(name) in (str, int))):
+            if _get_ident() != self._issuer:
+                self._other_caller()
+            settings = load_settings()
+            plan = self._fast.broadcast_plan(array, root, settings)
+            if plan is not None:
+                fast = self._fast
+                if self._fast_in_core(lambda: fast.run_broadcast(array, plan, settings, name), "broadcast"):
+                    return array
         return self._now(lambda: small.broadcast(self._state, array, root), "broadcast", name)
 
     @traced("broadcast_async")

@@ -8,11 +8,13 @@ take (GPU arrays, compression, bfloat16, bad arguments) goes to the general path
 reduce_scatter() and allgather() of one array (equal blocks) have plans of their own (ShardPlan): the agreement
 and the collective in one call into the core (`shard_array`), carried inside the agreement's messages where the
 general path carries them too (engine/shards.py, carried_options), so ranks on either path exchange the same
-messages.
+messages. A broadcast() that rides in the agreement's messages (BroadcastPlan) is such an allgather with root's
+block only, the words the general path sums (engine/small.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -59,11 +61,23 @@ class ShardPlan(NamedTuple):
     digest: int
 
 
+class BroadcastPlan(NamedTuple):
+    """What one kind of broadcast() call needs in the core (as Plan)."""
+
+    settings: Settings
+    root: int
+    size: int  # bytes
+    options: Any  # _core.CallOptions
+    layout: tuple
+    digest: int
+
+
 class FastPath:
     def __init__(self, state: EngineState) -> None:
         self._state = state
         self._plans: dict[tuple, Plan] = {}
         self._shard_plans: dict[tuple, ShardPlan] = {}
+        self._broadcast_plans: dict[tuple, BroadcastPlan] = {}
         # The last plan with what chose it: a loop of one kind of call compares objects, hashing nothing.
         self._last: tuple = (None, None, None, None, None, None)
 
@@ -199,17 +213,51 @@ class FastPath:
     def run_shard(self, array: np.ndarray, out: np.ndarray, plan: ShardPlan, settings: Settings,
                   name: str | int | None = None) -> bool:
         """As run(), for a shard plan: False when a buffer cannot take the fast path (nothing ran)."""
-        layout, digest = plan.layout, plan.digest
+        core = self._state.core
+        return self._in_core(lambda digest: core.shard_array(plan.reduce, array, out, plan.size, plan.dtype_code,
+                                                             plan.op_code, plan.options, digest, plan.carried, -2),
+                             plan.layout, plan.digest, settings, name)
+
+    def broadcast_plan(self, array: np.ndarray, root: int, settings: Settings) -> BroadcastPlan | None:
+        """The plan for a broadcast() of one host array that rides in the agreement's messages (as the general
+        path's, engine/small.py: root's bytes in int64 words, zeros elsewhere, summed), or None."""
+        key = (array.dtype, array.shape, root)
+        plan = self._broadcast_plans.get(key)
+        if plan is not None and plan.settings is settings:
+            return plan
+        state = self._state
+        nbytes = array.nbytes
+        if array.dtype.hasobject or not 0 <= root < state.size or not state.folds(nbytes, settings):
+            return None
+        words = -(-nbytes // 8) * 8
+        layout = ("broadcast", root, ((array.dtype, array.shape),))  # small._broadcast_host's
+        options = state.call_options(words, state.resolve_dims(None, settings), settings)
+        broadcast = BroadcastPlan(settings, root, nbytes, options, layout, state.agreement.digest(layout))
+        if len(self._broadcast_plans) >= MAX_PLANS:
+            self._broadcast_plans.clear()
+        self._broadcast_plans[key] = broadcast
+        return broadcast
+
+    def run_broadcast(self, array: np.ndarray, plan: BroadcastPlan, settings: Settings,
+                      name: str | int | None = None) -> bool:
+        """As run(), for a broadcast plan (Core.broadcast_array)."""
+        core = self._state.core
+        return self._in_core(lambda digest: core.broadcast_array(array, plan.size, plan.root, plan.options, digest,
+                                                                 -2),
+                             plan.layout, plan.digest, settings, name)
+
+    def _in_core(self, call: Callable[[int], int], layout: tuple, digest: int, settings: Settings,
+                 name: str | int | None) -> bool:
+        """`call(fingerprint)` runs the agreement and the collective in one call into the core, returning 1 done,
+        0 the ranks disagreed, -1 nothing ran: as run()'s loop."""
         state = self._state
         if name is not None:
             digest = state.agreement.fingerprint(layout, digest, name)
         if state.core_timeout_s != settings.timeout_s:
             state.set_core_timeout(settings.timeout_s)
-        core = state.core
         while True:
             try:
-                outcome = core.shard_array(plan.reduce, array, out, plan.size, plan.dtype_code, plan.op_code,
-                                           plan.options, digest, plan.carried, -2)
+                outcome = call(digest)
             except DdlfastConsistentError:
                 raise
             except BaseException as error:

@@ -10,6 +10,7 @@ messages up to the latency path's reach, the ring's half past it), and its fault
 3. Faults on one rank after the plan was cached: another count, op, name, dtype, collective, a size across the
    reach, a bad out= (size, read-only, overlapping the input). Every rank raises DdlfastError, nothing is
    written, the context works afterwards.
+4. broadcast() on its fast path: results, a rank on the general path beside it, and faults (broadcast_cases).
 
 Prints "N cases on P ranks, F failures"; exits non-zero on any failure.
 """
@@ -191,10 +192,60 @@ def faults_at(comm: MPI.Intracomm, count: int) -> list[tuple[str, str | None]]:
     return results
 
 
+def broadcast_cases(comm: MPI.Intracomm) -> list[tuple[str, str | None]]:
+    """broadcast() up to the limit on its fast path (fast_path.BroadcastPlan): every root, odd byte counts at the
+    limit's edges, bit-identical everywhere; one rank on the general path beside the fast path; faults on one rank
+    after the plan was cached (another root, a size across the limit, a read-only array, another collective)."""
+    rank, world = comm.Get_rank(), comm.Get_size()
+    results = []
+    for dtype in (np.dtype(np.int8), np.dtype(np.float16), np.dtype(np.complex64)):
+        for count in (1, 3, LIMIT // dtype.itemsize - 1, LIMIT // dtype.itemsize, LIMIT // dtype.itemsize + 1):
+            for root in sorted({0, world - 1}):
+                want = (np.arange(count) % 113 + root).astype(dtype)
+                array = want.copy() if rank == root else np.zeros(count, dtype)
+                failure = None if ddlfast.broadcast(array, root=root) is array else "did not return the array"
+                if failure is None and array.tobytes() != want.tobytes():
+                    failure = "bytes differ from root's"
+                if failure is None and len(set(comm.allgather(array.tobytes()))) != 1:
+                    failure = "bits differ across ranks"
+                results.append((f"broadcast {dtype.name}[{count}] root {root}", failure))
+    if world < 2:
+        return results
+    odd = world - 1
+    x = np.arange(100, dtype=np.float32) + rank
+    for label, general in (("an ndarray subclass", lambda: ddlfast.broadcast(x.view(Subclass), root=0)),
+                           ("a NumPy integer root", lambda: ddlfast.broadcast(x, root=np.int64(0)))):
+        x[:] = np.arange(100, dtype=np.float32) + rank
+        try:
+            general() if rank == odd else ddlfast.broadcast(x, root=0)
+            failure = None if np.array_equal(x, np.arange(100, dtype=np.float32)) else f"got {x[:4]}"
+        except ddlfast.DdlfastError as error:
+            failure = f"raised {error}"
+        results.append((f"broadcast, {label} on rank {odd}", failure))
+    for _ in range(3):
+        ddlfast.broadcast(x, root=0)
+    big = np.zeros(LIMIT // 4 + 1, np.float32)
+    frozen = x.copy()
+    frozen.flags.writeable = False
+    cases = [
+        ("another root", lambda: ddlfast.broadcast(x, root=1 if rank == odd else 0), "root"),
+        ("a size across the limit", lambda: ddlfast.broadcast(big if rank == odd else x, root=0), "disagree"),
+        ("a read-only array", lambda: ddlfast.broadcast(frozen if rank == odd else x, root=0), "read-only"),
+        ("an allgather against it", lambda: ddlfast.allgather(x) if rank == odd else ddlfast.broadcast(x, root=0),
+         "different collectives"),
+    ]
+    results += [untouched_after_error(comm, f"broadcast, {label} on one rank", {"x": x, "big": big}, call, *needles)
+                for label, call, *needles in cases]
+    y = np.full(9, rank, np.int32)
+    ddlfast.broadcast(y, root=odd)
+    results.append(("broadcast works after the faults", None if np.all(y == odd) else f"got {y}"))
+    return results
+
+
 def main() -> int:
     os.environ["DDLFAST_SMALL_BYTES"] = str(LIMIT)
     comm = MPI.COMM_WORLD
-    return report_results(comm, result_cases(comm) + mixed_cases(comm) + fault_cases(comm))
+    return report_results(comm, result_cases(comm) + mixed_cases(comm) + fault_cases(comm) + broadcast_cases(comm))
 
 
 if __name__ == "__main__":
