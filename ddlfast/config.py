@@ -498,6 +498,11 @@ HALVING_REACH_BYTES = 32 << 10
 # /dev/shm cannot hold that, the slots stay at their size and larger calls take the ring).
 SHARED_OVERSUBSCRIBED_HALVING_BYTES = 16 << 10
 SHARED_OVERSUBSCRIBED_REACH_BYTES = MAX_LATENCY_REACH_BYTES
+# A reduce-scatter or allgather rides in the agreement's messages (engine/shards.carried_options) up to this, where
+# the latency path reaches that far: on 2 cores at P = 4 (busbw / MPI's, carried against the ring, two runs) an
+# allgather at 2 MiB was 1.14-1.34 against 0.96-0.99 and at 4 MiB 0.84-0.89 against 0.98-1.05; a reduce-scatter
+# at 2 MiB 1.04-1.07 against 1.03-1.10, at 4 MiB 0.74-0.81 against 0.76-0.87.
+MAX_CARRIED_SHARD_BYTES = 2 * MIB
 
 
 def halving_bytes(environ: Mapping[str, str] | None = None) -> int | None:

@@ -29,7 +29,7 @@ from ddlfast.buffers.device import any_device_array, device_buffers
 from ddlfast.buffers.dtypes import dtype_code, numpy_dtype
 from ddlfast.buffers.host import host_view, torch_tensor_module
 from ddlfast.compression.wire import wire_by_dim
-from ddlfast.config import load_settings, with_reproducible
+from ddlfast.config import MAX_CARRIED_SHARD_BYTES, load_settings, with_reproducible
 from ddlfast.engine import device
 from ddlfast.engine.device import submit
 from ddlfast.engine.host import check_wire_overflows
@@ -234,13 +234,13 @@ def carried_options(state: EngineState, kind: str, nbytes: int, dims: tuple[int,
     """The core's options for a call whose result rides in the agreement's own messages (Core::
     agreed_reduce_scatter / agreed_allgather, carried), or None: the agreement, then the ring's half.
     `nbytes`: the whole input of a reduce-scatter (an allreduce of it, as the latency path takes one; not for
-    fp16/bf16 sums, `half_sum`), the whole
-    result of an allgather (an exact int64 sum of each rank's block, padded to whole words: up to the
-    small-message limit, and in shared memory, where a rank writes its block and copies the others', as far as
-    the latency path reaches). Uncompressed, not reproducible, not DDLFAST_ALGORITHM=mpi. From agreed values
-    only (whether the ranks share the agreement's memory is one of them), so ranks that agree choose alike: the
-    general path (_carried) and the fast path (ddlfast/engine/fast_path.py) both ask here."""
-    if wire or settings.reproducible or settings.algorithm == "mpi":
+    fp16/bf16 sums, `half_sum`), the whole result of an allgather (an exact int64 sum of each rank's block, padded
+    to whole words: up to the small-message limit, and in shared memory, where a rank writes its block and copies
+    the others', as far as the latency path reaches); neither above config.MAX_CARRIED_SHARD_BYTES. Uncompressed,
+    not reproducible, not DDLFAST_ALGORITHM=mpi. From agreed values only (whether the ranks share the agreement's
+    memory is one of them), so ranks that agree choose alike: the general path (_carried) and the fast path
+    (ddlfast/engine/fast_path.py) both ask here."""
+    if wire or settings.reproducible or settings.algorithm == "mpi" or nbytes > MAX_CARRIED_SHARD_BYTES:
         return None
     if kind == ALLGATHER:
         world = state.size

@@ -28,7 +28,7 @@ from ops_cases import DTYPES, OPS, check_result, inputs_for, reference
 
 import ddlfast
 from ddlfast.api import _context_for
-from ddlfast.config import load_settings
+from ddlfast.config import MAX_CARRIED_SHARD_BYTES, load_settings
 
 LIMIT = 4096  # DDLFAST_SMALL_BYTES
 
@@ -38,8 +38,9 @@ class Subclass(np.ndarray):
 
 
 def reach_bytes(comm: MPI.Intracomm) -> int:
-    """The largest whole input the reduce-scatter carries (the latency path's reach for an allreduce)."""
-    return _context_for(comm)._state.latency_reach(load_settings())
+    """The largest whole input the reduce-scatter carries (the latency path's reach for an allreduce, at most
+    MAX_CARRIED_SHARD_BYTES)."""
+    return min(_context_for(comm)._state.latency_reach(load_settings()), MAX_CARRIED_SHARD_BYTES)
 
 
 def ring_count(comm: MPI.Intracomm, itemsize: int) -> int:
