@@ -25,6 +25,7 @@ from ddlfast.config import Settings
 from ddlfast.engine.agreement import allreduce_layout, warn_straggler
 from ddlfast.engine.requests import resolve_compression
 from ddlfast.engine.shards import REDUCE_SCATTER, Spec, carried_options, layout_of, result_shape
+from ddlfast.engine.small import carried_broadcast_options
 from ddlfast.engine.state import EngineState, compressed_dims, is_half_sum
 from ddlfast.errors import DdlfastConsistentError, DdlfastError
 from ddlfast.ops import OPS
@@ -227,11 +228,12 @@ class FastPath:
             return plan
         state = self._state
         nbytes = array.nbytes
-        if array.dtype.hasobject or not 0 <= root < state.size or not state.folds(nbytes, settings):
+        if array.dtype.hasobject or not 0 <= root < state.size:
             return None
-        words = -(-nbytes // 8) * 8
+        options = carried_broadcast_options(state, nbytes, settings)
+        if options is None:
+            return None
         layout = ("broadcast", root, ((array.dtype, array.shape),))  # small._broadcast_host's
-        options = state.call_options(words, state.resolve_dims(None, settings), settings)
         broadcast = BroadcastPlan(settings, root, nbytes, options, layout, state.agreement.digest(layout))
         if len(self._broadcast_plans) >= MAX_PLANS:
             self._broadcast_plans.clear()

@@ -12,7 +12,7 @@ import numpy as np
 
 from ddlfast.buffers.device import any_device_array
 from ddlfast.buffers.host import broadcast_target
-from ddlfast.config import load_settings
+from ddlfast.config import MAX_CARRIED_SHARD_BYTES, load_settings
 from ddlfast.engine import device, requests
 from ddlfast.engine.device import DeviceRequest, layout_arrays
 from ddlfast.engine.flight import MAX_STRAGGLER_WINDOW, straggler_table
@@ -55,7 +55,8 @@ def _broadcast_host(state: EngineState, target: np.ndarray, root: int, arrays: t
     layout = ("broadcast", root, arrays)
     settings = load_settings()
     nbytes = target.nbytes
-    if not state.folds(nbytes, settings):
+    options = carried_broadcast_options(state, nbytes, settings)
+    if options is None:
         if ring_broadcasts(state.size, nbytes, settings):
             state.agreed(layout, lambda: _broadcast_by_ring(state, target, root, settings))
         else:
@@ -65,9 +66,26 @@ def _broadcast_host(state: EngineState, target: np.ndarray, root: int, arrays: t
     flat = target.reshape(-1).view(np.uint8)
     if state.rank == root:
         words.view(np.uint8)[:nbytes] = flat
-    state.carried_in_agreement(layout, words, settings)
+    state.carried_in_agreement(layout, words, options)
     flat[...] = words.view(np.uint8)[:nbytes]
     return result
+
+
+def carried_broadcast_options(state: EngineState, nbytes: int, settings: Any) -> Any:
+    """The core's options for a host broadcast of `nbytes` carried in the agreement's messages (root's bytes in
+    int64 words, zeros elsewhere, summed), or None. Up to the small-message limit (EngineState.folds), and where
+    the ranks share the agreement's memory as far as the latency path reaches, up to MAX_CARRIED_SHARD_BYTES
+    (2 cores, busbw / MPI_Bcast's: P=2 16-64 KiB 1.15-1.18 against 0.46-0.58 staged; P=4 16 KiB-1 MiB
+    0.83-1.35 against 0.40-0.61). Agreed values only: the general path and the fast path
+    (ddlfast/engine/fast_path.py) both ask here."""
+    words = -(-nbytes // 8) * 8
+    dims = state.resolve_dims(None, settings)
+    if state.folds(nbytes, settings):
+        return state.call_options(words, dims, settings)
+    if (0 < nbytes and settings.algorithm != "mpi" and not settings.reproducible and words <= MAX_CARRIED_SHARD_BYTES
+            and state.core.shared_memory and state.latency_takes(words, settings)):
+        return state.call_options(words, dims, settings, latency=True)
+    return None
 
 
 def ring_broadcasts(world: int, nbytes: int, settings: Any) -> bool:

@@ -351,14 +351,12 @@ class EngineState:
         (carried_in_agreement): sizes the latency path takes."""
         return 0 < nbytes <= min(settings.small_bytes, MAX_LATENCY_BYTES) and settings.algorithm != "mpi"
 
-    def carried_in_agreement(self, layout: tuple, words: np.ndarray, settings: Settings) -> None:
+    def carried_in_agreement(self, layout: tuple, words: np.ndarray, options: _core.CallOptions) -> None:
         """A collective whose result is the sum of what the ranks put in `words` (int64; every rank fills its own
-        bytes and leaves the rest zero, so the sum is exact: a broadcast, an allgather), run as one latency-path
-        allreduce inside its own agreement on `layout` (Context::agreed_allreduce): one butterfly instead of the
-        agreement's and then MPI's. `words` holds the result only when every rank agreed; otherwise every rank
-        raises the usual mismatch error."""
-        dims = self.resolve_dims(None, settings)
-        options = self.call_options(words.nbytes, dims, settings)
+        bytes and leaves the rest zero, so the sum is exact: a broadcast), run as one latency-path allreduce with
+        `options` (engine/small.carried_broadcast_options) inside its own agreement on `layout`
+        (Context::agreed_allreduce): one butterfly instead of the agreement's and then MPI's. `words` holds the
+        result only when every rank agreed; otherwise every rank raises the usual mismatch error."""
         core = self.core
         self.agreed_in_core(layout, lambda fingerprint: core.allreduce_array(
             words, words.size, _INT64_CODE, _SUM_CODE, options, fingerprint) > 0)

@@ -194,13 +194,15 @@ def faults_at(comm: MPI.Intracomm, count: int) -> list[tuple[str, str | None]]:
 
 
 def broadcast_cases(comm: MPI.Intracomm) -> list[tuple[str, str | None]]:
-    """broadcast() up to the limit on its fast path (fast_path.BroadcastPlan): every root, odd byte counts at the
-    limit's edges, bit-identical everywhere; one rank on the general path beside the fast path; faults on one rank
-    after the plan was cached (another root, a size across the limit, a read-only array, another collective)."""
+    """broadcast() on its fast path (fast_path.BroadcastPlan, the sizes carried in the agreement's messages): every
+    root, odd byte counts at the limit's edges and the reach, bit-identical everywhere; one rank on the general path
+    beside the fast path; faults on one rank after the plan was cached (another root, a size across the limit, a
+    read-only array, another collective)."""
     rank, world = comm.Get_rank(), comm.Get_size()
     results = []
     for dtype in (np.dtype(np.int8), np.dtype(np.float16), np.dtype(np.complex64)):
-        for count in (1, 3, LIMIT // dtype.itemsize - 1, LIMIT // dtype.itemsize, LIMIT // dtype.itemsize + 1):
+        for count in (1, 3, LIMIT // dtype.itemsize - 1, LIMIT // dtype.itemsize, LIMIT // dtype.itemsize + 1,
+                      reach_bytes(comm) // dtype.itemsize):  # in shared memory carried as far as the reach
             for root in sorted({0, world - 1}):
                 want = (np.arange(count) % 113 + root).astype(dtype)
                 array = want.copy() if rank == root else np.zeros(count, dtype)

@@ -23,6 +23,9 @@ from mpi4py import MPI
 from ops_cases import OPS, expect_error, run_op  # run_op: the op x dtype checks, on a split comm
 
 import ddlfast
+from ddlfast.api import _context_for
+from ddlfast.config import MAX_CARRIED_SHARD_BYTES, load_settings
+from ddlfast.engine.small import carried_broadcast_options, ring_broadcasts
 
 BROADCAST_DTYPES = [np.dtype(t) for t in (np.bool_, np.uint8, np.int8, np.int16, np.uint16, np.int32, np.uint32,
                                           np.int64, np.uint64, np.float16, np.float32, np.float64, np.complex64,
@@ -240,18 +243,32 @@ def split_cases(world_comm: MPI.Intracomm) -> list[tuple[str, str | None]]:
     return results
 
 
+def ring_broadcasts_here(comm: MPI.Intracomm, nbytes: int) -> bool:
+    """Whether a broadcast of nbytes takes the ring now (the engine's own rules, as the bench's path column)."""
+    state = _context_for(comm)._state
+    settings = load_settings()
+    return (carried_broadcast_options(state, nbytes, settings) is None
+            and ring_broadcasts(state.size, nbytes, settings))
+
+
 def ring_broadcast_cases(comm: MPI.Intracomm) -> list[tuple[str, str | None]]:
-    """Broadcasts from (P - 1) chunks up run on the ring (engine/small.ring_broadcasts), one below through MPI's
-    broadcast: every root, odd sizes and several chunks (4 KiB chunks), blocking and asynchronous, against root's
-    bytes on every rank; then, after the ring's layout was cached, faults on one rank (another root, a size across
-    the threshold, a read-only array): DdlfastError on every rank, no array written."""
+    """Broadcasts past the sizes carried in the agreement (MAX_CARRIED_SHARD_BYTES) and from (P - 1) chunks up run
+    on the ring (engine/small.ring_broadcasts); with DDLFAST_ALGORITHM=mpi through MPI's broadcast: every root, odd
+    sizes and several chunks (4 KiB chunks), blocking and asynchronous, against root's bytes on every rank; then,
+    after the ring's layout was cached, faults on one rank (another root, a size across the threshold, a read-only
+    array): DdlfastError on every rank, no array written."""
     rank, world = comm.Get_rank(), comm.Get_size()
     chunk = 4096
     os.environ["DDLFAST_CHUNK_BYTES"] = str(chunk)
     edge = max(1, world - 1) * chunk
+    past = MAX_CARRIED_SHARD_BYTES + 1
     results = []
     try:
-        for nbytes in (edge - 1, edge, edge + 13, 5 * edge + 4099):
+        for nbytes, algorithm in ((past, "auto"), (past + 13, "auto"), (past + 5 * edge + 4099, "auto"),
+                                  (past, "mpi"), (edge, "mpi")):
+            os.environ["DDLFAST_ALGORITHM"] = algorithm
+            if world > 1 and ring_broadcasts_here(comm, nbytes) != (algorithm == "auto"):
+                results.append((f"broadcast of {nbytes} B, {algorithm}", "not the route this case is for"))
             for root in range(world):
                 want = np.frombuffer(hashlib.sha256(f"{nbytes} {root}".encode()).digest() * (nbytes // 32 + 1),
                                      np.uint8)[:nbytes].copy()
@@ -263,11 +280,12 @@ def ring_broadcast_cases(comm: MPI.Intracomm) -> list[tuple[str, str | None]]:
                 failure = None if returned is array and array.tobytes() == want.tobytes() else "bytes differ"
                 if failure is None and not same_everywhere(comm, array):
                     failure = "results differ across ranks"
-                results.append((f"broadcast of {nbytes} B (ring from {edge}) root {root}", failure))
+                results.append((f"broadcast of {nbytes} B ({algorithm}) root {root}", failure))
+        os.environ["DDLFAST_ALGORITHM"] = "auto"
         if world < 2:
             return results
         last = world - 1
-        x = np.arange(2 * edge, dtype=np.uint8)
+        x = np.arange(past + 2 * edge, dtype=np.uint8)
         for _ in range(2):
             ddlfast.broadcast(x, root=0, comm=comm)
         shorter = np.zeros(edge - 1, np.uint8)
@@ -284,11 +302,12 @@ def ring_broadcast_cases(comm: MPI.Intracomm) -> list[tuple[str, str | None]]:
             if failure is None and not (np.array_equal(x, before[0]) and np.array_equal(shorter, before[1])):
                 failure = f"rank {rank} wrote although the call failed"
             results.append((f"ring broadcast, {label} on rank {last}", failure))
-        y = np.full(2 * edge, rank, np.uint8)
+        y = np.full(past, rank, np.uint8)
         ddlfast.broadcast(y, root=last, comm=comm)
         results.append(("ring broadcast after the faults", None if np.all(y == last) else "wrong values"))
     finally:
         del os.environ["DDLFAST_CHUNK_BYTES"]
+        os.environ.pop("DDLFAST_ALGORITHM", None)
     return results
 
 
