@@ -249,6 +249,15 @@ cdef int finish_call(const Status& status) except -1:
     return 0
 
 
+cdef bint finish_agreed(const Status& status, bint agreed) except -1:
+    """finish_call for a call that ran the per-call agreement: a signal is kept only where the ranks agreed and the
+    collective ran (it stands); returns `agreed`."""
+    raise_on_error(status)
+    if agreed:
+        finish_call(status)
+    return agreed
+
+
 # Whether the core was compiled with MPI's fault-tolerance extension (ULFM: Open MPI 5's mpi-ext.h).
 ulfm_built = DDLFAST_HAVE_ULFM != 0
 
@@ -565,10 +574,7 @@ cdef class Core:
             else:
                 status = context.allreduce(data, <DType>dtype, <ReduceOp>op, options.dims, options.order,
                                            engine_options)
-        raise_on_error(status)
-        if agreed:  # a signal meanwhile is kept for the end of the collective, which stands
-            finish_call(status)
-        return agreed
+        return finish_agreed(status, agreed)
 
     cdef EngineOptions _with_events(self, CallOptions options):
         """The call's options, recording phases into this engine's events when asked to."""
@@ -647,10 +653,7 @@ cdef class Core:
             else:
                 status = context.agreed_allgather(digest, carried, &agreed, source, target, blocks, options.dims,
                                                   options.order, engine_options)
-        raise_on_error(status)
-        if agreed:  # a signal meanwhile is kept for the end of the collective, which stands
-            finish_call(status)
-        return agreed
+        return finish_agreed(status, agreed)
 
     def shard_array(self, bint reduce, array, out, size_t count, int dtype, int op, CallOptions options not None,
                     uint64_t digest, bint carried, int64_t site=-1):

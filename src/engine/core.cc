@@ -54,18 +54,22 @@ Status Core::allreduce(const SegmentedBuffer& data, DType dtype, ReduceOp op, co
   return finish(engine->run(data, dtype, op, options));
 }
 
+template <typename Collective>
+Status Core::agree_then(std::uint64_t digest, bool* agreed, Collective&& collective) {
+  Status status = finish(transport_->agree(digest, agreed));
+  if (status.is_ok() && *agreed) status = collective();
+  transport_->flight().end(status.is_ok(), false);  // the whole collective was this one call
+  return status;
+}
+
 Status Core::agreed_allreduce(std::uint64_t digest, bool* agreed, const SegmentedBuffer& data, DType dtype, ReduceOp op,
                               const std::vector<int>& dims, const std::vector<int>& order, const EngineOptions& options,
                               bool disjoint) {
-  Status status;
-  const bool latency = latency_->takes(data, dtype, op, options);
-  if (latency) {
-    status = finish(latency_->run(digest, agreed, data, dtype, op, options, disjoint));
-  } else {
-    status = finish(transport_->agree(digest, agreed));
-    if (status.is_ok() && *agreed) status = allreduce(data, dtype, op, dims, order, options);
+  if (!latency_->takes(data, dtype, op, options)) {
+    return agree_then(digest, agreed, [&] { return allreduce(data, dtype, op, dims, order, options); });
   }
-  transport_->flight().end(status.is_ok(), latency);  // the whole collective was this one call
+  const Status status = finish(latency_->run(digest, agreed, data, dtype, op, options, disjoint));
+  transport_->flight().end(status.is_ok(), true);  // the whole collective was this one call
   return status;
 }
 
@@ -94,10 +98,8 @@ Status Core::agreed_reduce_scatter(std::uint64_t digest, bool carried, bool* agr
     return Status::invalid("reduce-scatter counts do not match the ranks or the output");
   }
   if (!carried) {
-    Status status = finish(transport_->agree(digest, agreed));
-    if (status.is_ok() && *agreed) status = reduce_scatter(input, output, counts, dtype, op, dims, order, options);
-    transport_->flight().end(status.is_ok(), false);
-    return status;
+    return agree_then(digest, agreed,
+                      [&] { return reduce_scatter(input, output, counts, dtype, op, dims, order, options); });
   }
   const std::size_t esize = dtype_size(dtype);
   const std::size_t total = input.count();
@@ -124,10 +126,7 @@ Status Core::agreed_allgather(std::uint64_t digest, bool carried, bool* agreed, 
     return Status::invalid("allgather counts do not match the ranks or the input");
   }
   if (!carried) {
-    Status status = finish(transport_->agree(digest, agreed));
-    if (status.is_ok() && *agreed) status = allgather(input, output, counts, false, dims, order, options);
-    transport_->flight().end(status.is_ok(), false);
-    return status;
+    return agree_then(digest, agreed, [&] { return allgather(input, output, counts, false, dims, order, options); });
   }
   std::size_t total = 0;
   for (std::size_t count : counts) total += count;
@@ -151,17 +150,9 @@ Status Core::agreed_allgather(std::uint64_t digest, bool carried, bool* agreed, 
   DDLFAST_RETURN_IF_ERROR(agreed_allreduce(digest, agreed, contiguous(carried_.data(), words, kWord), DType::kInt64,
                                            ReduceOp::kSum, dims, order, options, equal));
   if (!*agreed) return Status::ok();
-  std::size_t element = 0;  // output's next element
-  for (int q = 0; q < size(); ++q) {
-    const char* from = carried_.data() + starts[q];
-    for (std::size_t left = counts[q]; left > 0;) {
-      const std::size_t n = std::min(left, output.contiguous_from(element));
-      std::memcpy(output.address(element), from, n * esize);
-      from += n * esize;
-      element += n;
-      left -= n;
-    }
-  }
+  std::vector<char*> blocks;  // each rank's block in the words, in rank order: the output's order
+  for (std::size_t start : starts) blocks.push_back(carried_.data() + start);
+  copy_elements(SegmentedBuffer(std::move(blocks), counts, esize), output);
   return Status::ok();
 }
 

@@ -82,6 +82,9 @@ class Core {
   Status engine_for(const std::vector<int>& dims, const std::vector<int>& order, RingAllreduce** out);
   Status device_engine_for(const std::vector<int>& dims, const std::vector<int>& order, DeviceRingAllreduce** out);
   Status finish(const Status& status);
+  // The agreement on `digest`, then collective() where every rank agreed; the flight entry ends with both.
+  template <typename Collective>
+  Status agree_then(std::uint64_t digest, bool* agreed, Collective&& collective);
 
   std::unique_ptr<MpiTransport> transport_;
   std::unique_ptr<LatencyAllreduce> latency_;

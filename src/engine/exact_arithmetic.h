@@ -41,6 +41,16 @@ namespace ddlfast {
 
 class Transport;
 
+inline bool integer_average(DType dtype, ReduceOp op) {
+  return (dtype == DType::kInt32 || dtype == DType::kInt64) && op == ReduceOp::kAverage;
+}
+
+// Whether ExactArithmetic::before may read or rewrite the data of this dtype and op (integer average, the half
+// types): a reduction of the caller's memory in place, or of the input out of place, must give it a copy then.
+inline bool works_on_a_copy(DType dtype, ReduceOp op) {
+  return dtype == DType::kFloat16 || dtype == DType::kBFloat16 || integer_average(dtype, op);
+}
+
 class ExactArithmetic {
  public:
   // Prepares `data` (every rank's count and dtype agree) for a `world`-rank

@@ -5,10 +5,6 @@
 namespace ddlfast {
 namespace {
 
-bool integer_average(DType dtype, ReduceOp op) {
-  return (dtype == DType::kInt32 || dtype == DType::kInt64) && op == ReduceOp::kAverage;
-}
-
 // Whether `carried` bytes travel by recursive halving and doubling (EngineOptions::halving_bytes).
 bool halves(std::size_t carried, const EngineOptions& options) {
   return options.halving_bytes > 0 && carried >= options.halving_bytes;
@@ -30,8 +26,7 @@ Status LatencyAllreduce::run(std::uint64_t digest, bool* agreed, const Segmented
   const std::size_t count = data.count();
   const std::size_t esize = dtype_size(dtype);
   const double start = monotonic_seconds();
-  const bool exact = dtype == DType::kFloat16 || dtype == DType::kBFloat16 || integer_average(dtype, op);
-  if (!exact && data.contiguous_from(0) == count) {  // straight from the caller's memory, written on agreement
+  if (!works_on_a_copy(dtype, op) && data.contiguous_from(0) == count) {  // straight from the caller's memory, written on agreement
     const AgreedReduction reduction{data.address(0),
                                     count,
                                     dtype,

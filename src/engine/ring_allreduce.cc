@@ -258,12 +258,9 @@ Status RingAllreduce::reduce_scatter(const SegmentedBuffer& input, const Segment
   // Out of place: the ring's first phase reads the input itself (HostSteps' source), where nothing reads or
   // rewrites the working copy before it (no exact arithmetic, no wire, no small path, no direct first phase). At
   // P=2, 16 MiB the copy of the whole input was a third of the call's time.
-  const bool integer = dtype == DType::kInt32 || dtype == DType::kInt64;
-  const bool half = dtype == DType::kFloat16 || dtype == DType::kBFloat16;
   const bool wire = std::any_of(options.wire_by_dim.begin(), options.wire_by_dim.end(), [](int w) { return w >= 0; });
   RingSchedule schedule;
-  bool out_of_place =
-      world > 1 && total * esize > options.small_bytes && !wire && !half && !(integer && op == ReduceOp::kAverage);
+  bool out_of_place = world > 1 && total * esize > options.small_bytes && !wire && !works_on_a_copy(dtype, op);
   if (out_of_place) {
     DDLFAST_RETURN_IF_ERROR(check_direct(options.direct_by_dim, ring_.torus.num_dims()));
     schedule = build_rank_schedule(ring_, block_counts, options.direct_by_dim);
