@@ -25,7 +25,7 @@ from ddlfast.config import Settings
 from ddlfast.engine.agreement import allreduce_layout, warn_straggler
 from ddlfast.engine.requests import resolve_compression
 from ddlfast.engine.shards import REDUCE_SCATTER, Spec, carried_options, layout_of, result_shape
-from ddlfast.engine.small import carried_broadcast_options
+from ddlfast.engine.small import broadcast_layout, carried_broadcast_options
 from ddlfast.engine.state import EngineState, compressed_dims, is_half_sum
 from ddlfast.errors import DdlfastConsistentError, DdlfastError
 from ddlfast.ops import OPS
@@ -233,7 +233,7 @@ class FastPath:
         options = carried_broadcast_options(state, nbytes, settings)
         if options is None:
             return None
-        layout = ("broadcast", root, ((array.dtype, array.shape),))  # small._broadcast_host's
+        layout = broadcast_layout(root, ((array.dtype, array.shape),))
         broadcast = BroadcastPlan(settings, root, nbytes, options, layout, state.agreement.digest(layout))
         if len(self._broadcast_plans) >= MAX_PLANS:
             self._broadcast_plans.clear()

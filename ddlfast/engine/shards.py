@@ -8,11 +8,11 @@ src/engine/ring_allreduce.h), so a fused call is one core call per dtype, with n
 
     reduce-scatter  input segments: block 0 of every array, then block 1 of every array, ...; output segments:
                     this rank's output arrays. The core reduces in one working copy (the input stays unchanged).
+    allgather       input segments: this rank's arrays; output segments: for each rank, its block of every
+                    output array. Uncompressed, elements are opaque bytes (any fixed-size dtype).
 
 Small host calls ride in the agreement's own messages (carried_options); one array in equal blocks takes the fast
 path (ddlfast/engine/fast_path.py), which asks carried_options too.
-    allgather       input segments: this rank's arrays; output segments: for each rank, its block of every
-                    output array. Uncompressed, elements are opaque bytes (any fixed-size dtype).
 
 GPU arrays (CuPy, PyTorch CUDA tensors) go through pinned host copies (DeviceExecutor.to_host / from_host in
 ddlfast/engine/device.py) and the host engine; torch CPU tensors through their NumPy view.

@@ -48,11 +48,11 @@ def broadcast_bytes(state: EngineState, array: object, root: object) -> Work:
 
 
 def _broadcast_host(state: EngineState, target: np.ndarray, root: int, arrays: tuple, result: Any) -> Any:
-    """Host and GPU broadcasts share one layout form, so a rank passing the other kind is named. Up to the
-    small-message limit the data rides in the agreement's own messages (root's bytes, zeros elsewhere, summed
-    as int64 words: exact); above it, once the ranks agreed, the ring where it pipelines (ring_broadcasts), else
-    MPI's broadcast."""
-    layout = ("broadcast", root, arrays)
+    """Host and GPU broadcasts share one layout form (broadcast_layout), so a rank passing the other kind is
+    named. Sizes carried_broadcast_options takes ride in the agreement's own messages (root's bytes, zeros
+    elsewhere, summed as int64 words: exact); larger ones, once the ranks agreed, take the ring where it pipelines
+    (ring_broadcasts), else MPI's broadcast."""
+    layout = broadcast_layout(root, arrays)
     settings = load_settings()
     nbytes = target.nbytes
     options = carried_broadcast_options(state, nbytes, settings)
@@ -62,13 +62,24 @@ def _broadcast_host(state: EngineState, target: np.ndarray, root: int, arrays: t
         else:
             state.agreed(layout, lambda: state.control.bcast_into(target, root, "a broadcast"))
         return result
-    words = np.zeros(-(-nbytes // 8), np.int64)
     flat = target.reshape(-1).view(np.uint8)
-    if state.rank == root:
-        words.view(np.uint8)[:nbytes] = flat
-    state.carried_in_agreement(layout, words, options)
-    flat[...] = words.view(np.uint8)[:nbytes]
+    core = state.core
+    state.agreed_in_core(layout, lambda fingerprint: _carried_broadcast(core, flat, root, options, fingerprint))
     return result
+
+
+def _carried_broadcast(core: Any, flat: np.ndarray, root: int, options: Any, fingerprint: int) -> bool:
+    """The broadcast inside its agreement (Core.broadcast_array, as the fast path runs it): False where the ranks
+    disagreed, having written nothing."""
+    outcome = core.broadcast_array(flat, flat.nbytes, root, options, fingerprint)
+    if outcome < 0:  # `flat` is a writable C-contiguous byte view: nothing ran, on this rank only
+        raise DdlfastError(f"broadcast: the core refused a {flat.nbytes}-byte buffer")
+    return outcome > 0
+
+
+def broadcast_layout(root: int, arrays: tuple) -> tuple:
+    """What the ranks of a broadcast agree on: the root and ((dtype, shape),) of the arrays (the fast path's too)."""
+    return ("broadcast", root, arrays)
 
 
 def carried_broadcast_options(state: EngineState, nbytes: int, settings: Any) -> Any:
@@ -111,7 +122,7 @@ def _broadcast_by_ring(state: EngineState, target: np.ndarray, root: int, settin
 
 def _broadcast_device(state: EngineState, request: DeviceRequest, root: int) -> Any:
     """Through a pinned host copy: broadcasts are one-offs (start-up), not worth a device path."""
-    layout = ("broadcast", root, layout_arrays(request.submission.buffers))
+    layout = broadcast_layout(root, layout_arrays(request.submission.buffers))
 
     def run() -> None:
         gpu = device.executor(state)

@@ -15,7 +15,6 @@ from typing import Any, NoReturn
 import numpy as np
 
 from ddlfast import _core, config
-from ddlfast.buffers.dtypes import DTYPE_CODES
 from ddlfast.compression.wire import ErrorFeedback
 from ddlfast.config import ALGORITHMS, MAX_LATENCY_BYTES, MAX_SMALL_BYTES, Settings, parse_dims
 from ddlfast.engine.agreement import Agreement, describe, warn_straggler
@@ -24,13 +23,10 @@ from ddlfast.engine.flight import FlightRecorder, install_signal_handler, layout
 from ddlfast.engine.timeline import Timeline
 from ddlfast.errors import DdlfastBrokenError, DdlfastConsistentError, DdlfastError
 from ddlfast.fusion.buffer_pool import FusedBufferPool
-from ddlfast.ops import OPS
 from ddlfast.topology.cost_model import Algorithm, PlanError, power_of_two_dims
 from ddlfast.topology.placement import Topology, build
 
 MAX_CACHED_ALGORITHMS = 4096
-_INT64_CODE = DTYPE_CODES["int64"]
-_SUM_CODE = OPS["sum"]
 
 
 def reproducible_wire(wire: tuple[int, ...], rank: int) -> tuple[int, ...]:
@@ -348,18 +344,8 @@ class EngineState:
 
     def folds(self, nbytes: int, settings: Settings) -> bool:
         """Whether a broadcast or allgather of `nbytes` (the whole result) rides in the agreement's own messages
-        (carried_in_agreement): sizes the latency path takes."""
+        (small.carried_broadcast_options, shards.carried_options): sizes the latency path takes."""
         return 0 < nbytes <= min(settings.small_bytes, MAX_LATENCY_BYTES) and settings.algorithm != "mpi"
-
-    def carried_in_agreement(self, layout: tuple, words: np.ndarray, options: _core.CallOptions) -> None:
-        """A collective whose result is the sum of what the ranks put in `words` (int64; every rank fills its own
-        bytes and leaves the rest zero, so the sum is exact: a broadcast), run as one latency-path allreduce with
-        `options` (engine/small.carried_broadcast_options) inside its own agreement on `layout`
-        (Context::agreed_allreduce): one butterfly instead of the agreement's and then MPI's. `words` holds the
-        result only when every rank agreed; otherwise every rank raises the usual mismatch error."""
-        core = self.core
-        self.agreed_in_core(layout, lambda fingerprint: core.allreduce_array(
-            words, words.size, _INT64_CODE, _SUM_CODE, options, fingerprint) > 0)
 
     def raise_after_failure(self, error: BaseException) -> NoReturn:
         """Called in an `except` block: a collective failed here after its agreement, so the context is broken
