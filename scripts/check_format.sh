@@ -18,9 +18,7 @@ not_yet_formatted="
   src/engine/device_ring_allreduce.cc
   src/engine/exact_arithmetic.cc
   src/engine/exact_arithmetic.h
-  src/engine/latency_allreduce.cc
   src/engine/latency_allreduce.h
-  src/engine/ring_allreduce.cc
   src/engine/ring_allreduce.h
   src/engine/ring_phases.h
   src/kernels/cpu/combine_generic.h

@@ -26,7 +26,8 @@ Status LatencyAllreduce::run(std::uint64_t digest, bool* agreed, const Segmented
   const std::size_t count = data.count();
   const std::size_t esize = dtype_size(dtype);
   const double start = monotonic_seconds();
-  if (!works_on_a_copy(dtype, op) && data.contiguous_from(0) == count) {  // straight from the caller's memory, written on agreement
+  // Straight from the caller's memory, written on agreement.
+  if (!works_on_a_copy(dtype, op) && data.contiguous_from(0) == count) {
     const AgreedReduction reduction{data.address(0),
                                     count,
                                     dtype,
