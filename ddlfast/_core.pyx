@@ -718,11 +718,12 @@ cdef class Core:
             PyBuffer_Release(&source_view)
         return self._outcome(agreed)
 
-    def broadcast_array(self, array, size_t nbytes, int root, CallOptions options not None, uint64_t digest,
-                        int64_t site=-1):
-        """broadcast() of one array's `nbytes` bytes from `root`, carried in the per-call agreement on `digest`
-        (Core::agreed_allgather with root's block only). Returns as shard_array: 1 done, 0 the ranks disagreed
-        (nothing written), -1 nothing ran (not a writable C-contiguous buffer of nbytes)."""
+    def broadcast_array(self, array, size_t nbytes, int root, CallOptions options not None, bint carried,
+                        uint64_t digest, int64_t site=-1):
+        """broadcast() of one array's `nbytes` bytes from `root` with the per-call agreement on `digest`
+        (Core::agreed_allgather with root's block only): `carried` in the agreement's messages, else along the
+        ring once the ranks agreed. Returns as shard_array: 1 done, 0 the ranks disagreed (nothing written), -1
+        nothing ran (not a writable C-contiguous buffer of nbytes)."""
         cdef Py_buffer view
         cdef CoreCpp* context = self.get()
         cdef vector[size_t] blocks
@@ -750,7 +751,8 @@ cdef class Core:
             sizes.assign(1, nbytes)
             target.reset(new SegmentedBuffer(bases, sizes, 1))
             self._set_site(site)
-            agreed = self._agreed_shard(False, source.get()[0], target.get()[0], blocks, -1, 0, options, digest, True)
+            agreed = self._agreed_shard(False, source.get()[0], target.get()[0], blocks, -1, 0, options, digest,
+                                        carried)
         finally:
             PyBuffer_Release(&view)
         return self._outcome(agreed)

@@ -127,11 +127,10 @@ def _broadcast_path(comm: MPI.Comm, nbytes: int, settings: config.Settings) -> s
     """The route of a host broadcast of `nbytes` (engine/small.py's rule): in the agreement's messages, along the
     ring, or MPI's broadcast."""
     from ddlfast.api import _context_for
-    from ddlfast.engine.small import carried_broadcast_options, ring_broadcasts
+    from ddlfast.engine.small import broadcast_route
 
-    state = _context_for(comm)._state
-    return ("latency" if carried_broadcast_options(state, nbytes, settings) is not None
-            else "ring" if ring_broadcasts(state.size, nbytes, settings) else "mpi-bcast")
+    route = broadcast_route(_context_for(comm)._state, nbytes, settings)
+    return "mpi-bcast" if route is None else "latency" if route[1] else "ring"
 
 
 def _carried(comm: MPI.Comm, collective: str, nbytes: int, dims: str, settings: config.Settings,

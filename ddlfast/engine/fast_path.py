@@ -8,8 +8,8 @@ take (GPU arrays, compression, bfloat16, bad arguments) goes to the general path
 reduce_scatter() and allgather() of one array (equal blocks) have plans of their own (ShardPlan): the agreement
 and the collective in one call into the core (`shard_array`), carried inside the agreement's messages where the
 general path carries them too (engine/shards.py, carried_options), so ranks on either path exchange the same
-messages. A broadcast() that rides in the agreement's messages (BroadcastPlan) is such an allgather with root's
-block only, the words the general path sums (engine/small.py).
+messages. A broadcast() (BroadcastPlan) is such an allgather with root's block only, carried or along the ring
+where the general path takes them (engine/small.broadcast_route).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from ddlfast.config import Settings
 from ddlfast.engine.agreement import allreduce_layout, warn_straggler
 from ddlfast.engine.requests import resolve_compression
 from ddlfast.engine.shards import REDUCE_SCATTER, Spec, carried_options, layout_of, result_shape
-from ddlfast.engine.small import broadcast_layout, carried_broadcast_options
+from ddlfast.engine.small import broadcast_layout, broadcast_route
 from ddlfast.engine.state import EngineState, compressed_dims, is_half_sum
 from ddlfast.errors import DdlfastConsistentError, DdlfastError
 from ddlfast.ops import OPS
@@ -69,6 +69,7 @@ class BroadcastPlan(NamedTuple):
     root: int
     size: int  # bytes
     options: Any  # _core.CallOptions
+    carried: bool  # in the agreement's messages, else along the ring
     layout: tuple
     digest: int
 
@@ -220,8 +221,8 @@ class FastPath:
                              plan.layout, plan.digest, settings, name)
 
     def broadcast_plan(self, array: np.ndarray, root: int, settings: Settings) -> BroadcastPlan | None:
-        """The plan for a broadcast() of one host array that rides in the agreement's messages (as the general
-        path's, engine/small.py: root's bytes in int64 words, zeros elsewhere, summed), or None."""
+        """The plan for a broadcast() of one host array on the route the general path takes in the core
+        (engine/small.broadcast_route: in the agreement's messages or along the ring), or None."""
         key = (array.dtype, array.shape, root)
         plan = self._broadcast_plans.get(key)
         if plan is not None and plan.settings is settings:
@@ -230,11 +231,11 @@ class FastPath:
         nbytes = array.nbytes
         if array.dtype.hasobject or not 0 <= root < state.size:
             return None
-        options = carried_broadcast_options(state, nbytes, settings)
-        if options is None:
+        route = broadcast_route(state, nbytes, settings)
+        if route is None:
             return None
         layout = broadcast_layout(root, ((array.dtype, array.shape),))
-        broadcast = BroadcastPlan(settings, root, nbytes, options, layout, state.agreement.digest(layout))
+        broadcast = BroadcastPlan(settings, root, nbytes, *route, layout, state.agreement.digest(layout))
         if len(self._broadcast_plans) >= MAX_PLANS:
             self._broadcast_plans.clear()
         self._broadcast_plans[key] = broadcast
@@ -244,8 +245,8 @@ class FastPath:
                       name: str | int | None = None) -> bool:
         """As run(), for a broadcast plan (Core.broadcast_array)."""
         core = self._state.core
-        return self._in_core(lambda digest: core.broadcast_array(array, plan.size, plan.root, plan.options, digest,
-                                                                 -2),
+        return self._in_core(lambda digest: core.broadcast_array(array, plan.size, plan.root, plan.options,
+                                                                 plan.carried, digest, -2),
                              plan.layout, plan.digest, settings, name)
 
     def _in_core(self, call: Callable[[int], int], layout: tuple, digest: int, settings: Settings,

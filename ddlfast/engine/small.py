@@ -49,29 +49,26 @@ def broadcast_bytes(state: EngineState, array: object, root: object) -> Work:
 
 def _broadcast_host(state: EngineState, target: np.ndarray, root: int, arrays: tuple, result: Any) -> Any:
     """Host and GPU broadcasts share one layout form (broadcast_layout), so a rank passing the other kind is
-    named. Sizes carried_broadcast_options takes ride in the agreement's own messages (root's bytes, zeros
-    elsewhere, summed as int64 words: exact); larger ones, once the ranks agreed, take the ring where it pipelines
-    (ring_broadcasts), else MPI's broadcast."""
+    named. The route (broadcast_route): in the agreement's own messages or along the ring, either in one call into
+    the core with the agreement; else, once the ranks agreed, MPI's broadcast."""
     layout = broadcast_layout(root, arrays)
     settings = load_settings()
-    nbytes = target.nbytes
-    options = carried_broadcast_options(state, nbytes, settings)
-    if options is None:
-        if ring_broadcasts(state.size, nbytes, settings):
-            state.agreed(layout, lambda: _broadcast_by_ring(state, target, root, settings))
-        else:
-            state.agreed(layout, lambda: state.control.bcast_into(target, root, "a broadcast"))
+    route = broadcast_route(state, target.nbytes, settings)
+    if route is None:
+        state.agreed(layout, lambda: state.control.bcast_into(target, root, "a broadcast"))
         return result
+    options, carried = route
     flat = target.reshape(-1).view(np.uint8)
     core = state.core
-    state.agreed_in_core(layout, lambda fingerprint: _carried_broadcast(core, flat, root, options, fingerprint))
+    state.agreed_in_core(layout, lambda fingerprint: _broadcast_in_core(core, flat, root, options, carried,
+                                                                        fingerprint))
     return result
 
 
-def _carried_broadcast(core: Any, flat: np.ndarray, root: int, options: Any, fingerprint: int) -> bool:
-    """The broadcast inside its agreement (Core.broadcast_array, as the fast path runs it): False where the ranks
+def _broadcast_in_core(core: Any, flat: np.ndarray, root: int, options: Any, carried: bool, fingerprint: int) -> bool:
+    """The broadcast with its agreement (Core.broadcast_array, as the fast path runs it): False where the ranks
     disagreed, having written nothing."""
-    outcome = core.broadcast_array(flat, flat.nbytes, root, options, fingerprint)
+    outcome = core.broadcast_array(flat, flat.nbytes, root, options, carried, fingerprint)
     if outcome < 0:  # `flat` is a writable C-contiguous byte view: nothing ran, on this rank only
         raise DdlfastError(f"broadcast: the core refused a {flat.nbytes}-byte buffer")
     return outcome > 0
@@ -80,6 +77,19 @@ def _carried_broadcast(core: Any, flat: np.ndarray, root: int, options: Any, fin
 def broadcast_layout(root: int, arrays: tuple) -> tuple:
     """What the ranks of a broadcast agree on: the root and ((dtype, shape),) of the arrays (the fast path's too)."""
     return ("broadcast", root, arrays)
+
+
+def broadcast_route(state: EngineState, nbytes: int, settings: Any) -> tuple[Any, bool] | None:
+    """How a host broadcast of `nbytes` runs: (the core's options, carried) for Core.broadcast_array, carried in
+    the agreement's messages (carried_broadcast_options) or along the ring (ring_broadcasts); None for MPI's
+    broadcast through a staging buffer. Agreed values only: the general path and the fast path
+    (ddlfast/engine/fast_path.py) both ask here, so ranks on either exchange the same messages."""
+    options = carried_broadcast_options(state, nbytes, settings)
+    if options is not None:
+        return options, True
+    if ring_broadcasts(state.size, nbytes, settings):
+        return state.call_options(nbytes, state.resolve_dims(None, settings), settings), False
+    return None
 
 
 def carried_broadcast_options(state: EngineState, nbytes: int, settings: Any) -> Any:
@@ -100,24 +110,13 @@ def carried_broadcast_options(state: EngineState, nbytes: int, settings: Any) ->
 
 
 def ring_broadcasts(world: int, nbytes: int, settings: Any) -> bool:
-    """Whether a host broadcast of `nbytes` runs on the ring (_broadcast_by_ring): from (P - 1) chunks up, where
-    its pipeline of c chunks over P - 1 hops, c + P - 2 chunk times, beats MPI's broadcast, which moves the data
-    about twice (scatter, then allgather) or log2(P) times (a tree), and stages it. Not with
-    DDLFAST_ALGORITHM=mpi. Agreed values only."""
-    return settings.algorithm != "mpi" and world > 1 and nbytes >= (world - 1) * settings.chunk_bytes
-
-
-def _broadcast_by_ring(state: EngineState, target: np.ndarray, root: int, settings: Any) -> None:
-    """Root's bytes along the ring in chunks, each forwarded as it arrives: the ring's allgather with root's block
-    only (RingAllreduce::allgather). Received in place, by point-to-point messages that a failure cancels (the
-    transport abandons them), so no staging copy is needed as for MPI's broadcast (Control.bcast_into)."""
-    flat = target.reshape(-1).view(np.uint8)
-    nbytes = flat.nbytes
-    counts = [0] * state.size
-    counts[root] = nbytes
-    mine = ([flat.ctypes.data], [nbytes]) if state.rank == root else ([], [])
-    options = state.call_options(nbytes, state.resolve_dims(None, settings), settings)
-    state.core.allgather_segments(*mine, [flat.ctypes.data], [nbytes], counts, 1, False, options)
+    """Whether a host broadcast of `nbytes` runs on the ring (the ring's allgather with root's block only,
+    received in place): from (P - 1) chunks up, where its pipeline of c chunks over P - 1 hops, c + P - 2 chunk
+    times, beats MPI's broadcast, which moves the data about twice (scatter, then allgather) or log2(P) times (a
+    tree), and stages it; at P = 2 at every size, where the ring is root's bytes sent straight to the other rank
+    (2 cores, busbw / MPI_Bcast's at 256 KiB: 0.62 staged). Not with DDLFAST_ALGORITHM=mpi. Agreed values only."""
+    return (settings.algorithm != "mpi" and world > 1
+            and (world == 2 or nbytes >= (world - 1) * settings.chunk_bytes))
 
 
 def _broadcast_device(state: EngineState, request: DeviceRequest, root: int) -> Any:

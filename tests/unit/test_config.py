@@ -548,13 +548,14 @@ def test_settings_set_again_to_the_same_value_keep_the_fast_check(monkeypatch) -
 
 
 def test_a_broadcast_takes_the_ring_from_one_chunk_per_hop(monkeypatch: pytest.MonkeyPatch) -> None:
-    """engine/small.ring_broadcasts: the ring's pipeline from (P - 1) chunks up, never with DDLFAST_ALGORITHM=mpi
-    or one rank."""
+    """engine/small.ring_broadcasts: the ring's pipeline from (P - 1) chunks up, at P = 2 (one hop) at every size;
+    never with DDLFAST_ALGORITHM=mpi or one rank."""
     from ddlfast.engine.small import ring_broadcasts
 
     settings = config.load_settings()
     chunk = settings.chunk_bytes
-    assert ring_broadcasts(2, chunk, settings) and not ring_broadcasts(2, chunk - 1, settings)
+    assert ring_broadcasts(2, chunk, settings) and ring_broadcasts(2, 1, settings)
+    assert ring_broadcasts(3, 2 * chunk, settings) and not ring_broadcasts(3, 2 * chunk - 1, settings)
     assert ring_broadcasts(8, 7 * chunk, settings) and not ring_broadcasts(8, 7 * chunk - 1, settings)
     assert not ring_broadcasts(1, 100 * chunk, settings)
     monkeypatch.setenv("DDLFAST_ALGORITHM", "mpi")

@@ -10,7 +10,8 @@ messages up to the latency path's reach, the ring's half past it), and its fault
 3. Faults on one rank after the plan was cached: another count, op, name, dtype, collective, a size across the
    reach, a bad out= (size, read-only, overlapping the input). Every rank raises DdlfastError, nothing is
    written, the context works afterwards.
-4. broadcast() on its fast path: results, a rank on the general path beside it, and faults (broadcast_cases).
+4. broadcast() on its fast path, carried and along the ring: results, a rank on the general path beside it, and
+   faults (broadcast_cases).
 
 Prints "N cases on P ranks, F failures"; exits non-zero on any failure.
 """
@@ -29,6 +30,7 @@ from ops_cases import DTYPES, OPS, check_result, inputs_for, reference
 import ddlfast
 from ddlfast.api import _context_for
 from ddlfast.config import MAX_CARRIED_SHARD_BYTES, load_settings
+from ddlfast.engine.small import broadcast_route
 
 LIMIT = 4096  # DDLFAST_SMALL_BYTES
 
@@ -193,55 +195,86 @@ def faults_at(comm: MPI.Intracomm, count: int) -> list[tuple[str, str | None]]:
     return results
 
 
+RING_CHUNK = 4096  # DDLFAST_CHUNK_BYTES while broadcasts take the ring: several chunks per hop
+
+
+def ring_broadcast_count(comm: MPI.Intracomm) -> int:
+    """The smallest float32 count past the reach whose broadcast takes the ring (from (P - 1) chunks)."""
+    return max(reach_bytes(comm), (comm.Get_size() - 1) * RING_CHUNK) // 4 + 1
+
+
+def broadcast_route_here(comm: MPI.Intracomm, nbytes: int) -> str:
+    """The engine's own route for a broadcast of `nbytes` (engine/small.broadcast_route)."""
+    route = broadcast_route(_context_for(comm)._state, nbytes, load_settings())
+    return "mpi" if route is None else "carried" if route[1] else "ring"
+
+
 def broadcast_cases(comm: MPI.Intracomm) -> list[tuple[str, str | None]]:
-    """broadcast() on its fast path (fast_path.BroadcastPlan, the sizes carried in the agreement's messages): every
-    root, odd byte counts at the limit's edges and the reach, bit-identical everywhere; one rank on the general path
-    beside the fast path; faults on one rank after the plan was cached (another root, a size across the limit, a
+    """broadcast() on its fast path (fast_path.BroadcastPlan, either route in one call into the core: carried in
+    the agreement's messages, or along the ring past the reach): every root, odd byte counts at the limit's edges,
+    the reach and past it, bit-identical everywhere; then for each route one rank on the general path beside the
+    fast path, and faults on one rank after the plan was cached (another root, a size across the limit, a
     read-only array, another collective)."""
     rank, world = comm.Get_rank(), comm.Get_size()
     results = []
-    for dtype in (np.dtype(np.int8), np.dtype(np.float16), np.dtype(np.complex64)):
-        for count in (1, 3, LIMIT // dtype.itemsize - 1, LIMIT // dtype.itemsize, LIMIT // dtype.itemsize + 1,
-                      reach_bytes(comm) // dtype.itemsize):  # in shared memory carried as far as the reach
-            for root in sorted({0, world - 1}):
-                want = (np.arange(count) % 113 + root).astype(dtype)
-                array = want.copy() if rank == root else np.zeros(count, dtype)
-                failure = None if ddlfast.broadcast(array, root=root) is array else "did not return the array"
-                if failure is None and array.tobytes() != want.tobytes():
-                    failure = "bytes differ from root's"
-                if failure is None and len(set(comm.allgather(array.tobytes()))) != 1:
-                    failure = "bits differ across ranks"
-                results.append((f"broadcast {dtype.name}[{count}] root {root}", failure))
-    if world < 2:
-        return results
+    os.environ["DDLFAST_CHUNK_BYTES"] = str(RING_CHUNK)
+    try:
+        for dtype in (np.dtype(np.int8), np.dtype(np.float16), np.dtype(np.complex64)):
+            ring = ring_broadcast_count(comm) * 4 // dtype.itemsize + 1
+            for count in (1, 3, LIMIT // dtype.itemsize - 1, LIMIT // dtype.itemsize, LIMIT // dtype.itemsize + 1,
+                          reach_bytes(comm) // dtype.itemsize, ring):  # carried in shared memory up to the reach
+                for root in sorted({0, world - 1}):
+                    want = (np.arange(count) % 113 + root).astype(dtype)
+                    array = want.copy() if rank == root else np.zeros(count, dtype)
+                    failure = None if ddlfast.broadcast(array, root=root) is array else "did not return the array"
+                    if failure is None and array.tobytes() != want.tobytes():
+                        failure = "bytes differ from root's"
+                    if failure is None and len(set(comm.allgather(array.tobytes()))) != 1:
+                        failure = "bits differ across ranks"
+                    results.append((f"broadcast {dtype.name}[{count}] root {root}", failure))
+            if world > 1 and broadcast_route_here(comm, ring * dtype.itemsize) != "ring":
+                results.append((f"broadcast {dtype.name}[{ring}]", "does not take the ring"))
+        if world > 1:
+            for count in (100, ring_broadcast_count(comm)):
+                results += broadcast_faults_at(comm, count)
+    finally:
+        del os.environ["DDLFAST_CHUNK_BYTES"]
+    return results
+
+
+def broadcast_faults_at(comm: MPI.Intracomm, count: int) -> list[tuple[str, str | None]]:
+    """A broadcast of `count` float32 on its route: one rank on the general path, then faults on one rank."""
+    rank, world = comm.Get_rank(), comm.Get_size()
+    where = broadcast_route_here(comm, count * 4)
+    results = []
     odd = world - 1
-    x = np.arange(100, dtype=np.float32) + rank
+    x = np.arange(count, dtype=np.float32) + rank
     for label, general in (("an ndarray subclass", lambda: ddlfast.broadcast(x.view(Subclass), root=0)),
                            ("a NumPy integer root", lambda: ddlfast.broadcast(x, root=np.int64(0)))):
-        x[:] = np.arange(100, dtype=np.float32) + rank
+        x[:] = np.arange(count, dtype=np.float32) + rank
         try:
             general() if rank == odd else ddlfast.broadcast(x, root=0)
-            failure = None if np.array_equal(x, np.arange(100, dtype=np.float32)) else f"got {x[:4]}"
+            failure = None if np.array_equal(x, np.arange(count, dtype=np.float32)) else f"got {x[:4]}"
         except ddlfast.DdlfastError as error:
             failure = f"raised {error}"
-        results.append((f"broadcast, {label} on rank {odd}", failure))
+        results.append((f"broadcast ({where}), {label} on rank {odd}", failure))
     for _ in range(3):
         ddlfast.broadcast(x, root=0)
-    big = np.zeros(LIMIT // 4 + 1, np.float32)
+    big = np.zeros(LIMIT // 4 + 1 if where == "carried" else count - 1, np.float32)
     frozen = x.copy()
     frozen.flags.writeable = False
     cases = [
         ("another root", lambda: ddlfast.broadcast(x, root=1 if rank == odd else 0), "root"),
-        ("a size across the limit", lambda: ddlfast.broadcast(big if rank == odd else x, root=0), "disagree"),
+        ("another size", lambda: ddlfast.broadcast(big if rank == odd else x, root=0), "disagree"),
         ("a read-only array", lambda: ddlfast.broadcast(frozen if rank == odd else x, root=0), "read-only"),
         ("an allgather against it", lambda: ddlfast.allgather(x) if rank == odd else ddlfast.broadcast(x, root=0),
          "different collectives"),
     ]
-    results += [untouched_after_error(comm, f"broadcast, {label} on one rank", {"x": x, "big": big}, call, *needles)
-                for label, call, *needles in cases]
-    y = np.full(9, rank, np.int32)
+    results += [untouched_after_error(comm, f"broadcast ({where}), {label} on one rank", {"x": x, "big": big}, call,
+                                      *needles) for label, call, *needles in cases]
+    y = np.full(count, rank, np.float32)
     ddlfast.broadcast(y, root=odd)
-    results.append(("broadcast works after the faults", None if np.all(y == odd) else f"got {y}"))
+    results.append((f"broadcast ({where}) works after the faults", None if np.all(y == odd) else f"got {y[:4]}"))
     return results
 
 
