@@ -201,6 +201,14 @@ cdef class CallSites:
         """(code, instruction offset) of a site id, or None."""
         return self.sites[site] if 0 <= site < len(self.sites) else None
 
+def mix_name(uint64_t name) -> int:
+    """engine/agreement.name_digest of an int name (a training step) in 0..2**64-1: splitmix64's finalizer, here
+    because Python's arbitrary-size ints made it a quarter of a named 4 KiB allreduce's time in Python."""
+    cdef uint64_t z = name * <uint64_t>0x9E3779B97F4A7C15ULL + <uint64_t>0x5851F42D4C957F2DULL
+    z = (z ^ (z >> 30)) * <uint64_t>0xBF58476D1CE4E5B9ULL
+    return z ^ (z >> 27)
+
+
 def same_values(dict environ, tuple keys, tuple values) -> bool:
     """Whether environ[keys[i]] is values[i] (the very object; None where absent) for every i: config's test,
     on every collective, that no DDLFAST_* variable changed (config.use_value_compare)."""

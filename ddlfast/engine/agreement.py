@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from ddlfast import config
+from ddlfast import _core, config
 from ddlfast.errors import DdlfastConsistentError, DdlfastError
 
 MAX_CACHED_DIGESTS = 4096
@@ -217,13 +217,26 @@ _MASK64 = (1 << 64) - 1
 
 def name_digest(name: str | int) -> int:
     """64 bits of a collective's name, the same on every rank (Python's own str hash differs per process). An int
-    (a step count, the common case) is mixed arithmetically, a str through blake2b."""
+    (a step count, the common case) is mixed arithmetically (_core.mix_name), a str through blake2b, kept: the
+    names of a model's buckets come back every step."""
+    if type(name) is str:
+        digest = _STR_DIGESTS.get(name)
+        if digest is None:
+            if len(_STR_DIGESTS) >= MAX_CACHED_DIGESTS:
+                _STR_DIGESTS.clear()
+            digest = _STR_DIGESTS[name] = _blake2b_digest(name)
+        return digest
     if type(name) is not int and not isinstance(name, str):
         name = int(name)  # a NumPy integer: the same digest as the Python int of that value
     if type(name) is int and 0 <= name <= _MASK64:
-        z = (name * 0x9E3779B97F4A7C15 + 0x5851F42D4C957F2D) & _MASK64
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-        return z ^ (z >> 27)
+        return _core.mix_name(name)
+    return _blake2b_digest(name)
+
+
+_STR_DIGESTS: dict[str, int] = {}
+
+
+def _blake2b_digest(name: str | int) -> int:
     return int.from_bytes(hashlib.blake2b(repr(name).encode(), digest_size=8, person=b"ddlfast-name").digest(),
                           "little")
 

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import hashlib
 from types import SimpleNamespace
 
 import numpy as np
 
-from ddlfast.engine.agreement import allreduce_layout, describe, disagreement_message, readable
+from ddlfast.engine.agreement import (
+    MAX_CACHED_DIGESTS,
+    allreduce_layout,
+    describe,
+    disagreement_message,
+    name_digest,
+    readable,
+)
 from ddlfast.engine.control import decode_value, encode_value
 
 SETTINGS = SimpleNamespace(chunk_bytes=1 << 20, small_bytes=8192, bucket_bytes=64 << 20, first_bucket_bytes=1 << 20,
@@ -117,3 +125,31 @@ def test_reproducible_difference_names_the_ranks() -> None:
     message = message_for([host_layout("float32", (10,), settings=s) for s in (SETTINGS, other, SETTINGS)])
     assert message.startswith("ranks disagree on reproducible"), message
     assert "rank 1 passed True" in message and "ranks 0,2 passed False" in message, message
+
+
+def _splitmix_reference(value: int) -> int:
+    """splitmix64's finalizer in Python's arbitrary-size ints (name_digest's rule for an int name)."""
+    mask = (1 << 64) - 1
+    z = (value * 0x9E3779B97F4A7C15 + 0x5851F42D4C957F2D) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    return z ^ (z >> 27)
+
+
+def _blake2b_reference(name: object) -> int:
+    return int.from_bytes(hashlib.blake2b(repr(name).encode(), digest_size=8, person=b"ddlfast-name").digest(),
+                          "little")
+
+
+def test_name_digests_are_the_rule_every_rank_computes() -> None:
+    """name_digest: an int in 0..2**64-1 (a NumPy integer alike) through splitmix64 in the core, a str (also when
+    kept from before, also past the cache's size) and any other int through blake2b of its repr."""
+    for value in (0, 1, 7, 12345, 1 << 20, (1 << 63) + 5, (1 << 64) - 1):
+        assert name_digest(value) == _splitmix_reference(value)
+        assert name_digest(np.uint64(value)) == _splitmix_reference(value)
+    for value in (-1, 1 << 64):
+        assert name_digest(value) == _blake2b_reference(value)
+    for name in ("layer3.weight", "", "é" * 9):
+        assert name_digest(name) == name_digest(name) == _blake2b_reference(name)
+    names = [f"bucket {i}" for i in range(MAX_CACHED_DIGESTS + 3)]
+    assert [name_digest(name) for name in names] == [_blake2b_reference(name) for name in names]
+    assert len({name_digest(name) for name in names}) == len(names)
