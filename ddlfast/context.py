@@ -39,7 +39,7 @@ from ddlfast.config import (
 from ddlfast.engine import exchange, join, requests, shards, small
 from ddlfast.engine.agreement import Name, check_name, creation_layout
 from ddlfast.engine.control import Control
-from ddlfast.engine.fast_path import FastPath, Plan
+from ddlfast.engine.fast_path import BroadcastPlan, FastPath, Plan, ShardPlan
 from ddlfast.engine.state import EngineState
 from ddlfast.engine.worker import CommThread, Handle
 from ddlfast.errors import DdlfastBrokenError, DdlfastError, RanksLostError
@@ -640,11 +640,22 @@ class Context:
         # path could not take (nothing ran there).
         return self._fused_allreduce([array], op, dims, compression, False, stream, name, reproducible)[0]
 
-    def _fast_in_order(self, array: np.ndarray, plan: Plan, settings: config.Settings, name: Name) -> bool:
-        """The latency path behind queued asynchronous work, or under MPI's fault tolerance (its own method: the
-        closure's cells would cost every latency-path call)."""
+    def _fast_in_order(self, array: np.ndarray, plan: Plan | ShardPlan | BroadcastPlan, settings: config.Settings,
+                       name: Name, kind: str = "allreduce", out: np.ndarray | None = None) -> bool:
+        """A fast path's run behind queued asynchronous work, or under MPI's fault tolerance (its own method: the
+        closure's cells would cost every fast-path call)."""
         fast = self._fast
-        return self._in_order(lambda: fast.run(array, plan, settings, name), "allreduce")
+        return self._in_order(lambda: fast.run(array, plan, settings, name, out), kind)
+
+    def _fast_run(self, array: np.ndarray, plan: ShardPlan | BroadcastPlan, settings: config.Settings, name: Name,
+                  kind: str, out: np.ndarray | None = None) -> bool:
+        """A reduce_scatter(), allgather() or broadcast() fast-path plan (ddlfast/engine/fast_path.py) in this
+        context's order: False where it did not run."""
+        if self._worker is None and not self._ulfm:  # _in_order's own first case, spelled out
+            with self._lock:
+                self._check_open()
+                return self._fast.run(array, plan, settings, name, out)
+        return self._fast_in_order(array, plan, settings, name, kind, out)
 
     def fused_allreduce(self, arrays: Sequence[np.ndarray], *, op: str = "sum", dims: object = None,
                         compression: object = None, error_feedback: bool = False, stream: object = None,
@@ -745,17 +756,7 @@ class Context:
             result = out
         else:
             return None
-        fast = self._fast
-        done = self._fast_in_core(lambda: fast.run_shard(array, result, plan, settings, name), kind)
-        return result if done else None
-
-    def _fast_in_core(self, run: Callable[[], bool], kind: str) -> bool:
-        """A fast path's run (ddlfast/engine/fast_path.py) in this context's order: False where it did not run."""
-        if self._worker is None and not self._ulfm:  # _in_order's own first case, spelled out
-            with self._lock:
-                self._check_open()
-                return run()
-        return self._in_order(run, kind)
+        return result if self._fast_run(array, plan, settings, name, kind, result) else None
 
     @traced("fused_reduce_scatter")
     def fused_reduce_scatter(self, arrays: Sequence[Any], *, op: str = "sum", dims: object = None,
@@ -911,10 +912,8 @@ class Context:
                 self._other_caller()
             settings = load_settings()
             plan = self._fast.broadcast_plan(array, root, settings)
-            if plan is not None:
-                fast = self._fast
-                if self._fast_in_core(lambda: fast.run_broadcast(array, plan, settings, name), "broadcast"):
-                    return array
+            if plan is not None and self._fast_run(array, plan, settings, name, "broadcast"):
+                return array
         return self._now(lambda: small.broadcast(self._state, array, root), "broadcast", name)
 
     @traced("broadcast_async")
