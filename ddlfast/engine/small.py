@@ -97,8 +97,7 @@ def carried_broadcast_options(state: EngineState, nbytes: int, settings: Any) ->
     int64 words, zeros elsewhere, summed), or None. Up to the small-message limit (EngineState.folds), and where
     the ranks share the agreement's memory as far as the latency path reaches, up to MAX_CARRIED_SHARD_BYTES
     (2 cores, busbw / MPI_Bcast's: P=2 16-64 KiB 1.15-1.18 against 0.46-0.58 staged; P=4 16 KiB-1 MiB
-    0.83-1.35 against 0.40-0.61). Agreed values only: the general path and the fast path
-    (ddlfast/engine/fast_path.py) both ask here."""
+    0.83-1.35 against 0.40-0.61). Agreed values only: broadcast_route asks here for both paths."""
     words = -(-nbytes // 8) * 8
     dims = state.resolve_dims(None, settings)
     if state.folds(nbytes, settings):
@@ -114,7 +113,8 @@ def ring_broadcasts(world: int, nbytes: int, settings: Any) -> bool:
     received in place): from (P - 1) chunks up, where its pipeline of c chunks over P - 1 hops, c + P - 2 chunk
     times, beats MPI's broadcast, which moves the data about twice (scatter, then allgather) or log2(P) times (a
     tree), and stages it; at P = 2 at every size, where the ring is root's bytes sent straight to the other rank
-    (2 cores, busbw / MPI_Bcast's at 256 KiB: 0.62 staged). Not with DDLFAST_ALGORITHM=mpi. Agreed values only."""
+    (2 cores, busbw / MPI_Bcast's at 256 KiB: 0.60-0.70 staged, 0.89-0.91 on the ring). Not with
+    DDLFAST_ALGORITHM=mpi. Agreed values only."""
     return (settings.algorithm != "mpi" and world > 1
             and (world == 2 or nbytes >= (world - 1) * settings.chunk_bytes))
 

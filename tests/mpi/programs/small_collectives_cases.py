@@ -25,7 +25,7 @@ from ops_cases import OPS, expect_error, run_op  # run_op: the op x dtype checks
 import ddlfast
 from ddlfast.api import _context_for
 from ddlfast.config import MAX_CARRIED_SHARD_BYTES, load_settings
-from ddlfast.engine.small import carried_broadcast_options, ring_broadcasts
+from ddlfast.engine.small import broadcast_route
 
 BROADCAST_DTYPES = [np.dtype(t) for t in (np.bool_, np.uint8, np.int8, np.int16, np.uint16, np.int32, np.uint32,
                                           np.int64, np.uint64, np.float16, np.float32, np.float64, np.complex64,
@@ -244,11 +244,10 @@ def split_cases(world_comm: MPI.Intracomm) -> list[tuple[str, str | None]]:
 
 
 def ring_broadcasts_here(comm: MPI.Intracomm, nbytes: int) -> bool:
-    """Whether a broadcast of nbytes takes the ring now (the engine's own rules, as the bench's path column)."""
-    state = _context_for(comm)._state
-    settings = load_settings()
-    return (carried_broadcast_options(state, nbytes, settings) is None
-            and ring_broadcasts(state.size, nbytes, settings))
+    """Whether a broadcast of nbytes takes the ring now (engine/small.broadcast_route, as the bench's path
+    column)."""
+    route = broadcast_route(_context_for(comm)._state, nbytes, load_settings())
+    return route is not None and not route[1]
 
 
 def ring_broadcast_cases(comm: MPI.Intracomm) -> list[tuple[str, str | None]]:
