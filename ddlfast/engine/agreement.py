@@ -360,7 +360,8 @@ def disagreement_message(descriptions: list[dict]) -> str:
         sequence = descriptions[failed[0][0]]["sequence"]
         return f"collective #{sequence} could not run: " + "; ".join(f"rank {r}: {text}" for r, text in failed)
     if _differs(descriptions, "name"):
-        return ("ranks passed different names for this collective (a rank skipped or added a call): " +
+        return ("ranks passed different names for this collective (a rank skipped or added a call, or passed other "
+                "arguments that the name carries): " +
                 _by_rank(descriptions, lambda d: f"name={d.get('name')!r}"))
     if _differs(descriptions, "kind"):
         return "ranks called different collectives: " + _by_rank(descriptions, lambda d: d["kind"])

@@ -321,6 +321,29 @@ def op_name(op: int) -> str:
     return _OP_NAMES[op]
 
 
+_OP_TITLES = {Average: "Average", Sum: "Sum", Min: "Min", Max: "Max", Product: "Product"}
+
+
+def agreed_settings(kind: str, op: int, prescale_factor: float, postscale_factor: float) -> str:
+    """The settings of a reduction that change its result but are applied here, not by ddlfast (Horovod's integer
+    average, the scale factors): ddlfast's collective carries them as its name=, so they are part of what the
+    ranks agree on, and a rank that passed others raises on every rank (as in Horovod) instead of ending with
+    other numbers."""
+    return (f"hvd.{kind}(op={_OP_TITLES[op]}, prescale_factor={float(prescale_factor)!r}, "
+            f"postscale_factor={float(postscale_factor)!r})")
+
+
+def fused_settings(settings: Sequence[str]) -> str:
+    """One name for several calls fused into one ddlfast call: each call's settings, in order, runs counted."""
+    runs: list[list] = []
+    for text in settings:
+        if runs and runs[-1][0] == text:
+            runs[-1][1] += 1
+        else:
+            runs.append([text, 1])
+    return "; ".join(text if count == 1 else f"{count} x {text}" for text, count in runs)
+
+
 # -- asynchronous calls by handle ---------------------------------------------------------------------------------
 
 
@@ -429,9 +452,11 @@ def _submit_held(mine: dict[int, str], common: set[int]) -> None:
             if fusion is None or len(group) == 1:
                 group[0].handle = translated(group[0].submit)
                 continue
-            ddl_op, _, comm, _ = fusion
+            ddl_op, _, comm, _, _ = fusion
             works = [e.submit.fusion[3] for e in group]  # type: ignore[attr-defined]
-            fused = translated(functools.partial(ddlfast.fused_allreduce_async, works, op=ddl_op, comm=comm))
+            name = fused_settings([e.submit.fusion[4] for e in group])  # type: ignore[attr-defined]
+            fused = translated(functools.partial(ddlfast.fused_allreduce_async, works, op=ddl_op, comm=comm,
+                                                 name=name))
             for index, entry in enumerate(group):
                 entry.handle = _Part(fused, index)
         except BaseException as error:  # noqa: BLE001 - waiting for these calls raises it
@@ -597,11 +622,12 @@ def allreduce_parts(array: np.ndarray, op: int, prescale_factor: float, postscal
     work = _scaled(np.array(array, dtype=_wide(dtype), copy=True), prescale_factor)
     integer_average = op == Average and dtype.kind in "biu"
     ddl_op = "sum" if integer_average else op_name(op)
+    settings = agreed_settings("allreduce", op, prescale_factor, postscale_factor)
 
     def start() -> Any:
-        return ddlfast.allreduce_async(work, op=ddl_op, comm=comm)
+        return ddlfast.allreduce_async(work, op=ddl_op, comm=comm, name=settings)
 
-    start.fusion = (ddl_op, id(comm), comm, work)  # type: ignore[attr-defined]  # negotiated calls fuse by this
+    start.fusion = (ddl_op, id(comm), comm, work, settings)  # type: ignore[attr-defined]  # negotiated calls fuse
 
     def finish(result: np.ndarray) -> np.ndarray:
         if integer_average:
@@ -631,9 +657,10 @@ def grouped_allreduce_parts(arrays: Sequence[np.ndarray], op: int, prescale_fact
 
         return start_each, lambda results: [p[1](r) for p, r in zip(parts, results, strict=True)]
     ddl_op = kinds.pop()
+    settings = agreed_settings("grouped_allreduce", op, prescale_factor, postscale_factor)
 
     def start() -> Any:
-        return ddlfast.fused_allreduce_async(copies, op=ddl_op, comm=comm)
+        return ddlfast.fused_allreduce_async(copies, op=ddl_op, comm=comm, name=settings)
 
     def finish(results: list) -> list:
         done = []
@@ -754,9 +781,10 @@ def reducescatter_parts(arrays: Sequence[np.ndarray], op: int, prescale_factor: 
         copies.append(_scaled(np.array(array, dtype=_wide(array.dtype), copy=True), prescale_factor))
     integer = [a.dtype.kind in "biu" for a in arrays]
     ddl_op = "sum" if op == Average else op_name(op)  # Average: summed, then divided as Horovod divides
+    settings = agreed_settings("reducescatter", op, prescale_factor, postscale_factor)
 
     def start() -> Any:
-        return ddlfast.fused_reduce_scatter_async(copies, op=ddl_op, counts=counts, comm=comm)
+        return ddlfast.fused_reduce_scatter_async(copies, op=ddl_op, counts=counts, comm=comm, name=settings)
 
     def finish(results: list) -> list:
         done = []

@@ -43,6 +43,53 @@ def values(rank: int, shape: tuple, dtype: torch.dtype, salt: int = 0) -> torch.
     return torch.randint(-100, 100, shape, generator=generator).to(dtype)
 
 
+def settings_differ_on_one_rank(rank: int, size: int) -> None:
+    """Every setting that changes a reduction's result (Horovod's integer Average against Sum, the scale factors)
+    differing on rank 0 alone, below and above DDLFAST_SMALL_BYTES, plain, grouped, named (negotiated, fused)
+    and reducescatter: an error on every rank, never ranks with different numbers; the context usable after."""
+    for n in (2, 5000):
+        settings_differ_at(n, rank, size)
+    odd = rank == 0
+    try:
+        hvd.allreduce(torch.ones(3, dtype=torch.int32), op=hvd.Average if odd else hvd.Sum)
+    except RuntimeError as error:
+        check("the error names the settings", "op=Average" in str(error) and "op=Sum" in str(error), str(error))
+    agreed = hvd.allreduce(torch.full((5000,), 2 * rank + 1, dtype=torch.int32), op=hvd.Sum, postscale_factor=2.0)
+    check("the context is usable after the mismatches", torch.all(agreed == 2 * size * size).item())
+
+
+def settings_differ_at(n: int, rank: int, size: int) -> None:
+    odd = rank == 0
+    ints = torch.full((n,), 2 * rank + 1, dtype=torch.int32)
+    raises_everywhere(f"integer Average on one rank, Sum on the others [{n}]",
+                      lambda: hvd.allreduce(ints, op=hvd.Average if odd else hvd.Sum), RuntimeError)
+    raises_everywhere(f"prescale_factor differs on one rank [{n}]",
+                      lambda: hvd.allreduce(torch.ones(n), op=hvd.Sum, prescale_factor=2.0 if odd else 1.0),
+                      RuntimeError)
+    raises_everywhere(f"postscale_factor differs on one rank [{n}]",
+                      lambda: hvd.allreduce(torch.ones(n), postscale_factor=0.5 if odd else 1.0), RuntimeError)
+    raises_everywhere(f"grouped: postscale_factor differs on one rank [{n}]",
+                      lambda: hvd.grouped_allreduce([torch.ones(n), torch.ones(3)], op=hvd.Sum,
+                                                    postscale_factor=3.0 if odd else 1.0), RuntimeError)
+    raises_everywhere(f"reducescatter: prescale_factor differs on one rank [{n}]",
+                      lambda: hvd.reducescatter(torch.ones(size, n), op=hvd.Sum,
+                                                prescale_factor=0.25 if odd else 1.0), RuntimeError)
+
+    def named() -> None:  # negotiated by name and fused into one ddlfast call
+        handles = [hvd.allreduce_async(ints, name=f"ints.{n}", op=hvd.Sum),
+                   hvd.allreduce_async(ints, name=f"more.{n}", op=hvd.Average if odd else hvd.Sum)]
+        failures = []
+        for handle in handles:
+            try:
+                hvd.synchronize(handle)
+            except RuntimeError as error:
+                failures.append(error)
+        if failures:
+            raise failures[0]
+
+    raises_everywhere(f"named, fused: integer Average on one rank [{n}]", named, RuntimeError)
+
+
 def main() -> int:
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
@@ -118,6 +165,7 @@ def main() -> int:
             else:
                 os.environ["DDLFAST_TIMEOUT_S"] = saved
         check("the context is usable after it", torch.all(hvd.allreduce(torch.ones(3), op=hvd.Sum) == size).item())
+        settings_differ_on_one_rank(rank, size)
     splits = torch.tensor([r + 1 for r in range(size)], dtype=torch.int32)
     sent = torch.cat([torch.full((r + 1, 2), float(rank)) for r in range(size)])
     received, received_splits = hvd.alltoall(sent, splits)
