@@ -362,6 +362,27 @@ def check_environment() -> None:
     debug()
 
 
+def settings_or_problem() -> tuple[Settings, DdlfastError | None]:
+    """(settings, None) where every DDLFAST_* variable is valid (check_environment), else (settings good enough to
+    take part in a context's creation, the error): a bad value on some ranks must fail creation on every rank
+    through the creation agreement, not on those ranks alone (the others would wait out the stall limit, and
+    the communicator's collectives would be out of step for every later context)."""
+    try:
+        check_environment()
+        return load_settings(), None
+    except DdlfastError as error:
+        problem = error
+    try:
+        timeout_s = _env_seconds("DDLFAST_TIMEOUT_S", DEFAULT_TIMEOUT_S, MIN_TIMEOUT_S, MAX_TIMEOUT_S,
+                                 zero_means_forever=True)
+    except DdlfastError:
+        timeout_s = DEFAULT_TIMEOUT_S
+    return Settings(bucket_bytes=DEFAULT_BUCKET_BYTES, first_bucket_bytes=DEFAULT_FIRST_BUCKET_BYTES,
+                    chunk_bytes=DEFAULT_CHUNK_BYTES, small_bytes=DEFAULT_SMALL_BYTES,
+                    receives_in_flight=DEFAULT_RECEIVES_IN_FLIGHT, ring_dims="auto", timeout_s=timeout_s,
+                    compression=("none",)), problem
+
+
 def _parse_settings() -> Settings:
     compression = parse_compression(os.environ.get("DDLFAST_COMPRESSION", "none"), "DDLFAST_COMPRESSION")
     chunk_bytes = _env_size("DDLFAST_CHUNK_BYTES", DEFAULT_CHUNK_BYTES, MIN_CHUNK_BYTES, MAX_CHUNK_BYTES)

@@ -30,14 +30,13 @@ from ddlfast import _core, config, launch, process, ulfm
 from ddlfast.config import (
     CREATION_AGREEMENT_BYTES,
     STALL_LIMITS,
-    check_environment,
     current_stall_limit,
     format_size,
     load_settings,
     with_reproducible,
 )
 from ddlfast.engine import exchange, join, requests, shards, small
-from ddlfast.engine.agreement import Name, check_name, creation_layout
+from ddlfast.engine.agreement import Agreement, Name, check_name, creation_layout
 from ddlfast.engine.control import Control
 from ddlfast.engine.fast_path import BroadcastPlan, FastPath, Plan, ShardPlan
 from ddlfast.engine.state import EngineState
@@ -79,9 +78,10 @@ class Context:
         comm = MPI.COMM_WORLD if comm is None else comm
         if not isinstance(comm, MPI.Comm):
             raise DdlfastError(f"comm must be an mpi4py communicator, not {type(comm).__name__}")
-        check_environment()  # every DDLFAST_* variable, also those read only later (ddlfast/config.py)
+        # Every DDLFAST_* variable, also those read only later (ddlfast/config.py); a bad one fails the creation
+        # agreement below, so every rank raises, naming it and this rank.
+        settings, bad_setting = config.settings_or_problem()
         launch.check_world()  # MPI alone where the launcher started several: how to launch, not a job of 1 rank
-        settings = load_settings()
         # The communicator the context runs on, held weakly: ddlfast.api's table closes a context once its
         # communicator is gone. After ranks were lost, the survivors' communicator (ddlfast's own), held here.
         self._comm_ref = weakref.ref(comm)
@@ -92,7 +92,7 @@ class Context:
         self._pending_loss: RanksLostError | None = None  # ranks lost while the context was created
         self._creation_saw_failure = False  # a rank died during the last creation (_agreed_creation)
         try:
-            self._state = self._created_on(comm, settings)
+            self._state = self._created_on(comm, settings, bad_setting)
         except Exception as error:  # any: a collective may even return without a dead rank's part (_agreed_creation)
             if not (self._ulfm and self._creation_saw_failure):
                 raise
@@ -110,7 +110,7 @@ class Context:
         if _core.deferred_interrupts:
             raise _core.deferred_interrupts.pop()
 
-    def _created_on(self, comm: MPI.Intracomm, settings: Any) -> EngineState:
+    def _created_on(self, comm: MPI.Intracomm, settings: Any, bad_setting: DdlfastError | None = None) -> EngineState:
         """The engine on `comm` (collective over it). Under MPI's fault tolerance the ranks end it with a
         fault-tolerant agreement on how it went (_agreed_creation), which sets _creation_saw_failure when a rank
         died meanwhile: then every rank raises and shrinks (__init__, _on_survivors)."""
@@ -123,6 +123,8 @@ class Context:
             duplicate, created = comm.Idup()  # agreement descriptions and Python-side collectives
             core.wait_requests([created], "the other ranks to create their ddlfast context")
             control = duplicate  # complete: only now may it be revoked (Open MPI crashes on a communicator under way)
+            if bad_setting is not None:  # takes part in the creation agreement with its error: every rank raises it
+                raise Agreement(core, Control(control, core)).refuse(bad_setting)
             state = EngineState(core, Control(control, core), settings.timeout_s)
             # Settings that size messages or drive the topology must match on every rank; then placement detection
             # (collective) runs where every rank has just proven it is present.
@@ -592,7 +594,11 @@ class Context:
 
     def topology(self, every_tier: bool = False) -> Topology:
         """ddlfast.topology(): on the communication thread when there is one, so collectives stay ordered."""
-        state, settings = self._state, load_settings()
+        state = self._state
+        try:
+            settings = load_settings()
+        except DdlfastError as error:
+            raise self._refused(error) from None
         if state.topology_known(every_tier):
             return state.topology  # nothing collective to do
         self._check_caller()
@@ -619,7 +625,10 @@ class Context:
             self._other_caller()
         if type(op) is not str:
             op = canonical_op(op)  # MPI.SUM, torch's ReduceOp.SUM, ...: their names take the latency path too
-        settings = load_settings()
+        try:
+            settings = load_settings()
+        except DdlfastError as error:
+            raise self._refused(error) from None
         if reproducible is not None:
             settings = with_reproducible(settings, reproducible, self._state.rank) if type(reproducible) is bool \
                 else None  # not a bool: the general path refuses it on every rank
@@ -746,7 +755,10 @@ class Context:
             return None
         if _get_ident() != self._issuer:
             self._other_caller()
-        settings = load_settings()
+        try:
+            settings = load_settings()
+        except DdlfastError as error:
+            raise self._refused(error) from None
         plan = self._fast.shard_plan(kind, array, op, dims, compression, settings)
         if plan is None:
             return None
@@ -910,7 +922,10 @@ class Context:
                 and (name is None or type(name) in (str, int))):
             if _get_ident() != self._issuer:
                 self._other_caller()
-            settings = load_settings()
+            try:
+                settings = load_settings()
+            except DdlfastError as error:
+                raise self._refused(error) from None
             plan = self._fast.broadcast_plan(array, root, settings)
             if plan is not None and self._fast_run(array, plan, settings, name, "broadcast"):
                 return array

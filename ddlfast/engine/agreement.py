@@ -358,7 +358,9 @@ def disagreement_message(descriptions: list[dict]) -> str:
     failed = [(rank, d["error"]) for rank, d in enumerate(descriptions) if d["kind"] == "error"]
     if failed:
         sequence = descriptions[failed[0][0]]["sequence"]
-        return f"collective #{sequence} could not run: " + "; ".join(f"rank {r}: {text}" for r, text in failed)
+        creating = any(d["kind"] == "context" for d in descriptions)  # the others were creating their context
+        what = "the ddlfast context could not be created" if creating else f"collective #{sequence} could not run"
+        return f"{what}: " + "; ".join(f"rank {r}: {text}" for r, text in failed)
     if _differs(descriptions, "name"):
         return ("ranks passed different names for this collective (a rank skipped or added a call, or passed other "
                 "arguments that the name carries): " +

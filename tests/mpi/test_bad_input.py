@@ -30,3 +30,14 @@ def test_bad_environment_is_a_clear_error(variable: str, value: str, needle: str
     result = run_mpi(2, "one_allreduce.py", env={variable: value}, check=False, timeout=120)
     assert result.returncode != 0
     assert "DdlfastError" in result.stderr and needle in result.stderr, result.stderr
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_bad_setting_on_one_rank_fails_every_rank(ranks: int) -> None:
+    """A DDLFAST_* value that fails validation on rank 1 alone: every rank raises at creation (or at the next
+    collective, when set later), naming the variable and the rank; a new Context then works. Before, the others
+    waited out the stall limit, and the next Context on the communicator hung in its creation."""
+    result = run_mpi(ranks, "bad_setting_one_rank.py", env={"DDLFAST_TIMEOUT_S": "10", "DDLFAST_ABORT_ON_STALL": "0"},
+                     timeout=240)
+    assert "bad setting on one rank: 0 failures" in result.stdout, result.stdout + result.stderr[-3000:]
