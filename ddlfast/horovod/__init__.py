@@ -382,6 +382,7 @@ def _forget(handle: int) -> None:
                     del table[entry.name]
 
 
+@functools.lru_cache(maxsize=4096)  # every step hashes the same names and settings again
 def name_hash(name: str) -> int:
     """63 bits of a name, never zero (zero stands for a joined rank's nothing)."""
     value = int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little") >> 1
@@ -391,32 +392,72 @@ def name_hash(name: str) -> int:
 def negotiate(giving_up: bool = False) -> None:
     """Collective over the job: submit the held names every active rank holds (the module docstring). A rank
     `giving_up` (it has waited past the stall limit for a name) makes every rank raise, each naming its own held
-    names and the ranks that never submitted them; those calls then fail."""
+    names and the ranks that never submitted them; those calls then fail. A name whose call some rank made with
+    other settings (its op, scale factors, or another kind of call) fails on every rank at once (_mismatched):
+    the held calls decide how ddlfast's calls are fused, so they must be the same calls on every rank before any
+    goes to ddlfast."""
     world, me = MPI.COMM_WORLD.Get_size(), MPI.COMM_WORLD.Get_rank()
     with _runtime.lock:
         mine = {name_hash(name): name for name in _runtime.held}
-    # Per rank: taking part (a joined rank's zeros say no), how many names it holds, a digest of them, giving up.
-    head = np.zeros(4 * world, np.int64)
-    head[4 * me:4 * me + 4] = 1, len(mine), name_hash(",".join(map(str, sorted(mine)))), int(giving_up)
+        kinds = {key: name_hash(_signature(_runtime.entries[_runtime.held[name]])) for key, name in mine.items()}
+    order = sorted(mine)
+    # Per rank: taking part (a joined rank's zeros say no), how many names it holds, a digest of them, one of their
+    # calls' signatures, giving up.
+    head = np.zeros(5 * world, np.int64)
+    head[5 * me:5 * me + 5] = (1, len(mine), name_hash(",".join(map(str, order))),
+                               name_hash(",".join(str(kinds[key]) for key in order)), int(giving_up))
     translated(lambda: ddlfast.allreduce(head, op="sum"))
-    active, counts, digests, quitting = head[0::4], head[1::4], head[2::4], head[3::4]
+    active, counts, digests, signatures, quitting = (head[i::5] for i in range(5))
     widest = int(counts.max(initial=0))
     if widest == 0:
         return
-    if not quitting.any() and len({int(d) for d, a in zip(digests, active, strict=True) if a}) == 1:
-        _submit_held(mine, set(mine))  # the steady state: every active rank holds the same names
+    if not quitting.any() and len({(int(d), int(s)) for d, s, a in zip(digests, signatures, active, strict=True)
+                                   if a}) == 1:
+        _submit_held(mine, set(mine))  # the steady state: every active rank holds the same names, the same calls
         return
-    table = np.zeros(world * widest, np.int64)
-    table[me * widest:me * widest + len(mine)] = sorted(mine)
+    table = np.zeros(2 * world * widest, np.int64)  # per rank: its names' hashes, then their calls' signatures
+    table[2 * me * widest:2 * me * widest + len(mine)] = order
+    table[(2 * me + 1) * widest:(2 * me + 1) * widest + len(mine)] = [kinds[key] for key in order]
     translated(lambda: ddlfast.allreduce(table, op="sum"))
-    held_by = {r: set(table[r * widest:r * widest + int(counts[r])].tolist()) for r in range(world) if active[r]}
-    common = set.intersection(*held_by.values()) if held_by else set()
-    _submit_held(mine, common)
+    held_by = {r: dict(zip(table[2 * r * widest:2 * r * widest + int(counts[r])].tolist(),
+                           table[(2 * r + 1) * widest:(2 * r + 1) * widest + int(counts[r])].tolist(), strict=True))
+               for r in range(world) if active[r]}
+    common = set.intersection(*(set(keys) for keys in held_by.values())) if held_by else set()
+    differing = {key for key in common if len({keys[key] for keys in held_by.values()}) > 1}
+    _submit_held(mine, common - differing)
+    if differing:
+        _mismatched(mine, kinds, differing, held_by)
     if quitting.any():
         _give_up(mine, common, held_by, [r for r in range(world) if quitting[r]])
 
 
-def _give_up(mine: dict[int, str], common: set[int], held_by: dict[int, set[int]], quitting: list[int]) -> None:
+def _signature(entry: _Entry) -> str:
+    """What must match across ranks for a held call to be fused alike on every rank: a fusable allreduce's ddlfast
+    op and settings; any other call goes to ddlfast alone (ddlfast's agreement checks the rest)."""
+    fusion = getattr(entry.submit, "fusion", None)
+    return f"{fusion[0]} {fusion[4]}" if fusion else "alone"
+
+
+def _mismatched(mine: dict[int, str], kinds: dict[int, int], differing: set[int],
+                held_by: dict[int, dict[int, int]]) -> None:
+    """The named calls some rank made with other settings fail on every rank, each naming the ranks that differ."""
+    with _runtime.lock:
+        for key in differing:
+            name = mine[key]
+            handle = _runtime.held.pop(name)
+            entry = _runtime.entries[handle]
+            groups: dict[int, list[int]] = {}
+            for r, keys in held_by.items():
+                groups.setdefault(keys[key], []).append(r)
+            who = "; ".join(f"rank{'s' if len(ranks) > 1 else ''} {','.join(map(str, ranks))}"
+                            f"{' (this rank: ' + _signature(entry) + ')' if kind == kinds[key] else ''}"
+                            for kind, ranks in groups.items())
+            entry.handle = _Failed(HorovodInternalError(
+                f"rank {MPI.COMM_WORLD.Get_rank()}: the ranks submitted the call named {name!r} with different "
+                f"arguments (op, scale factors or the kind of collective): {who}"))
+
+
+def _give_up(mine: dict[int, str], common: set[int], held_by: dict[int, dict[int, int]], quitting: list[int]) -> None:
     """Every rank raises at the same negotiation: the calls this rank holds that some rank never submitted fail."""
     unmatched = {key: [r for r, keys in held_by.items() if key not in keys] for key in mine if key not in common}
     what = "; ".join(f"{mine[key]!r} (not submitted by rank{'s' if len(m) > 1 else ''} {','.join(map(str, m))})"

@@ -75,9 +75,10 @@ def settings_differ_at(n: int, rank: int, size: int) -> None:
                       lambda: hvd.reducescatter(torch.ones(size, n), op=hvd.Sum,
                                                 prescale_factor=0.25 if odd else 1.0), RuntimeError)
 
-    def named() -> None:  # negotiated by name and fused into one ddlfast call
-        handles = [hvd.allreduce_async(ints, name=f"ints.{n}", op=hvd.Sum),
-                   hvd.allreduce_async(ints, name=f"more.{n}", op=hvd.Average if odd else hvd.Sum)]
+    def named(values: torch.Tensor) -> None:  # negotiated by name and fused into one ddlfast call
+        handles = [hvd.allreduce_async(values, name=f"first.{n}", op=hvd.Sum),
+                   hvd.allreduce_async(values, name=f"more.{n}", op=hvd.Average if odd else hvd.Sum),
+                   hvd.allreduce_async(values, name=f"last.{n}", op=hvd.Sum)]
         failures = []
         for handle in handles:
             try:
@@ -87,7 +88,10 @@ def settings_differ_at(n: int, rank: int, size: int) -> None:
         if failures:
             raise failures[0]
 
-    raises_everywhere(f"named, fused: integer Average on one rank [{n}]", named, RuntimeError)
+    # Integers: the same ddlfast op (a sum) either way; floats: another ddlfast op, which fused the calls into
+    # other groups on that rank (ranks then made different numbers of ddlfast calls, out of step for good).
+    raises_everywhere(f"named, fused: integer Average on one rank [{n}]", lambda: named(ints), RuntimeError)
+    raises_everywhere(f"named, fused: float Average on one rank [{n}]", lambda: named(torch.ones(n)), RuntimeError)
 
 
 def main() -> int:
