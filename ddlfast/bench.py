@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from statistics import median
@@ -78,6 +79,15 @@ _SEED = 20240917
 # -- sizes, shapes, iteration counts --------------------------------------------------------------------------------
 
 
+def max_bench_bytes() -> int:
+    """The largest size a row may have: the input, the shared work buffer and --check's two copies fit in this
+    machine's memory (a larger one ended in numpy's MemoryError after the header was printed)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+    except (AttributeError, ValueError, OSError):  # no sysconf: a bound that only stops the absurd
+        return 1 << 40
+
+
 def parse_sizes(text: str, name: str = "--sizes") -> list[int]:
     """'4KiB,1MiB,64M' -> [4096, 1048576, 67108864] (bytes); `name` is the option errors name."""
     sizes = []
@@ -87,6 +97,10 @@ def parse_sizes(text: str, name: str = "--sizes") -> list[int]:
         value = config.parse_size(part, name)
         if value <= 0:
             raise DdlfastError(f"{name}: {part.strip()!r} must be more than 0 bytes")
+        largest = max_bench_bytes()
+        if value > largest:
+            raise DdlfastError(f"{name}: {part.strip()!r:.40} is above {config.format_size(largest)}, a quarter of "
+                               "this machine's memory (each size holds up to 4 buffers of it)")
         sizes.append(value)
     if not sizes:
         raise DdlfastError(f"{name} is empty; use e.g. 4KiB,1MiB,64MiB")

@@ -228,6 +228,9 @@ def save_plot(rows: list[dict], path: str) -> None:
     plt.close(fig)
 
 
+MAX_LEARNING_RATE = 100.0  # far above any that trains the MLP; NaN and infinity refused
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=8)
@@ -238,6 +241,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="4KiB,64KiB,1MiB,16MiB,64MiB")
     parser.add_argument("--plot", default=os.path.join("out", "busbw.png"))
     args = parser.parse_args(argv)
+    from ddlfast import bench
+
+    # Every number checked before training starts (the bench's sizes only after both trainings, before)
+    try:
+        sizes = bench.parse_sizes(args.sizes)
+    except ddlfast.DdlfastError as error:
+        parser.error(str(error))
+    if args.epochs < 1 or args.batch < 1 or not 0 < args.lr <= MAX_LEARNING_RATE:
+        parser.error(f"--epochs and --batch must be >= 1 and --lr from above 0 to {MAX_LEARNING_RATE:g}")
     comm = MPI.COMM_WORLD
     rank, world = comm.Get_rank(), comm.Get_size()
     show = rank == 0
@@ -269,11 +281,9 @@ def main(argv: list[str] | None = None) -> int:
             print("    step time (median): " + " | ".join(f"{name} {s * 1e3:.2f} ms" for name, s in o.routes_s.items()))
             print(f"    {o.describe('DDP + allreduce_hook')}")
     if not args.skip_bench:
-        from ddlfast import bench
-
         if show:
             print("[3] allreduce bench: ddlfast beside MPI_Allreduce, same run")
-        rows = bench.run_bench(sizes=bench.parse_sizes(args.sizes), dtype="float32", dims_list=["flat"],
+        rows = bench.run_bench(sizes=sizes, dtype="float32", dims_list=["flat"],
                                iters=None, warmup=None, op="sum", check=True)
         if any(row.get("check") != "ok" for row in rows):
             status = 1

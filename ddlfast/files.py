@@ -5,15 +5,22 @@ Every file goes to a temporary file created with O_EXCL in the target's own dire
 reader never sees half a file. The probe cache (ddlfast/topology/probe.py) and the timeline
 (ddlfast/engine/timeline.py) both write through here.
 
+The tools that read such files back (python -m ddlfast.flight, ddlfast.timeline) read them through
+`read_json_file`: a regular file only (a FIFO or device at the name is refused, never waited on), its size checked
+on the open descriptor before anything is read, and strict JSON (no NaN or Infinity, nesting that fits the stack).
+
 This module imports nothing from ddlfast.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import os
+import stat
 import tempfile
 from pathlib import Path
+from typing import Any
 
 
 def replace_file(path: str | os.PathLike, data: bytes | str) -> None:
@@ -42,3 +49,36 @@ def create_file(path: str | os.PathLike, data: bytes | str) -> io.BufferedRandom
             pass
         raise
     return file
+
+
+def read_json_file(path: str | os.PathLike, max_bytes: int) -> Any:
+    """The strict JSON document in the regular file `path`, of at most `max_bytes` bytes. Raises ValueError (its
+    message names the problem, not the path) or OSError."""
+    # O_NONBLOCK: opening a FIFO planted at the name returns at once (and is refused below) instead of waiting
+    # for a writer that never comes.
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(descriptor, "rb") as file:
+        status = os.fstat(descriptor)  # of what was opened, not of what the name points to a moment later
+        if not stat.S_ISREG(status.st_mode):
+            raise ValueError("not a regular file")
+        if status.st_size > max_bytes:
+            raise ValueError(f"{status.st_size} bytes, larger than the {max_bytes} bytes accepted")
+        data = file.read(max_bytes + 1)  # the file may have grown since fstat
+    if len(data) > max_bytes:
+        raise ValueError(f"larger than the {max_bytes} bytes accepted")
+    return strict_json(data)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def strict_json(data: bytes | str) -> Any:
+    """json.loads as RFC 8259 reads it: NaN, Infinity and -Infinity refused; nesting too deep for the parser's
+    recursion is a ValueError, not a RecursionError. Raises ValueError."""
+    try:
+        return json.loads(data, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    except UnicodeDecodeError as error:  # a ValueError already; said shorter
+        raise ValueError(f"not UTF-8 text ({error.reason} at byte {error.start})") from None

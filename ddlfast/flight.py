@@ -16,9 +16,15 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ddlfast.files import read_json_file
+
 FORMAT = "ddlfast-flight-1"
-_FILE = re.compile(r"^flight\.rank(\d+)(?:\.ctx(\d+))?\.json$")
+# Rank and context numbers of up to 9 digits: int() of a name's digits stays cheap and an error, not a traceback.
+_FILE = re.compile(r"^flight\.rank([0-9]{1,9})(?:\.ctx([0-9]{1,9}))?\.json$")
 MAX_FILE_BYTES = 512 << 20  # one rank's file at DDLFAST_FLIGHT_RECORDS' largest bound is well below
+# The report lists every rank of the job (who wrote nothing): a claimed size is bounded before any list is made.
+MAX_RANKS = 1 << 20
+MAX_NUMBER = 1e18  # times (seconds since the epoch), waits and counts: any real one is far below
 
 
 def rank_ranges(ranks: Iterable[int]) -> str:
@@ -41,24 +47,93 @@ def _ranks_text(ranks: Iterable[int]) -> str:
     return f"rank{'s' if len(ranks) > 1 else ''} {rank_ranges(ranks)}"
 
 
+class RecordError(ValueError):
+    """A file named as a flight record that is not one ddlfast could have written (one line, exit status 2)."""
+
+
 def load(directory: Path) -> dict[int, dict[int, dict]]:
-    """{context number: {rank: file content}}; a file that is not a flight record is named on stderr and skipped."""
+    """{context number: {rank: file content}}, every file checked to be of the writer's form (`checked`) before the
+    report reads a field of it. Raises RecordError naming the first file that is not."""
     contexts: dict[int, dict[int, dict]] = {}
     for path in sorted(directory.iterdir()):
         match = _FILE.match(path.name)
-        if not match or not path.is_file():
+        if not match:
             continue
+        rank = int(match.group(1))
         try:
-            if path.stat().st_size > MAX_FILE_BYTES:
-                raise ValueError(f"larger than {MAX_FILE_BYTES} bytes")
-            data = json.loads(path.read_text())
-            if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("records"), list):
-                raise ValueError("not a ddlfast flight record")
+            data = checked(read_json_file(path, MAX_FILE_BYTES), rank)
         except (OSError, ValueError) as error:
-            print(f"ddlfast.flight: skipping {path}: {error}", file=sys.stderr)
-            continue
-        contexts.setdefault(int(match.group(2) or 0), {})[int(match.group(1))] = data
+            raise RecordError(f"{path}: {error}") from None
+        contexts.setdefault(int(match.group(2) or 0), {})[rank] = data
     return contexts
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    # strict_json already refused NaN and Infinity; a huge integer is refused here so arithmetic stays finite
+    return isinstance(value, int | float) and not isinstance(value, bool) and abs(value) <= MAX_NUMBER
+
+
+def _require(condition: bool, what: str) -> None:
+    if not condition:
+        raise RecordError(what)
+
+
+def _text_or_none(value: object) -> bool:
+    return value is None or isinstance(value, str)
+
+
+def checked(data: object, rank: int) -> dict:
+    """`data` if it is a flight record of the writer's form (ddlfast/engine/flight.py FlightRecorder.snapshot) for
+    `rank`: every field the report reads of the type it reads, numbers finite and bounded, the job's size within
+    MAX_RANKS (the report lists every rank). Raises RecordError naming the first field that is not."""
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise RecordError(f"not a ddlfast flight record ({FORMAT})")
+    size = data.get("size")
+    if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= MAX_RANKS:
+        raise RecordError(f"size {size!r:.40} is not a rank count from 1 to {MAX_RANKS}")
+    _require(rank < size, f"rank {rank} (its name) is not below its size {size}")
+    _require(isinstance(data.get("reason", ""), str), "reason is not text")
+    records = data.get("records")
+    if not isinstance(records, list):
+        raise RecordError("records is not a list")
+    for index, record in enumerate(records):
+        where = f"records[{index}]"
+        if not isinstance(record, dict):
+            raise RecordError(f"{where} is not an object")
+        _require(_is_int(record.get("sequence")) and record["sequence"] >= 0, f"{where}: sequence is not a count")
+        for field in ("state", "layout"):
+            _require(isinstance(record.get(field), str), f"{where}: {field} is not text")
+        for field in ("site", "error"):
+            _require(_text_or_none(record.get(field)), f"{where}: {field} is not text")
+        for field in ("arrived", "agreed", "ended", "wait_s"):
+            _require(record.get(field) is None or _is_number(record[field]), f"{where}: {field} is not a number")
+        descriptions = record.get("descriptions") or []
+        if not isinstance(descriptions, list) or len(descriptions) > size:
+            raise RecordError(f"{where}: descriptions is not a list of at most {size} ranks")
+        for number, description in enumerate(descriptions):
+            _require(_readable(description, number), f"{where}: descriptions[{number}] is not a collective's "
+                                                     "description ddlfast writes")
+    queued = data.get("queued") or []
+    _require(isinstance(queued, list) and all(isinstance(q, dict) and _text_or_none(q.get("what"))
+                                              and _text_or_none(q.get("site")) for q in queued),
+             "queued is not a list of {what, site}")
+    stragglers = data.get("stragglers") or []
+    _require(isinstance(stragglers, list), "stragglers is not a list")
+    for index, row in enumerate(stragglers):
+        _require(isinstance(row, dict) and _is_int(row.get("rank")) and _is_int(row.get("last_arrivals"))
+                 and _is_number(row.get("held_s")) and isinstance(row.get("host", ""), str),
+                 f"stragglers[{index}] is not a row of rank, host, last_arrivals, held_s")
+    return data
+
+
+def _readable(description: object, rank: int) -> bool:
+    from ddlfast.engine.agreement import readable  # the check a peer's description passes in a live job
+
+    return readable(description, rank).get("kind") != "invalid"
 
 
 def _site(record: dict) -> str:
@@ -70,8 +145,7 @@ def _where(record: dict) -> str:
 
 
 def _latest(data: dict) -> dict | None:
-    records = [r for r in data["records"] if isinstance(r, dict) and isinstance(r.get("sequence"), int)]
-    return max(records, key=lambda r: r["sequence"]) if records else None
+    return max(data["records"], key=lambda r: r["sequence"]) if data["records"] else None
 
 
 _STATE_TEXT = {
@@ -80,16 +154,25 @@ _STATE_TEXT = {
     "failed": "failed in {where}{site}",
     "done": "{be} at collective {where}: finished it, and called no ddlfast collective since{site}",
 }
-_NOT_JOINED = re.compile(r"ranks? ([\d,\-]+) did not join")
+_NOT_JOINED = re.compile(r"ranks? ([0-9,\-]+) did not join")
+_RANGE = re.compile(r"([0-9]{1,9})(?:-([0-9]{1,9}))?")
+# A census names the missing ranks as ranges: at most a few MB at MAX_RANKS; an error text may be longer.
+MAX_CENSUS_CHARS = 8 << 20
 
 
-def parse_ranges(text: str) -> list[int]:
-    """'0-2,5' -> [0, 1, 2, 5]."""
-    ranks: list[int] = []
+def parse_ranges(text: str, limit: int = MAX_RANKS) -> list[int]:
+    """'0-2,5' -> [0, 1, 2, 5]: each rank once, in order, those at or above `limit` (the job's size) left out.
+    The text comes from a file (an error message), so the work is bounded by `limit`, not by the ranges named."""
+    longest: dict[int, int] = {}  # first rank of a span -> the last rank of the longest span from it
     for part in text.split(","):
-        first, _, last = part.partition("-")
-        if first.isdigit() and (not last or last.isdigit()):
-            ranks.extend(range(int(first), int(last or first) + 1))
+        match = _RANGE.fullmatch(part)
+        if match:
+            first, last = int(match.group(1)), min(int(match.group(2) or match.group(1)), limit - 1)
+            if first <= last:
+                longest[first] = max(longest.get(first, last), last)
+    ranks: list[int] = []
+    for first in sorted(longest):
+        ranks.extend(range(max(first, ranks[-1] + 1 if ranks else 0), longest[first] + 1))
     return ranks
 
 
@@ -114,11 +197,12 @@ def report(files: dict[int, dict], context: int = 0) -> list[str]:
             lines.append(f"{_ranks_text(ranks)}: no collective recorded")
             continue
         record = latest[ranks[0]]
-        text = _STATE_TEXT.get(state, state + " in {where}{site}")
-        lines.append(f"{_ranks_text(ranks)} " + text.format(be="is" if len(ranks) == 1 else "are",
+        # An unknown state is the file's text: never a format string (its braces would be read as fields)
+        text = _STATE_TEXT.get(state, "{state} in {where}{site}")
+        lines.append(f"{_ranks_text(ranks)} " + text.format(be="is" if len(ranks) == 1 else "are", state=state,
                                                              where=_where(record), site=_site(record)))
     for rank, data in sorted(files.items()):
-        queued = [q for q in data.get("queued") or [] if isinstance(q, dict)]
+        queued = data.get("queued") or []
         if queued:
             first = queued[0]
             lines.append(f"rank {rank} has {len(queued)} asynchronous collective{'s' if len(queued) > 1 else ''} "
@@ -138,8 +222,8 @@ def report(files: dict[int, dict], context: int = 0) -> list[str]:
     # The headline: the ranks the stall census found missing, and where the others waited for them.
     named: dict[int, list[int]] = {}
     for rank, record in latest.items():
-        for match in _NOT_JOINED.finditer((record or {}).get("error") or ""):
-            for missing_rank in parse_ranges(match.group(1)):
+        for match in _NOT_JOINED.finditer(((record or {}).get("error") or "")[:MAX_CENSUS_CHARS]):
+            for missing_rank in parse_ranges(match.group(1), size):
                 named.setdefault(missing_rank, []).append(rank)
     headline = []
     for missing_rank, by in sorted(named.items()):
@@ -163,8 +247,7 @@ def _mismatch(files: dict[int, dict]) -> list[str]:
     by_sequence: dict[int, dict[int, dict]] = {}
     for rank, data in files.items():
         for record in data["records"]:
-            if isinstance(record, dict) and isinstance(record.get("sequence"), int):
-                by_sequence.setdefault(record["sequence"], {})[rank] = record
+            by_sequence.setdefault(record["sequence"], {})[rank] = record
     for sequence in sorted(by_sequence):
         records = by_sequence[sequence]
         described = next((r["descriptions"] for r in records.values() if r.get("descriptions")), None)
@@ -200,7 +283,7 @@ def _description_text(description: object) -> str:
 
 def _stragglers(files: dict[int, dict]) -> list[str]:
     rows = max((d.get("stragglers") or [] for d in files.values()), key=len, default=[])
-    held = [row for row in rows if isinstance(row, dict) and row.get("held_s", 0) > 0]
+    held = [row for row in rows if row["held_s"] > 0]
     if not held:
         return []
     lines = ["", "who held the others (last 100 collectives before the dump):"]
@@ -220,12 +303,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.directory.is_dir():
         print(f"ddlfast.flight: {args.directory} is not a directory", file=sys.stderr)
         return 2
-    contexts = load(args.directory)
+    try:
+        contexts = load(args.directory)
+    except (OSError, RecordError) as error:
+        print(f"ddlfast.flight: {error}", file=sys.stderr)
+        return 2
     if not contexts:
         print(f"ddlfast.flight: no flight records (flight.rank<N>.json) in {args.directory}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps({str(k): v for k, v in contexts.items()}))
+        print(json.dumps({str(k): v for k, v in contexts.items()}, allow_nan=False))
         return 0
     for number, files in sorted(contexts.items()):
         print("\n".join(report(files, number)))

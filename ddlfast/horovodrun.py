@@ -65,6 +65,8 @@ def command_for(argv: Sequence[str], mpiexec: str | None = None, flavour: str | 
         raise SystemExit(f"ddlfast.horovodrun: {refused[0]} is not supported (ddlfast runs on MPI; no elastic "
                          "training): see docs/horovod.md")
     args = _parser().parse_args(list(argv))
+    if args.np < 1:
+        raise SystemExit(f"ddlfast.horovodrun: -np {args.np}: give 1 or more ranks")
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
@@ -93,7 +95,13 @@ def command_for(argv: Sequence[str], mpiexec: str | None = None, flavour: str | 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    line = command_for(argv)
+    try:
+        line = command_for(argv)
+    except SystemExit as refusal:
+        if not isinstance(refusal.code, str):  # argparse's own exit: its message is printed already
+            raise
+        print(refusal.code, file=sys.stderr)
+        return 2  # a refused command line, as every ddlfast tool's bad input
     if "--dry-run" in argv:
         print(" ".join(line))
         return 0

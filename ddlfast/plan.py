@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from ddlfast.api import topology
-from ddlfast.config import format_size
+from ddlfast.config import MAX_RING_DIMS, format_size
 from ddlfast.topology.cost_model import (
     MAX_DIMS,
     SMPI_FACTORS,
@@ -39,6 +39,11 @@ from ddlfast.topology.cost_model import (
     step_efficiency,
 )
 from ddlfast.topology.placement import SHOWN_SIZES
+
+# The cost model's direct reduce-scatter is quadratic in a dimension's size: a prime rank count (a flat ring) of
+# 16381 ranks plans in about 2 s, of 32749 in 18 s, of 1000003 not within minutes.
+MAX_PLAN_RANKS = 16384
+MAX_COMPUTE_MS = 1e9  # about 11 days a step: beyond any training step, and finite
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -167,9 +172,25 @@ def measured_cluster() -> tuple[Cluster | None, object]:
     return info.cluster, info
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """Every number within what the planner predicts in seconds, before any prediction. Raises PlanError."""
+    if args.hosts is not None:
+        ranks_per_host = max(args.ranks_per_host, 1)  # below 1: Cluster names it
+        if args.hosts > MAX_PLAN_RANKS // ranks_per_host:
+            raise PlanError(f"--hosts {args.hosts} x --ranks-per-host {args.ranks_per_host}: the planner describes "
+                            f"at most {MAX_PLAN_RANKS} ranks")
+    if not 1 <= args.max_dims <= MAX_RING_DIMS:
+        raise PlanError(f"--max-dims {args.max_dims}: give 1 to {MAX_RING_DIMS} (the engine's most dimensions)")
+    if not 0 <= args.compute_ms <= MAX_COMPUTE_MS:
+        raise PlanError(f"--compute-ms {args.compute_ms}: give 0 to {MAX_COMPUTE_MS:g} ms")
+    if not 0 <= args.overlap <= 1:
+        raise PlanError(f"--overlap {args.overlap}: give a fraction from 0 to 1")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        check_arguments(args)
         nbytes = parse_bytes(args.bytes)
         if args.hosts is not None:
             cluster, info, is_root = described_cluster(args), None, True
@@ -187,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     data = report(cluster, nbytes, args.compute_ms / 1e3, args.overlap, args.max_dims)
     if info is not None:
         data["measured"] = info.as_dict()
-    print(json.dumps(data, indent=1) if args.json else format_report(data, args.top))
+    print(json.dumps(data, indent=1, allow_nan=False) if args.json else format_report(data, args.top))
     return 0
 
 

@@ -90,6 +90,21 @@ class SimulationError(Exception):
     """Bad input or a missing tool: one line, exit status 2."""
 
 
+# Input bounds, checked before SimGrid runs (it aborts, or runs for hours, past them):
+# - ranks: the most any shipped platform holds and this tool has simulated (the agreement alone at 1024 ranks
+#   takes 16 s of wall time; docs/scale.md);
+# - bytes per call: the built-ins pass an int count of float32 elements to MPI_Allreduce (8 GiB at most), and the
+#   folded buffers must map within half of vm.max_map_count (`shared_mappings`), the rest left to the process;
+# - a platform file's size and hosts: ElementTree reads the whole file, and every host is named in a list.
+MAX_SIMULATED_RANKS = 1024
+MAX_SIMULATED_BYTES = 4 << 30
+MAX_PLATFORM_BYTES = 16 << 20
+MAX_PLATFORM_HOSTS = 1 << 16
+MAX_ITERATIONS = 1000
+MAX_STALL_LIMIT_S = 3600.0
+MAX_BUILTIN_MEMORY_GIB = 1 << 20
+
+
 @dataclass
 class Platform:
     name: str
@@ -167,12 +182,29 @@ def case_text(nbytes: int, choice: Algorithm) -> str:
     return text
 
 
+_RADICAL_PART = re.compile(r"\s*([0-9]{1,9})\s*(?:-\s*([0-9]{1,9})\s*)?")
+
+
 def _expand_radical(radical: str) -> list[int]:
-    numbers = []
+    """'0-63' or '0-3,8,10-11' -> the host numbers, at most MAX_PLATFORM_HOSTS of them (counted before any list
+    is made). Raises SimulationError."""
+    spans = []
     for part in radical.split(","):
-        low, _, high = part.partition("-")
-        numbers.extend(range(int(low), int(high or low) + 1))
-    return numbers
+        match = _RADICAL_PART.fullmatch(part)
+        if not match:
+            raise SimulationError(f"cluster radical {radical!r:.60}: give ranges like 0-63 or 0-3,8")
+        low = int(match.group(1))
+        spans.append(range(low, int(match.group(2) or low) + 1))
+    if sum(len(span) for span in spans) > MAX_PLATFORM_HOSTS:
+        raise SimulationError(f"cluster radical {radical!r:.60}: more than {MAX_PLATFORM_HOSTS} hosts")
+    return [number for span in spans for number in span]
+
+
+def _count(text: str, what: str) -> int:
+    """A platform's count attribute (core, ddlfast:ranks_per_host): 1 to MAX_SIMULATED_RANKS."""
+    if not (text.isascii() and text.isdecimal() and len(text) <= 9 and 1 <= int(text) <= MAX_SIMULATED_RANKS):
+        raise SimulationError(f"{what} {text!r:.40} is not a count from 1 to {MAX_SIMULATED_RANKS}")
+    return int(text)
 
 
 def load_platform(name_or_path: str) -> Platform:
@@ -183,8 +215,10 @@ def load_platform(name_or_path: str) -> Platform:
         names = ", ".join(sorted(p.stem for p in PLATFORMS.glob("*.xml")))
         raise SimulationError(f"unknown platform {name_or_path!r}: give one of {names} or a SimGrid XML file")
     try:
+        if path.stat().st_size > MAX_PLATFORM_BYTES:
+            raise SimulationError(f"platform {path}: larger than {MAX_PLATFORM_BYTES} bytes")
         root = ElementTree.parse(path).getroot()
-    except ElementTree.ParseError as error:
+    except (ElementTree.ParseError, OSError) as error:
         raise SimulationError(f"platform {path}: not readable XML ({error})") from None
     hosts: list[str] = []
     props: dict[str, str] = {}
@@ -192,16 +226,18 @@ def load_platform(name_or_path: str) -> Platform:
     for element in root.iter():
         if element.tag == "host":
             hosts.append(element.get("id", ""))
-            cores = max(cores, int(element.get("core", "1")))
+            cores = max(cores, _count(element.get("core", "1"), f"platform {path}: host core"))
         elif element.tag == "cluster":
             prefix, suffix = element.get("prefix", ""), element.get("suffix", "")
             hosts.extend(f"{prefix}{n}{suffix}" for n in _expand_radical(element.get("radical", "0")))
-            cores = max(cores, int(element.get("core", "1")))
+            cores = max(cores, _count(element.get("core", "1"), f"platform {path}: cluster core"))
+        if len(hosts) > MAX_PLATFORM_HOSTS:
+            raise SimulationError(f"platform {path}: more than {MAX_PLATFORM_HOSTS} hosts")
         elif element.tag == "prop" and element.get("id", "").startswith("ddlfast:"):
             props[element.get("id", "")] = element.get("value", "")
     if not hosts:
         raise SimulationError(f"platform {path}: no <host> or <cluster> found")
-    ranks_per_host = int(props.get("ddlfast:ranks_per_host", cores))
+    ranks_per_host = _count(props.get("ddlfast:ranks_per_host", str(cores)), f"platform {path}: ranks_per_host")
     return Platform(path.stem if path == shipped else str(path), path, hosts, ranks_per_host, props)
 
 
@@ -211,16 +247,19 @@ def parse_sizes(text: str) -> list[int]:
         try:
             size = parse_bytes(part)
         except PlanError:
-            raise SimulationError(f"--sizes: cannot read {part!r}; use e.g. 4KiB,1MiB,256MiB") from None
+            raise SimulationError(f"--sizes: cannot read {part!r:.60}; use e.g. 4KiB,1MiB,256MiB") from None
         if size < 4:
             raise SimulationError(f"--sizes: {part!r} is below one float32 element")
+        if size > MAX_SIMULATED_BYTES:
+            raise SimulationError(f"--sizes: {part!r} is above the {_size_text(MAX_SIMULATED_BYTES)} per call the "
+                                  "simulation holds")
         sizes.append(size)
     return sizes
 
 
 def parse_dims(text: str, ranks: int) -> tuple[int, ...]:
-    if not re.fullmatch(r"\d+(x\d+)*", text):
-        raise SimulationError(f"--dims: cannot read {text!r}; use e.g. 4x16")
+    if not re.fullmatch(r"[0-9]{1,9}(x[0-9]{1,9}){0,31}", text):  # int() of a long digit string is an error
+        raise SimulationError(f"--dims: cannot read {text!r:.60}; use e.g. 4x16")
     dims = tuple(int(d) for d in text.split("x"))
     if min(dims) < 1 or math.prod(dims) != ranks:
         raise SimulationError(f"--dims {text} do not multiply to {ranks} ranks")
@@ -420,11 +459,36 @@ def format_report(data: dict) -> str:
     return "\n".join(lines)
 
 
+def check_missing(missing: str, ranks: int) -> None:
+    """--missing-rank R or R-S: ranks of the job. Raises SimulationError."""
+    match = re.fullmatch(r"([0-9]{1,9})(?:-([0-9]{1,9}))?", missing)
+    if not match or not int(match.group(1)) <= int(match.group(2) or match.group(1)) < ranks:
+        raise SimulationError(f"--missing-rank {missing!r:.40}: give a rank or a range R-S of the {ranks} ranks")
+
+
+def check_arguments(args: argparse.Namespace, sizes: Sequence[int]) -> None:
+    """The numbers SimGrid would abort on or run for hours with, refused before it starts. Raises
+    SimulationError."""
+    if not 1 <= args.iters <= MAX_ITERATIONS:
+        raise SimulationError(f"--iters {args.iters}: give 1 to {MAX_ITERATIONS}")
+    if not 0 <= args.warmup <= MAX_ITERATIONS:
+        raise SimulationError(f"--warmup {args.warmup}: give 0 to {MAX_ITERATIONS}")
+    if not 0 <= args.builtin_memory_gib <= MAX_BUILTIN_MEMORY_GIB:  # NaN and infinity fail too
+        raise SimulationError(f"--builtin-memory-gib {args.builtin_memory_gib}: give 0 to {MAX_BUILTIN_MEMORY_GIB}")
+    if not 0 < args.stall_limit <= MAX_STALL_LIMIT_S:
+        raise SimulationError(f"--stall-limit {args.stall_limit}: give more than 0 to {MAX_STALL_LIMIT_S:g} s")
+    if args.missing_rank is not None:
+        check_missing(args.missing_rank, args.ranks)
+    for size in sizes:
+        if shared_mappings(args.ranks, size) > MAX_MAP_COUNT // 2:
+            raise SimulationError(f"--sizes: {_size_text(size)} at {args.ranks} ranks needs "
+                                  f"{shared_mappings(args.ranks, size)} memory mappings, above the "
+                                  f"{MAX_MAP_COUNT // 2} the simulation may take (smaller sizes or fewer ranks)")
+
+
 def census(platform: Platform, ranks: int, missing: str, timeout_s: float, size: int = 4096) -> str:
     """Rank R (or ranks R-S, `missing`) never join an allreduce: the driver checks every other rank names them."""
-    match = re.fullmatch(r"(\d+)(?:-(\d+))?", missing)
-    if not match or not int(match.group(1)) <= int(match.group(2) or match.group(1)) < ranks:
-        raise SimulationError(f"--missing-rank {missing}: give a rank or a range R-S of the {ranks} ranks")
+    check_missing(missing, ranks)
     build_driver()
     output = Simulation(platform, ranks).run(["--case", f"{size}:{ranks}", "--missing-rank", missing,
                                               "--timeout", str(timeout_s)])
@@ -465,15 +529,16 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        if not 1 <= args.ranks <= MAX_SIMULATED_RANKS:
+            raise SimulationError(f"--ranks {args.ranks}: give 1 to {MAX_SIMULATED_RANKS}")
         platform = load_platform(args.platform)
         platform.placement(args.ranks)
         sizes = parse_sizes(args.sizes)
         dims = parse_dims(args.dims, args.ranks) if args.dims else None
         builtins = [name for name in args.builtins.split(",") if name]
-        if args.iters < 1:
-            raise SimulationError("--iters must be >= 1")
-        if args.warmup < 0:
-            raise SimulationError("--warmup must be >= 0")
+        if not all(re.fullmatch(r"[a-z0-9_]{1,40}", name) for name in builtins):
+            raise SimulationError(f"--builtins {args.builtins!r:.60}: give SMPI algorithm names, e.g. rab1,ompi")
+        check_arguments(args, sizes)
         require_simgrid()
         build_driver()
         if args.missing_rank is not None:

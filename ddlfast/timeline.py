@@ -27,10 +27,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ddlfast.config import STRAGGLER_NOISE_S
-from ddlfast.files import replace_file
+from ddlfast.files import read_json_file, replace_file
 
 DEFAULT_MAX_EVENTS = 1_000_000
 MAX_FILE_BYTES = 2 << 30
+# Timestamps and durations (microseconds) and waits (seconds): a real one is far below (the epoch is 1.8e15 us).
+# Bounded so that the merge's sums and differences stay finite and the output strict JSON.
+MAX_NUMBER = 1e17
 
 
 def rank_files(prefix: str) -> dict[int, Path]:
@@ -38,24 +41,53 @@ def rank_files(prefix: str) -> dict[int, Path]:
     the files in it with any prefix)."""
     base = Path(prefix)
     if base.is_dir():
-        directory, pattern = base, re.compile(r"^.*\.rank(\d+)\.json$")
+        directory, pattern = base, re.compile(r"^.*\.rank([0-9]{1,9})\.json$")
     else:
-        directory, pattern = base.parent, re.compile("^" + re.escape(base.name) + r"\.rank(\d+)\.json$")
+        directory, pattern = base.parent, re.compile("^" + re.escape(base.name) + r"\.rank([0-9]{1,9})\.json$")
     found: dict[int, Path] = {}
     for path in sorted(directory.iterdir()):
         match = pattern.match(path.name)
-        if match and path.is_file():
+        if match:  # a directory or FIFO at the name is named by _read, not passed over
             found.setdefault(int(match.group(1)), path)
     return found
 
 
+class TraceError(ValueError):
+    """A rank's file that is not a trace ddlfast writes (one line, exit status 2)."""
+
+
 def _read(path: Path) -> list[dict]:
-    if path.stat().st_size > MAX_FILE_BYTES:
-        raise ValueError(f"{path} is larger than {MAX_FILE_BYTES} bytes")
-    events = json.loads(path.read_text())
+    try:
+        return checked_events(read_json_file(path, MAX_FILE_BYTES))
+    except (OSError, ValueError) as error:
+        raise TraceError(f"{path}: {error}") from None
+
+
+def _is_number(value: object) -> bool:
+    # strict JSON has no NaN or Infinity; a huge number is refused so that the merge's arithmetic stays finite
+    return isinstance(value, int | float) and not isinstance(value, bool) and abs(value) <= MAX_NUMBER
+
+
+def checked_events(events: object) -> list[dict]:
+    """`events` if it is a rank's trace of the writer's form (ddlfast/engine/timeline.py): a list of events, each
+    with the fields the merge reads of the type it reads. Raises ValueError naming the first event that is not."""
     if not isinstance(events, list):
-        raise ValueError(f"{path} is not a trace (a JSON array of events)")
-    return [e for e in events if isinstance(e, dict)]
+        raise ValueError("not a trace (a JSON array of events)")
+    for index, event in enumerate(events):
+        if not isinstance(event, dict) or not isinstance(event.get("ph"), str):
+            raise ValueError(f"event {index} is not a trace event (an object with a ph)")
+        if event["ph"] != "M" and not _is_number(event.get("ts")):
+            raise ValueError(f"event {index}: ts is not a number up to {MAX_NUMBER:g}")
+        if "dur" in event and not _is_number(event["dur"]):
+            raise ValueError(f"event {index}: dur is not a number up to {MAX_NUMBER:g}")
+        args = event.get("args", {})
+        if not isinstance(args, dict):
+            raise ValueError(f"event {index}: args is not an object")
+        if "sequence" in args and not (isinstance(args["sequence"], int) and not isinstance(args["sequence"], bool)):
+            raise ValueError(f"event {index}: args.sequence is not an integer")
+        if "wait_s" in args and not _is_number(args["wait_s"]):
+            raise ValueError(f"event {index}: args.wait_s is not a number up to {MAX_NUMBER:g}")
+    return events
 
 
 def _agreed_at(events: list[dict]) -> dict[int, float]:
@@ -63,7 +95,7 @@ def _agreed_at(events: list[dict]) -> dict[int, float]:
     moments = {}
     for event in events:
         args = event.get("args") or {}
-        if args.get("wait") and isinstance(args.get("sequence"), int):
+        if event["ph"] != "M" and args.get("wait") and isinstance(args.get("sequence"), int):  # M: no ts
             moments[args["sequence"]] = float(event["ts"]) + float(event.get("dur", 0))
     return moments
 
@@ -138,13 +170,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     try:
         per_rank = {rank: _read(path) for rank, path in files.items()}
-    except (OSError, ValueError) as error:
+    except TraceError as error:
         print(f"ddlfast.timeline: {error}", file=sys.stderr)
-        return 1
+        return 2
     trace = merge(per_rank, args.max_events)
     output = args.output or (str(base / "merged.json") if base.is_dir() else f"{args.prefix}.json")
     try:
-        replace_file(output, json.dumps(trace))
+        replace_file(output, json.dumps(trace, allow_nan=False))  # strict JSON, as Perfetto reads it
     except OSError as error:
         print(f"ddlfast.timeline: cannot write {output}: {error}", file=sys.stderr)
         return 1

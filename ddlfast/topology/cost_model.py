@@ -29,6 +29,7 @@ to the ring, or, at or below the small-message limit, is the latency path (the s
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -49,6 +50,9 @@ DEFAULT_GAMMA = 1 / 4e9
 TIE_FRACTION = 0.02
 MAX_DIMS = 4
 
+# Described links: anything outside these is a typo, and keeps every prediction finite (JSON has no Infinity).
+MIN_RATE, MAX_RATE = 1.0, 1e18  # bytes per second
+MAX_LATENCY_S = 3600.0
 _UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
 _TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 _QUANTITY = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[-+]?\d+)?)\s*([a-zµ]*)\s*(/s|ps)?\s*$", re.IGNORECASE)
@@ -84,7 +88,10 @@ def parse_rate(text: str) -> float:
     for suffix, scale in (("bit", 1 / 8), ("bps", 1 / 8), ("B", 1.0), ("b", 1 / 8)):
         matches = lower.endswith(suffix) if len(suffix) > 1 else unit.endswith(suffix)
         if matches and lower[: -len(suffix)] in _UNITS:
-            return value * _UNITS[lower[: -len(suffix)]] * scale
+            rate = value * _UNITS[lower[: -len(suffix)]] * scale
+            if not MIN_RATE <= rate <= MAX_RATE:  # its inverse, seconds per byte, multiplies every size
+                raise PlanError(f"rate: {text!r} is outside 1 B/s to 1e18 B/s")
+            return rate
     raise PlanError(f"rate: cannot read {text!r}; use e.g. 100Gbit/s or 40GB/s")
 
 
@@ -93,7 +100,10 @@ def parse_time(text: str) -> float:
     value, unit, per_second = _split(text, "time")
     if per_second or unit.lower() not in _TIME_UNITS:
         raise PlanError(f"time: cannot read {text!r}; use e.g. 5us or 1.5ms")
-    return value * _TIME_UNITS[unit.lower()]
+    seconds = value * _TIME_UNITS[unit.lower()]
+    if not seconds <= MAX_LATENCY_S:  # '1e999s' reads as infinity, and every prediction would be
+        raise PlanError(f"time: {text!r} is above {MAX_LATENCY_S:g} s")
+    return seconds
 
 
 @dataclass(frozen=True)
@@ -234,6 +244,9 @@ class Prediction:
         return "x".join(map(str, self.dims))
 
 
+# Each shape's dimensions repeat across the shapes of one rank count (4x8x2 and 8x4x2 share the rings of 2 over
+# 32), and each call is O(ranks) (O(ranks x size) direct): remembered, planning 30240 ranks took 32 s, not 1.
+@functools.lru_cache(maxsize=4096)
 def _edges_out(dims_before: int, size: int, ranks: int, unit: int) -> tuple[bool, int]:
     """For the rings of one dimension: does any edge stay inside a unit of `unit` consecutive positions, and
     how many edges leave the busiest unit?"""
@@ -247,6 +260,7 @@ def _edges_out(dims_before: int, size: int, ranks: int, unit: int) -> tuple[bool
     return inside, int(np.bincount(v[crossing] // unit).max())
 
 
+@functools.lru_cache(maxsize=4096)
 def _direct_out(dims_before: int, size: int, ranks: int, unit: int) -> tuple[bool, int]:
     """For a direct reduce-scatter of one dimension (every rank sends a block to each of the other size-1 ranks
     of its dimension): does any block stay inside a unit of `unit` consecutive positions, and how many blocks
