@@ -21,7 +21,7 @@
 # suites (agreement, engine, lifecycle, torch), the seeded fuzz (NumPy collectives and the torch backend), the
 # latency path (the agreement's butterfly on this MPI's point-to-point), the stragglers, flight records and timeline
 # (docs/observe.md), and elastic training under ULFM (`mpirun --with-ft ulfm`: ranks SIGKILLed, the survivors go
-# on, DDP on a rebuilt "ddlfast" process group, a replacement spawned; 15 jobs, about 5 minutes under load 15 on
+# on, DDP on a rebuilt "ddlfast" process group, a replacement spawned; 16 jobs, about 5 minutes under load 15 on
 # 2 cores, docs/elastic.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."

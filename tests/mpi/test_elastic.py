@@ -172,6 +172,14 @@ def test_sync_refuses_rank_dependent_commits() -> None:
     assert result.count("REGROW REFUSED") == 2, result
 
 
+@needs_ulfm
+def test_sync_accepts_identical_sets_and_default_repr_objects() -> None:
+    """Identical commits whose repr() differs per process (a set of strings, an object at its own address) are
+    found identical: the fingerprint encodes the state, not its repr."""
+    result = _run_ulfm(2, "elastic_raw.py", "identical")
+    assert result.count(": SYNCED") == 2 and "NOT SYNCED" not in result, result
+
+
 def _run_ulfm(ranks: int, program: str, *args: str) -> str:
     command = [*mpi_command(ranks, "--with-ft", "ulfm"), sys.executable, str(PROGRAMS / program), *args]
     env = dict(os.environ, PYTHONUNBUFFERED="1", DDLFAST_TIMEOUT_S="10")

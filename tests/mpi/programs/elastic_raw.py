@@ -12,6 +12,9 @@
                docs/elastic.md.)
   divergent    no rank dies; each rank commits a rank-dependent state: sync() must refuse on every rank. Then
                run(regrow=True) must refuse under an initialized torch.distributed.
+  identical    no rank dies; the ranks commit the same state holding a set of strings and an object with the
+               default repr (each process iterates the set in its own hash seed's order, and holds the object at
+               its own address): sync() must find the commits identical on every rank.
 """
 
 import os
@@ -81,3 +84,20 @@ elif mode == "divergent":
     except ddlfast.DdlfastError as error:
         assert "regrow=True" in str(error) and "torch.distributed" in str(error), error
         print(f"rank {start_rank}: REGROW REFUSED", flush=True)
+elif mode == "identical":
+    class Config:  # the default repr: <Config object at 0x...>, another address in each process
+        def __init__(self) -> None:
+            self.lr = 0.1
+            self.schedules = {"warmup", "cosine", "ema", "clip"}
+
+    words = {"alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"}
+    state = ddlfast.elastic.NumpyState(params=np.zeros(1000), step=0, vocabulary=words, config=Config(),
+                                       counts={word: len(word) for word in words})
+    state.sync()  # rank 0's state everywhere, unpickled into each process's own sets and objects
+    state.step += 1
+    state.commit()
+    try:
+        state.sync()
+        print(f"rank {start_rank}: SYNCED", flush=True)
+    except ddlfast.DdlfastError as error:
+        print(f"rank {start_rank}: NOT SYNCED {error}", flush=True)
