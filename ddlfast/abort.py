@@ -27,6 +27,7 @@ from ddlfast.errors import DdlfastBrokenError
 
 _installed = False
 _broken_checks: list[Callable[[], str | None]] = []
+_before_abort: list[Callable[[], object]] = []
 
 
 def abort_on_stall_enabled() -> bool:
@@ -37,6 +38,12 @@ def when_broken(check: Callable[[], str | None]) -> None:
     """Registers `check`: it returns why something ddlfast runs is broken ("the ddlfast process group is broken
     (<reason>)"), or None. Called only once an exception went uncaught."""
     _broken_checks.append(check)
+
+
+def before_abort(callback: Callable[[], object]) -> None:
+    """Registers `callback`, called before MPI_Abort ends the job (the flight recorder finishes writing its files,
+    which MPI_Abort would otherwise cut short)."""
+    _before_abort.append(callback)
 
 
 def _abort_reason(kind: type[BaseException], error: BaseException) -> str | None:
@@ -72,6 +79,8 @@ def install() -> None:
                                  "disables this)\n")
                 sys.stderr.flush()
                 sys.stdout.flush()
+                for callback in _before_abort:
+                    callback()
                 MPI.COMM_WORLD.Abort(1)
 
     sys.excepthook = hook

@@ -108,6 +108,12 @@ class Agreement:
             return named
         return self._layouts.get(fingerprint), None
 
+    def known_layouts(self) -> Callable[[int], tuple]:
+        """layout_of as of now, over copies of the caches: the flight recorder's writer thread looks fingerprints
+        up while this rank goes on agreeing (which may clear the caches)."""
+        named, layouts = dict(self._named), dict(self._layouts)
+        return lambda fingerprint: named.get(fingerprint) or (layouts.get(fingerprint), None)
+
     def fingerprint(self, layout: tuple, digest: int | None = None, name: Name = None) -> int:
         """The 64 bits the ranks compare for a call: the layout's digest, mixed with the call's name."""
         if digest is None:

@@ -12,15 +12,24 @@ The file — `DDLFAST_FLIGHT_DIR/flight.rank<R>.json`, one per rank and context 
 context, on a mismatch, on SIGUSR1 and on request (`ddlfast.dump_flight_record()`), through ddlfast/files.py (a
 planted link is replaced, never followed). A file that cannot be written costs a FlightWarning, never the
 collective's own error. `python -m ddlfast.flight DIR` (ddlfast/flight.py) merges the ranks' files.
+
+Writing a file must not change what the job does: rendering 10,000 records took 1.4 s, long enough for the other
+ranks' next collective to hit a short stall limit. So on an error and on SIGUSR1 the caller's thread only copies
+what the file needs (`capture`: the core's entries, the layouts and call sites they name), and a writer thread
+renders and writes it; the exit and MPI_Abort wait for that thread (`finish_writes`). A file holds the newest
+records that fit in MAX_FILE_BYTES, below the merge tool's cap.
 """
 
 from __future__ import annotations
 
+import atexit
+import functools
 import itertools
 import json
 import os
 import platform
 import signal
+import sys
 import threading
 import time
 import warnings
@@ -28,7 +37,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from ddlfast import _core
+from ddlfast import _core, abort
 from ddlfast.config import STRAGGLER_NOISE_S
 from ddlfast.engine.agreement import describe
 from ddlfast.files import replace_file
@@ -38,6 +47,10 @@ MAX_STRAGGLER_WINDOW = 4096  # the collectives each rank's arrival log keeps (Ar
 STATES = ("agreeing", "running", "done", "failed", "mismatch")  # FlightState in src/transport/flight_log.h
 MAX_SITES = 1 << 16  # distinct call sites remembered (then new ones are recorded without one)
 MAX_ERRORS = 256  # failed collectives whose error text is kept
+# A file stays below half of what `python -m ddlfast.flight` reads (its MAX_FILE_BYTES, 512 MiB); at the most
+# records a rank keeps (config.MAX_FLIGHT_RECORDS) a file of ordinary calls is far smaller.
+MAX_FILE_BYTES = 256 << 20
+FINISH_WRITES_S = 60.0  # how long the exit, or MPI_Abort, waits for the writer thread at most
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _INTERNAL_PARTS = (os.sep + os.path.join("torch", "distributed") + os.sep,
                    os.sep + os.path.join("torch", "nn", "parallel") + os.sep,
@@ -51,11 +64,12 @@ class FlightWarning(UserWarning):
 
 
 class FlightRecorder:
-    def __init__(self, core: Any, capacity: int, directory: str | None, layouts: Any) -> None:
+    def __init__(self, core: Any, capacity: int, directory: str | None,
+                 layouts: Callable[[], Callable[[int], tuple]]) -> None:
         self.core = core
         self.rank, self.size = core.rank, core.size
         self.directory = directory
-        self.layouts = layouts  # fingerprint -> (layout, name): Agreement.layout_of
+        self.layouts = layouts  # () -> (fingerprint -> (layout, name)): Agreement.known_layouts
         self.host = platform.node()
         self.hosts: tuple[str, ...] = ()  # each rank's host name, once the topology is known
         number = next(_context_numbers)
@@ -99,28 +113,11 @@ class FlightRecorder:
         # The first error of a collective is its cause; later ones (the broken context refusing) are not kept.
         self._errors.setdefault(core.sequence, (f"{type(error).__name__}: {error}", descriptions))
         if self.directory and isinstance(error, Exception):
-            self.dump(type(error).__name__)
+            self.dump_in_background(type(error).__name__)
 
     def records(self) -> list[dict]:
         """The kept collectives, oldest first, as the file holds them."""
-        offset = time.time() - time.perf_counter()  # the core's steady clock is perf_counter's
-        out = []
-        for sequence, fingerprint, site, arrived, agreed, ended, wait, state in self.core.flight_entries():
-            layout, name = self.layouts(fingerprint)
-            try:
-                description = describe(layout, sequence, name) if layout is not None else {"kind": "?"}
-            except Exception:  # noqa: BLE001 (a layout of an unexpected shape must never cost the dump)
-                description = {"kind": str(layout[0]) if layout else "?"}
-            error, descriptions = self._errors.get(sequence, (None, None))
-            where = self._site_text(site)
-            out.append({
-                "sequence": sequence, "kind": description.get("kind"), "layout": layout_text(description),
-                "description": description, "site": where, "arrived": arrived + offset,
-                "agreed": agreed + offset if agreed else None, "ended": ended + offset if ended else None,
-                "state": STATES[state] if 0 <= state < len(STATES) else str(state), "wait_s": wait,
-                "error": error, "descriptions": descriptions,
-            })
-        return out
+        return self.capture("records()").records()
 
     def _site_text(self, site: int) -> str | None:
         found = self.call_sites.of(site)
@@ -135,29 +132,155 @@ class FlightRecorder:
         return [{"state": "queued", "what": what, "submitted": when + offset, "site": self._site_text(site)}
                 for when, what, site in list(self._queued.values())]
 
-    def snapshot(self, reason: str) -> dict:
-        """The file's content; times are seconds since the epoch on this rank's clock."""
-        return {
+    def capture(self, reason: str) -> FlightCapture:
+        """What the file needs from the core and from state the caller's thread keeps changing, copied now (a
+        few milliseconds at MAX_FLIGHT_RECORDS); the rendering, the slow part, can then run on another thread."""
+        entries = self.core.flight_entries()
+        header = {
             "format": FORMAT, "rank": self.rank, "size": self.size, "host": self.host, "pid": os.getpid(),
             "reason": reason, "written_at": time.time(), "sequence": self.core.sequence,
-            "records": self.records(), "queued": self.queued(), "stragglers": straggler_table(self.core, self.hosts),
+            "queued": self.queued(), "stragglers": straggler_table(self.core, self.hosts),
         }
+        sites = {site: self._site_text(site) for site in {entry[2] for entry in entries}}
+        clock_offset = time.time() - time.perf_counter()  # the core's steady clock is perf_counter's
+        return FlightCapture(header, entries, clock_offset, self.layouts(), sites, dict(self._errors))
 
     def dump(self, reason: str, directory: str | None = None) -> str | None:
-        """Writes this rank's file; returns its path, or None (no directory, or it could not be written: a
+        """Writes this rank's file and returns its path, or None (no directory, or it could not be written: a
         FlightWarning says why)."""
+        path = self._path(directory)
+        return path and _write(path, self.capture(reason), self.rank)
+
+    def dump_in_background(self, reason: str) -> None:
+        """This rank's file, captured now and written by the writer thread: an error's dump must not hold the
+        caller, whose next collective the other ranks wait for under the stall limit."""
+        path = self._path(None)
+        if path:
+            write_later(path, functools.partial(_write, path, self.capture(reason), self.rank))
+
+    def _path(self, directory: str | None) -> str | None:
         directory = directory or self.directory
-        if not directory:
-            return None
-        path = os.path.join(directory, self.file_name)
+        return os.path.join(directory, self.file_name) if directory else None
+
+
+class FlightCapture:
+    """One moment of a recorder (FlightRecorder.capture), rendered as the file's records and text."""
+
+    def __init__(self, header: dict, entries: list[tuple], clock_offset: float, layouts: Callable[[int], tuple],
+                 sites: dict[int, str | None], errors: dict[int, tuple[str, list | None]]) -> None:
+        self.header, self.entries, self.clock_offset = header, entries, clock_offset
+        self.layouts, self.sites, self.errors = layouts, sites, errors
+
+    def records(self) -> list[dict]:
+        """The kept collectives, oldest first."""
+        return [self.record(entry) for entry in self.entries]
+
+    def record(self, entry: tuple) -> dict:
+        sequence, fingerprint, site, arrived, agreed, ended, wait, state = entry
+        offset = self.clock_offset
+        layout, name = self.layouts(fingerprint)
         try:
-            os.makedirs(directory, exist_ok=True)
-            replace_file(path, json.dumps(self.snapshot(reason), default=str))
-        except Exception as error:  # noqa: BLE001 (a dump must never replace the collective's own error)
-            warnings.warn(f"ddlfast: rank {self.rank} could not write its flight record {path}: "
-                          f"{type(error).__name__}: {error}", FlightWarning, stacklevel=2)
-            return None
-        return path
+            description = describe(layout, sequence, name) if layout is not None else {"kind": "?"}
+        except Exception:  # noqa: BLE001 (a layout of an unexpected shape must never cost the dump)
+            description = {"kind": str(layout[0]) if layout else "?"}
+        error, descriptions = self.errors.get(sequence, (None, None))
+        return {
+            "sequence": sequence, "kind": description.get("kind"), "layout": layout_text(description),
+            "description": description, "site": self.sites.get(site), "arrived": arrived + offset,
+            "agreed": agreed + offset if agreed else None, "ended": ended + offset if ended else None,
+            "state": STATES[state] if 0 <= state < len(STATES) else str(state), "wait_s": wait,
+            "error": error, "descriptions": descriptions,
+        }
+
+    def text(self, max_bytes: int = MAX_FILE_BYTES) -> str:
+        """The file's JSON, at most about `max_bytes`: the newest records that fit (a record's size has no
+        bound of its own: a fused call lists every array), the number left out in "records_left_out"."""
+        kept: list[str] = []
+        size = len(json.dumps(self.header, default=str)) + 64
+        for entry in reversed(self.entries):
+            text = json.dumps(self.record(entry), default=str)
+            size += len(text) + 2
+            if size > max_bytes:
+                break
+            kept.append(text)
+        header = json.dumps({**self.header, "records_left_out": len(self.entries) - len(kept)}, default=str)
+        return f'{header[:-1]}, "records": [{", ".join(reversed(kept))}]}}'
+
+
+def _write(path: str, capture: FlightCapture, rank: int) -> str | None:
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        replace_file(path, capture.text())
+    except Exception as error:  # noqa: BLE001 (a dump must never replace the collective's own error)
+        warnings.warn(f"ddlfast: rank {rank} could not write its flight record {path}: "
+                      f"{type(error).__name__}: {error}", FlightWarning, stacklevel=2)
+        return None
+    return path
+
+
+# The writer thread: a file handed to it waits for the one being written, and a newer capture of the same file
+# replaces one still waiting (a burst of errors costs one write at a time, of the latest).
+_writes = threading.Condition()
+_waiting: dict[str, Callable[[], object]] = {}
+_writer_running = False
+_exit_wait_registered = False
+
+
+def write_later(path: str, write: Callable[[], object]) -> None:
+    """Runs `write` (which must not raise) on the writer thread; inline where no thread can start (at
+    interpreter shutdown)."""
+    global _writer_running, _exit_wait_registered
+    with _writes:
+        _waiting[path] = write
+        if _writer_running:
+            return
+        try:
+            threading.Thread(target=_write_waiting, name="ddlfast-flight-writer", daemon=True).start()
+        except RuntimeError:
+            del _waiting[path]
+            inline = True
+        else:
+            _writer_running, inline = True, False
+        if not _exit_wait_registered:
+            # Registered at the first write, after ddlfast.api's exit handler, so it runs before that one (which
+            # may end the process without returning after a loss of ranks).
+            atexit.register(finish_writes)
+            _exit_wait_registered = True
+    if inline:
+        write()
+
+
+def _write_waiting() -> None:
+    global _writer_running
+    while True:
+        with _writes:
+            if not _waiting:
+                _writer_running = False
+                _writes.notify_all()
+                return
+            write = _waiting.pop(next(iter(_waiting)))
+        try:
+            write()
+        except Exception as error:  # noqa: BLE001 (a FlightWarning a filter made an error: the files after it still go)
+            sys.stderr.write(f"ddlfast: the flight record writer: {type(error).__name__}: {error}\n")
+
+
+def finish_writes(timeout_s: float = FINISH_WRITES_S) -> bool:
+    """Waits, at most `timeout_s`, for the writer thread to write every file handed to it (at exit, and before
+    MPI_Abort ends the job); whether it did."""
+    with _writes:
+        return _writes.wait_for(lambda: not _writer_running, timeout_s)
+
+
+def _no_writes_in_a_child() -> None:
+    """A fork() child has no writer thread, whatever its parent's was doing: its exit must not wait for one."""
+    global _writes, _writer_running
+    _writes, _writer_running = threading.Condition(), False
+    _waiting.clear()
+
+
+abort.before_abort(finish_writes)
+os.register_at_fork(after_in_child=_no_writes_in_a_child)
 
 
 def _is_internal(code: Any) -> bool:
@@ -208,9 +331,10 @@ def straggler_table(core: Any, hosts: tuple[str, ...], last: int = 100) -> list[
     return rows
 
 
-def dump_all(reason: str) -> list[str]:
-    """Every live recorder's file (SIGUSR1)."""
-    return [path for recorder in list(_recorders) if (path := recorder.dump(reason))]
+def dump_all(reason: str) -> None:
+    """Every live recorder's file (SIGUSR1), written by the writer thread."""
+    for recorder in list(_recorders):
+        recorder.dump_in_background(reason)
 
 
 _signal_lock = threading.Lock()

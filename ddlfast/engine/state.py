@@ -67,7 +67,7 @@ class EngineState:
         self.agreement = Agreement(core, control, None, warn_s is not None and self.rank == 0)
         records = config.flight_records()
         # The timeline's collective slices come from the flight entries, so it keeps at least the latest.
-        self.flight = (FlightRecorder(core, max(records, 1), config.flight_dir(), self.agreement.layout_of)
+        self.flight = (FlightRecorder(core, max(records, 1), config.flight_dir(), self.agreement.known_layouts)
                        if records or self.timeline is not None else None)
         self.agreement.flight = self.flight
         if self.flight is not None and self.flight.directory:

@@ -435,7 +435,7 @@ def test_the_documented_table_lists_every_runtime_variable() -> None:
         assert f"`{name}`" in table, f"{name} is missing from docs/configuration.md"
     for expected in ("4 KiB to 1 GiB", "integer 2 to 1024", "0.1 to 604800 seconds", "0 to 1 GiB",
                      "1 byte to 16 GiB", "integer 1 to 10000000", "0.1 to 3600 seconds", "integer 1 to 1048576",
-                     "integer 0 to 100000", "integer 0 to 1000000", "0.001 to 604800 seconds"):
+                     "integer 0 to 100000", "0.001 to 604800 seconds"):
         assert expected in table, f"docs/configuration.md should say {expected!r}"
 
 
@@ -475,12 +475,12 @@ def test_straggler_warn_s_refuses(raw) -> None:
         config.straggler_warn_s({"DDLFAST_STRAGGLER_WARN_S": raw})
 
 
-@pytest.mark.parametrize("raw, expected", [(None, 2000), ("0", 0), ("1", 1), ("1000000", 1_000_000)])
+@pytest.mark.parametrize("raw, expected", [(None, 2000), ("0", 0), ("1", 1), ("100000", 100_000)])
 def test_flight_records(raw, expected) -> None:
     assert config.flight_records({} if raw is None else {"DDLFAST_FLIGHT_RECORDS": raw}) == expected
 
 
-@pytest.mark.parametrize("raw", ["-1", "1000001", "many", "2.5"])
+@pytest.mark.parametrize("raw", ["-1", "100001", "1000000", "many", "2.5"])
 def test_flight_records_refuses(raw) -> None:
     with pytest.raises(DdlfastError, match="DDLFAST_FLIGHT_RECORDS"):
         config.flight_records({"DDLFAST_FLIGHT_RECORDS": raw})

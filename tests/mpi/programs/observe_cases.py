@@ -13,6 +13,9 @@ Modes (argv[1]; argv[2] is a scratch directory every rank shares):
   rank raises, every rank's record is written, and the merged report names rank 1, both layouts and the call
   site. A link planted at a rank's record path is replaced, not followed; a flight directory that cannot be
   written costs a FlightWarning and leaves the collective's own error unchanged.
+- dump: a record being written holds no collective. Rank 0's file write is held until its next collectives are
+  done; rank 1 passes int32 where rank 0 passes float32, then both run their next collectives under a 1 s stall
+  limit, which rank 1 would hit were rank 0 writing its record on the caller's thread. Each record is written.
 - timeline: DDLFAST_TIMELINE with a delayed rank; `python -m ddlfast.timeline` merges the files into one trace
   whose events are of Chrome's format (ph, ts, dur, pid, tid, name), a process per rank named by rank and host,
   each collective labelled, and the delayed rank marked as the one that held the others.
@@ -27,6 +30,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -37,8 +41,11 @@ from mpi4py import MPI
 from ops_cases import expect_error
 
 import ddlfast
+from ddlfast.engine import flight
+from ddlfast.engine.flight import finish_writes
 
 DELAY_S = 0.3
+HOLD_S = 30.0  # the longest a held record write waits for its release: far beyond the stall limit
 LARGE = 1 << 16  # float32 elements: 256 KiB, above DDLFAST_SMALL_BYTES (the ring path)
 SMALL = 1000  # 4000 bytes: the latency path
 
@@ -139,7 +146,7 @@ def stall_cases(comm: MPI.Intracomm, directory: Path) -> list[tuple[str, str | N
     last_together = ctx._state.core.sequence
     if rank == gone:
         os.kill(os.getpid(), signal.SIGUSR1)  # what a user (or a job scheduler) sends a rank that seems stuck
-        time.sleep(0.2)
+        finish_writes()  # the handler hands the file to the writer thread
         ok = (directory / f"flight.rank{rank}.json").is_file()
         results.append(("SIGUSR1 writes the record", None if ok else "no file after SIGUSR1"))
         comm.Barrier()  # after the others gave up
@@ -150,6 +157,7 @@ def stall_cases(comm: MPI.Intracomm, directory: Path) -> list[tuple[str, str | N
         except ddlfast.DdlfastTimeoutError as error:
             failure = None if f"rank {gone} did not join" in str(error) else f"the error does not name it: {error}"
         results.append(("the stall names the missing rank", failure))
+        finish_writes()
         path = directory / f"flight.rank{rank}.json"
         record = json.loads(path.read_text()) if path.is_file() else None
         latest = record["records"][-1] if record and record["records"] else {}
@@ -188,6 +196,7 @@ def mismatch_cases(comm: MPI.Intracomm, directory: Path) -> list[tuple[str, str 
         results.append((f"mismatch of {count}", expect_error(comm, lambda c=count, d=dtype: ctx.allreduce(
             np.ones(c, d)), "rank 1 passed int32")))
     ctx.allreduce(np.ones(10, np.float32))  # the context is usable
+    finish_writes()
     path = directory / f"flight.rank{rank}.json"
     ok = path.is_file() and not path.is_symlink() and victim.read_text() == "not ddlfast's"
     results.append(("a planted link is replaced, not followed", None if ok else "the link was followed"))
@@ -209,6 +218,7 @@ def mismatch_cases(comm: MPI.Intracomm, directory: Path) -> list[tuple[str, str 
         warnings.simplefilter("always")
         failure = expect_error(comm, lambda: ctx2.allreduce(np.ones(5, np.int32 if rank == 1 else np.float32)),
                                "rank 1 passed int32")
+        finish_writes()  # the writer thread warns
     flight_warnings = [w for w in caught if issubclass(w.category, ddlfast.FlightWarning)]
     if failure is None and not flight_warnings:
         failure = "no FlightWarning for a directory that cannot be written"
@@ -216,6 +226,53 @@ def mismatch_cases(comm: MPI.Intracomm, directory: Path) -> list[tuple[str, str 
     ctx2.close()
     ctx.close()
     del os.environ["DDLFAST_FLIGHT_DIR"]
+    return results
+
+
+def dump_cases(comm: MPI.Intracomm, directory: Path) -> list[tuple[str, str | None]]:
+    rank = comm.Get_rank()
+    results = []
+    os.environ.update(DDLFAST_FLIGHT_DIR=str(directory), DDLFAST_TIMEOUT_S="1", DDLFAST_ABORT_ON_STALL="0")
+    ctx = ddlfast.Context(comm)
+    release, started, writers = threading.Event(), threading.Event(), []
+    write = flight.replace_file
+
+    def held_write(path: str, text: str) -> None:
+        writers.append(threading.current_thread())
+        started.set()
+        release.wait(HOLD_S)
+        write(path, text)
+
+    if rank == 0:
+        flight.replace_file = held_write
+    try:
+        ctx.allreduce(np.ones(SMALL, np.int32 if rank == 1 else np.float32))
+        failure = "no error although rank 1 passed int32"
+    except ddlfast.DdlfastError as error:
+        failure = None if "rank 1 passed int32" in str(error) else str(error)
+    results.append(("the mismatch", failure))
+    try:
+        for _ in range(3):  # straight on: no rank waits for another's record
+            ctx.allreduce(np.ones(LARGE, np.float32))
+            ctx.barrier()
+        failure = None
+    except ddlfast.DdlfastError as error:
+        failure = f"the next collectives failed while rank 0 wrote its record: {error}"
+    results.append(("the next collectives run while a record is written", failure))
+    if rank == 0:
+        ok = started.wait(HOLD_S) and writers[0] is not threading.main_thread()
+        written_by = [thread.name for thread in writers]
+        results.append(("the record is written on another thread", None if ok else f"written by {written_by}"))
+        release.set()
+    finish_writes()
+    flight.replace_file = write
+    path = directory / f"flight.rank{rank}.json"
+    records = json.loads(path.read_text())["records"] if path.is_file() else []
+    ok = any((r.get("error") or "").startswith("DdlfastConsistentError: ") for r in records)
+    results.append(("each rank's record holds the mismatch", None if ok else f"records {records[-3:]}"))
+    ctx.close()
+    for name in ("DDLFAST_FLIGHT_DIR", "DDLFAST_TIMEOUT_S", "DDLFAST_ABORT_ON_STALL"):
+        del os.environ[name]
     return results
 
 
@@ -286,7 +343,8 @@ def main() -> int:
     mode, directory = sys.argv[1], Path(sys.argv[2])
     directory.mkdir(parents=True, exist_ok=True)
     cases = {"stragglers": lambda: stragglers_cases(comm), "stall": lambda: stall_cases(comm, directory),
-             "mismatch": lambda: mismatch_cases(comm, directory), "timeline": lambda: timeline_cases(comm, directory)}
+             "mismatch": lambda: mismatch_cases(comm, directory), "dump": lambda: dump_cases(comm, directory),
+             "timeline": lambda: timeline_cases(comm, directory)}
     return report_results(comm, cases[mode]())
 
 
