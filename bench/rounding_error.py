@@ -6,8 +6,9 @@ executor's rounding points (src/engine/host_steps.h, src/engine/direct_phase.h):
 
     ring reduce-scatter step    the sender rounds its range to the wire type; the receiver adds the decoded
                                 values to its own (unrounded) float32 values: own + incoming
-    direct reduce-scatter       every contribution (the owner's own too) rounded to the wire type once, added
-                                in float32 in coordinate order 0..d-1 at the block's owner
+    direct reduce-scatter       every other rank's contribution rounded to the wire type once (the owner's own
+                                too under reproducible=True), added in float32 in coordinate order 0..d-1 at
+                                the block's owner
     allgather                   the owner rounds its reduced block to the wire type once; copies thereafter
 
 so at P <= 8 its bits equal a real run's (tests/mpi/test_rounding_emulation.py checks this), and at P = 1024 it
@@ -83,10 +84,11 @@ def _columns(offsets: np.ndarray, n: int) -> np.ndarray:
 
 
 def emulate(inputs: np.ndarray, dims: Sequence[int], direct: Sequence[int] = (), wire: str | None = None,
-            dtype: str = "float32") -> np.ndarray:
+            dtype: str = "float32", reproducible: bool = False) -> np.ndarray:
     """Every rank's result [P, n] of an allreduce (sum) of inputs [P, n] on ring `dims`, with a direct
     reduce-scatter where direct[i] is 1, and `wire` ('fp16', 'bf16' or None) on every dimension; the inputs are
-    taken as `dtype` ('float32', or 'float16'/'bfloat16' without a wire) and so is the result."""
+    taken as `dtype` ('float32', or 'float16'/'bfloat16' without a wire) and so is the result. `reproducible`:
+    the core's reproducible=True arithmetic, whose direct reduce-scatter rounds the owner's own contribution too."""
     world, count = inputs.shape
     dims = tuple(int(d) for d in dims)
     if int(np.prod(dims)) != world:
@@ -101,7 +103,7 @@ def emulate(inputs: np.ndarray, dims: Sequence[int], direct: Sequence[int] = (),
     for index in range(len(schedules[0][0])):
         phases = [schedules[rank][0][index] for rank in range(world)]
         if phases[0].get("direct"):
-            _direct_phase(data, phases, wire_type)
+            _direct_phase(data, phases, wire_type, reproducible)
         else:
             _ring_phase(data, phases, wire_type, phases[0]["kind"] == "reduce_scatter")
     return data
@@ -130,16 +132,20 @@ def _ring_phase(data: np.ndarray, phases: list[dict], wire: type | None, reduces
                 data[rows, columns] = values
 
 
-def _direct_phase(data: np.ndarray, phases: list[dict], wire: type | None) -> None:
+def _direct_phase(data: np.ndarray, phases: list[dict], wire: type | None, reproducible: bool) -> None:
     owned = [phase["blocks"][phase["coordinate"]] for phase in phases]
     peers = np.array([phase["peers"] for phase in phases])
+    coordinates = np.array([phase["coordinate"] for phase in phases])
     offsets = np.array([offset for offset, _ in owned])
     results = []
     for n, owners in _by_count(owned).items():
         columns = _columns(offsets[owners], n)
-        total = _round(data[peers[owners, 0][:, None], columns], wire).astype(np.float32)
-        for j in range(1, peers.shape[1]):  # in float32, rounded to the data's type once, below
-            total = total + _round(data[peers[owners, j][:, None], columns], wire).astype(np.float32)
+        total = None
+        for j in range(peers.shape[1]):  # coordinate order, in float32, rounded to the data's type once, below
+            values = data[peers[owners, j][:, None], columns]
+            own = (coordinates[owners] == j)[:, None] & (not reproducible)  # the owner's own values, as they are
+            term = np.where(own, values, _round(values, wire)).astype(np.float32)
+            total = term if total is None else total + term
         results.append((owners, columns, total))
     for owners, columns, total in results:
         data[owners[:, None], columns] = total
@@ -164,18 +170,20 @@ def two_host_cluster(ranks: int) -> Cluster:
                    inter=Link(alpha=2e-5, beta=8e-9), gamma=2.5e-10)
 
 
-def schedules_for(ranks: int, wire: str | None) -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]:
-    """(name, dims, direct) of each schedule in the table; 'default' is what DDLFAST_ALGORITHM=auto picks for
-    64 MiB on the 2-host cluster with the wire on both dimensions (`wire` None: 16-bit data, uncompressed)."""
+def schedules_for(ranks: int, wire: str | None) -> list[tuple[str, tuple[int, ...], tuple[int, ...], bool]]:
+    """(name, dims, direct, reproducible) of each schedule in the table; 'default' is what DDLFAST_ALGORITHM=auto
+    picks for 64 MiB on the 2-host cluster with the wire on both dimensions (`wire` None: 16-bit data,
+    uncompressed)."""
     host = ranks // 2
     compressed = (wire is not None,) * 2
     default = choose_algorithm(two_host_cluster(ranks), (host, 2), WIRE_BYTES, "auto", compressed=compressed)
     return [
-        ("ring flat", (ranks,), ()),
-        (f"ring {host}x2", (host, 2), ()),
-        ("direct flat (reproducible)", (ranks,), (1,)),
-        (f"direct {host}x2", (host, 2), (1, 1)),
-        (f"default: {default}", tuple(default.dims), tuple(default.direct)),
+        ("ring flat", (ranks,), (), False),
+        (f"ring {host}x2", (host, 2), (), False),
+        ("direct flat", (ranks,), (1,), False),
+        ("direct flat (reproducible)", (ranks,), (1,), True),
+        (f"direct {host}x2", (host, 2), (1, 1), False),
+        (f"default: {default}", tuple(default.dims), tuple(default.direct), False),
     ]
 
 
@@ -198,8 +206,8 @@ def main() -> None:
         single = one_rounding(exact, wire or args.dtype)
         print(f"{ranks:>5}  {'one rounding of the exact sum':<34} {single:10.3e} {1.0:15.2f} {'':>9}")
         cluster = two_host_cluster(ranks)
-        for name, dims, direct in schedules_for(ranks, wire):
-            result = emulate(inputs, dims, direct, wire, args.dtype)[0]
+        for name, dims, direct, reproducible in schedules_for(ranks, wire):
+            result = emulate(inputs, dims, direct, wire, args.dtype, reproducible)[0]
             error = relative_error(result, exact)
             seconds = predict(cluster, dims, WIRE_BYTES, direct).seconds
             print(f"{ranks:>5}  {name:<34} {error:10.3e} {error / single:15.2f} {seconds * 1e3:9.1f}", flush=True)

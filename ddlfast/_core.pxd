@@ -127,6 +127,7 @@ cdef extern from "engine/ring_allreduce.h" namespace "ddlfast" nogil:
         vector[int] wire_by_dim
         vector[int] direct_by_dim
         bool chain
+        bool reproducible
 
 
 cdef extern from "engine/segmented_buffer.h" namespace "ddlfast" nogil:

@@ -335,17 +335,21 @@ cdef class CallOptions:
     to MPI's own allreduce after the agreement instead of the latency path; chain: reproducible=True's canonical
     order host by host on dims (ranks per host, hosts) (src/engine/chain_phase.h; an uncompressed reduce_scatter
     runs its allreduce and keeps its block); halving_bytes: the latency path reduces payloads of at least this
-    many bytes by recursive halving and doubling (0: never; src/transport/agreement_exchange.cc).
+    many bytes by recursive halving and doubling (0: never; src/transport/agreement_exchange.cc); reproducible:
+    reproducible=True's canonical order, where a direct reduce-scatter on the 16-bit wire rounds the owner's own
+    contribution too (otherwise it joins the sum unrounded: one wire rounding fewer).
     """
 
     def __cinit__(self, dims, size_t chunk_bytes, int receives_in_flight, size_t small_bytes, order=(), wire=(),
-                  direct=(), bint mpi_small_path=False, bint chain=False, size_t halving_bytes=0):
+                  direct=(), bint mpi_small_path=False, bint chain=False, size_t halving_bytes=0,
+                  bint reproducible=False):
         self.dims = to_dims(dims)
         self.order = to_dims(order)
         fill_options(&self.options, chunk_bytes, receives_in_flight, small_bytes, NULL, wire, direct)
         self.options.small_path = SmallPath.kMpi if mpi_small_path else SmallPath.kLatency
         self.options.chain = chain
         self.options.halving_bytes = halving_bytes
+        self.options.reproducible = reproducible
 
     @property
     def small_bytes(self) -> int:

@@ -162,7 +162,7 @@ class DeviceExecutor:
             options = canonical(members[0].dtype_name in HALF_DTYPES)
         elif settings.reproducible:  # one flat ring, direct reduce-scatter, no small path
             options = _core.CallOptions((math.prod(dims),), settings.chunk_bytes, settings.receives_in_flight, 0, (),
-                                        (), (1,))
+                                        (), (1,), reproducible=True)
         else:
             options = _core.CallOptions(dims, settings.chunk_bytes, settings.receives_in_flight, settings.small_bytes,
                                         order)

@@ -239,10 +239,10 @@ class EngineState:
         if hosts > 1:
             per_host = self.size // hosts
             options = _core.CallOptions((per_host, hosts), settings.chunk_bytes, settings.receives_in_flight, 0,
-                                        (), flat * 2, (1, 1), False, True)
+                                        (), flat * 2, (1, 1), False, True, reproducible=True)
         else:
             options = _core.CallOptions((self.size,), settings.chunk_bytes, settings.receives_in_flight, 0, (),
-                                        flat, (1,), False)
+                                        flat, (1,), False, reproducible=True)
         return self._keep_options(key, options)
 
     def chain_hosts(self, settings: Settings) -> int:

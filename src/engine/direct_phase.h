@@ -6,15 +6,17 @@
 // each rank sends and receives are the ring's ((d-1)/d of the segment); the
 // latency is one step instead of d-1.
 //
-// With an fp16/bf16 wire (HalfWire, engine/host_steps.h) every contribution
-// is rounded once, when its sender encodes it (the owner's own too, so the sum
-// does not depend on which rank owns the block), and the owner decodes and adds
-// all d in float32 before the block is rounded once more (by the allgather that
-// sends it): one rounding per dimension, where the ring rounds each partial sum
-// at every hop. float16/bfloat16 data (uncompressed) is summed the same way:
-// the d contributions in float32, rounded once to the type, on both executors
-// (sums_halves_in_float32). A flat ring of every rank in rank order with this
-// phase is reproducible=True's canonical order (ddlfast/engine/state.py).
+// With an fp16/bf16 wire (HalfWire, engine/host_steps.h) every other rank's
+// contribution is rounded once, when its sender encodes it (under
+// reproducible=True the owner's own too, so the sum does not depend on which
+// rank owns the block; otherwise the owner's own values join as they are), and
+// the owner decodes and adds all d in float32 before the block is rounded once
+// more (by the allgather that sends it): one rounding per dimension, where the
+// ring rounds each partial sum at every hop. float16/bfloat16 data
+// (uncompressed) is summed the same way: the d contributions in float32,
+// rounded once to the type, on both executors (sums_halves_in_float32). A flat
+// ring of every rank in rank order with this phase is reproducible=True's
+// canonical order (ddlfast/engine/state.py).
 //
 // How it runs: one polling loop for both executors (run_direct_phase), with
 // their step policies: the host's (DirectHostSteps, below) and the GPU's
@@ -104,9 +106,10 @@ inline DirectChunks direct_chunks(const SegmentedBuffer& data, const RingPhase& 
 template <class Wire>
 class DirectHostSteps {
  public:
+  // `rounds_own`: the own contribution is rounded to the wire type like the others' (EngineOptions::reproducible).
   DirectHostSteps(const SegmentedBuffer& data, const RingPhase& phase, const DirectChunks& chunks, int slots,
-                  std::size_t chunk_elems, Wire wire, HostScratch* scratch)
-      : data_(data), wire_(wire) {
+                  std::size_t chunk_elems, Wire wire, HostScratch* scratch, bool rounds_own)
+      : data_(data), wire_(wire), rounds_own_(rounds_own) {
     window_ = static_cast<std::size_t>(slots) * (phase.blocks.size() - 1);
     const std::size_t largest = std::min(chunk_elems, largest_count(chunks.receives));  // ring_phases.h
     slot_bytes_ = wire_.bytes(largest);
@@ -151,8 +154,8 @@ class DirectHostSteps {
 
   // The verbs of one chunk's sum, called in coordinate order.
   Status begin_chunk(const ChunkItem& chunk, bool own_first) {
-    // The own contribution is read only as such from here on: rounded to the wire type in place.
-    wire_.round_through(data_.address(chunk.offset), own_stage_, chunk.count);
+    // The own contribution is read only as such from here on: rounded to the wire type in place where asked.
+    if (rounds_own_) wire_.round_through(data_.address(chunk.offset), own_stage_, chunk.count);
     if constexpr (sum_in_scratch()) {
       sum_ = accumulator_;  // the sum starts as the own values, in float32
       if (own_first) wire_.load(sum_, reinterpret_cast<const unsigned char*>(data_.address(chunk.offset)), chunk.count);
@@ -262,6 +265,7 @@ class DirectHostSteps {
 
   const SegmentedBuffer& data_;
   Wire wire_;
+  bool rounds_own_;
   std::size_t window_ = 0;
   std::size_t slot_bytes_ = 0;
   unsigned char* receive_slots_ = nullptr;

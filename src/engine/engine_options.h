@@ -45,6 +45,11 @@ struct EngineOptions {
   // reproducible=True across hosts: the ring's dims are (ranks per host, hosts) and the reduce-scatter is the
   // canonical order host by host (engine/chain_phase.h), whose bits are the flat direct order's. Both executors.
   bool chain = false;
+  // reproducible=True: a direct reduce-scatter on the 16-bit wire rounds the owner's own contribution to the wire
+  // type like every other, so a block's bits do not depend on which rank owns it (the canonical order). Otherwise
+  // the owner adds its own values as they are: one wire rounding fewer per element (torch's fp16_compress_hook
+  // rounds every contribution, and every partial sum).
+  bool reproducible = false;
 };
 
 inline double monotonic_seconds() {

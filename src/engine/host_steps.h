@@ -95,8 +95,8 @@ class HalfWire {
   void reduce_values(char* target, const char* values, std::size_t count, int divisor) const {
     reduce_into(DType::kFloat32, op_, target, values, count, divisor);
   }
-  // values <- their wire rounding, through `stage` (wire bytes of count): the owner's own contribution is rounded
-  // like every other, so a block's sum does not depend on which rank owns it.
+  // values <- their wire rounding, through `stage` (wire bytes of count): under reproducible=True the owner's own
+  // contribution is rounded like every other, so a block's sum does not depend on which rank owns it.
   void round_through(char* values, unsigned char* stage, std::size_t count) const {
     encode(stage, values, count);
     decode(values, stage, count);

@@ -115,7 +115,8 @@ Status RingAllreduce::run_chain(const SegmentedBuffer& data, DType dtype, Reduce
   const DirectChunks contributions = direct_chunks(data, within, chunk_elems);
   const double start = monotonic_seconds();
   auto chain = [&](auto wire) {
-    DirectHostSteps<decltype(wire)> steps(data, within, contributions, slots, chunk_elems, wire, &scratch_);
+    // The chain is reproducible=True's canonical order: every contribution rounded, the owner's too.
+    DirectHostSteps<decltype(wire)> steps(data, within, contributions, slots, chunk_elems, wire, &scratch_, true);
     steps.prepare_chain(plan, &scratch_);
     return run_chain_phase(transport_, within, plan, kTagsPerPhase, divisor, steps);
   };
@@ -174,16 +175,18 @@ Status RingAllreduce::run_phases(const SegmentedBuffer& data, const RingSchedule
           const DirectChunks direct = direct_chunks(data, phase, chunk_elems);
           if (wire >= 0) {
             DirectHostSteps<HalfWire> steps(data, phase, direct, slots, chunk_elems,
-                                            HalfWire(wire, op, &scratch_.decoded, &overflows_), &scratch_);
+                                            HalfWire(wire, op, &scratch_.decoded, &overflows_), &scratch_,
+                                            options.reproducible);
             return run_direct_phase(transport_, phase, direct, tag_base, final_divisor, steps);
           }
           if (sums_halves_in_float32(dtype, op)) {
             // Half sums accumulate in float32 at the owner, rounded once (the ring rounds every hop).
-            DirectHostSteps<HalfSum> steps(data, phase, direct, slots, chunk_elems, HalfSum(dtype), &scratch_);
+            DirectHostSteps<HalfSum> steps(data, phase, direct, slots, chunk_elems, HalfSum(dtype), &scratch_,
+                                           options.reproducible);
             return run_direct_phase(transport_, phase, direct, tag_base, final_divisor, steps);
           }
           DirectHostSteps<PlainWire> steps(data, phase, direct, slots, chunk_elems,
-                                           PlainWire(dtype, op, data.element_size()), &scratch_);
+                                           PlainWire(dtype, op, data.element_size()), &scratch_, options.reproducible);
           return run_direct_phase(transport_, phase, direct, tag_base, final_divisor, steps);
         }
         if (wire >= 0) {
