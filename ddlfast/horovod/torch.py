@@ -279,7 +279,10 @@ def _sparse_allreduce(tensor: torch.Tensor, name: str | None, op: int, process_s
         raise _hvd.refuse(TypeError("sparse_allreduce_async takes a sparse tensor"), process_set)
     sparse = tensor.coalesce()
     indices_handle = allgather_async(sparse.indices().t().contiguous(), process_set=process_set)
-    values_handle = allgather_async(sparse.values().contiguous(), process_set=process_set)
+    comm, values = _hvd.comm_of(process_set), _numpy(sparse.values().contiguous())
+    settings = _hvd.agreed_settings("sparse_allreduce", op, 1.0, 1.0)  # the division below: agreed like any op
+    values_handle = _hvd.submit(None, lambda: ddlfast.allgatherv_async(values, comm=comm, name=settings), _tensor,
+                                process_set)
     members = process_set.size()
 
     def start() -> Any:

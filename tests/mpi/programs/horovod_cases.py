@@ -91,6 +91,9 @@ def settings_differ_at(n: int, rank: int, size: int) -> None:
     # Integers: the same ddlfast op (a sum) either way; floats: another ddlfast op, which fused the calls into
     # other groups on that rank (ranks then made different numbers of ddlfast calls, out of step for good).
     raises_everywhere(f"named, fused: integer Average on one rank [{n}]", lambda: named(ints), RuntimeError)
+    sparse = torch.sparse_coo_tensor(torch.tensor([[rank % n]]), torch.ones(1), size=(n,), check_invariants=True)
+    raises_everywhere(f"sparse: Average on one rank [{n}]",
+                      lambda: hvd.sparse_allreduce_async(sparse, op=hvd.Average if odd else hvd.Sum)(), RuntimeError)
     raises_everywhere(f"named, fused: float Average on one rank [{n}]", lambda: named(torch.ones(n)), RuntimeError)
 
 
