@@ -37,8 +37,8 @@ start=$(date +%s)
 # ---- build -------------------------------------------------------------------------------------------------------
 rm -rf "$STAGE"
 mkdir -p "$STAGE/ddlfast"
-(cd ddlfast && find . -type f \( -name '*.py' -o -name '*.pxd' -o -name '*.pyx' -o -name '*.pxi' \) \
-  -not -path '*/__pycache__/*' -exec cp --parents {} "$STAGE/ddlfast/" \;)  # the subpackages too
+(cd ddlfast && find . -type f \( -name '*.py' -o -name '*.pxd' -o -name '*.pyx' -o -name '*.pxi' -o -name '*.xml' \) \
+  -not -path '*/__pycache__/*' -exec cp --parents {} "$STAGE/ddlfast/" \;)  # the subpackages and the platforms too
 cp -r tests "$STAGE/tests"
 cp -r docs "$STAGE/docs"  # tests check the documented tables
 cp pyproject.toml "$STAGE/"
