@@ -208,6 +208,12 @@ class Context:
         return self._state.size
 
     @property
+    def collectives_started(self) -> int:
+        """How many collectives this rank has started on this context (every rank counts alike): an integration's
+        view of where the ranks are (the Horovod drop-in's watch over ranks waiting on different process sets)."""
+        return int(self._state.core.sequence)
+
+    @property
     def broken_reason(self) -> str | None:
         """Why this context refuses work after a failure; None while it is healthy."""
         core = self._state.core

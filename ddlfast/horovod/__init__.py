@@ -64,6 +64,7 @@ class ProcessSet:
     def __init__(self, ranks_or_comm: Sequence[int] | MPI.Comm) -> None:
         self.process_set_id: int | None = None
         self.comm: MPI.Comm | None = None
+        self.context: Any = None  # ddlfast's Context on comm, on the set's members, from add_process_set()
         if isinstance(ranks_or_comm, MPI.Comm):
             self.comm = ranks_or_comm
             self.ranks = sorted(ranks_or_comm.group.Translate_ranks(
@@ -101,16 +102,21 @@ class _Runtime:
         self.entries: dict[int, _Entry] = {}
         self.held: dict[str, int] = {}  # name -> handle of named calls not yet given to ddlfast
         self.flying: dict[str, int] = {}  # name -> handle of named calls given to ddlfast, not yet waited for
+        self.watch: MPI.Comm | None = None  # where waiting ranks tell each other where they wait (_watched_wait)
+        self.refused: set[tuple[int, int]] = set()  # (set id, collective) this rank refused to end a cross wait
+        self.outbox: list[tuple[MPI.Request, np.ndarray]] = []  # watch messages being sent, with their buffers
 
 
 class _Entry:
     """One asynchronous call: `submit()` gives it to ddlfast (a ddlfast Handle), `finish(result)` makes what
     synchronize() returns."""
 
-    def __init__(self, name: str | None, submit: Callable[[], Any], finish: Callable[[Any], Any]) -> None:
+    def __init__(self, name: str | None, submit: Callable[[], Any], finish: Callable[[Any], Any],
+                 set_id: int = 0) -> None:
         self.name = name
         self.submit = submit
         self.finish = finish
+        self.set_id = set_id  # the process set it runs on (0: the global one)
         self.handle: Any = None
         self.output: Any = None
         self.done = False
@@ -125,10 +131,12 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> 
     if comm is not None and not (isinstance(comm, MPI.Comm) and comm == MPI.COMM_WORLD) and comm != []:
         raise HorovodInternalError("ddlfast.horovod.init(comm=...) supports MPI.COMM_WORLD only; use process "
                                    "sets for subsets of ranks")
-    translated(ddlfast.default_context)  # collective once: every rank's hvd.init() meets here, as in Horovod
+    global_process_set.context = translated(ddlfast.default_context)  # collective: every rank's hvd.init() meets here
     _local_comm()  # collective too: local_rank() and cross_rank() must not be (a joined rank calls local_rank())
     _runtime.initialized = True
     _cross_comm()
+    if _runtime.watch is None:
+        _runtime.watch = MPI.COMM_WORLD.Dup()  # collective, as init() is
     for process_set in process_sets or ():
         if process_set.process_set_id is None:
             add_process_set(process_set)
@@ -268,6 +276,8 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
         raise ValueError(problem)
     comm = MPI.COMM_WORLD.Create(MPI.COMM_WORLD.group.Incl(process_set.ranks))
     process_set.comm = comm if comm != MPI.COMM_NULL else None
+    if process_set.comm is not None:  # created here, collectively, never by a rank's first call on the set alone
+        process_set.context = translated(lambda: ddlfast.api._context_for(process_set.comm))
     process_set.process_set_id = _runtime.next_set_id
     _runtime.process_sets[_runtime.next_set_id] = process_set
     _runtime.next_set_id += 1
@@ -283,7 +293,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     del _runtime.process_sets[process_set.process_set_id]
     if process_set.comm is not None:
         process_set.comm.Free()
-    process_set.comm, process_set.process_set_id = None, None
+    process_set.comm, process_set.process_set_id, process_set.context = None, None, None
     return True
 
 
@@ -358,7 +368,7 @@ def submit(name: str | None, start: Callable[[], Any], finish: Callable[[Any], A
                              "Horovod names must be unique among outstanding calls")
         handle = _runtime.next_handle
         _runtime.next_handle += 1
-        entry = _Entry(name, start, finish)
+        entry = _Entry(name, start, finish, process_set.process_set_id or 0 if process_set is not None else 0)
         _runtime.entries[handle] = entry
         if name is not None and (process_set is None or process_set.process_set_id == 0):
             _runtime.held[name] = handle
@@ -559,11 +569,130 @@ def synchronize(handle: int) -> Any:
         limit = load_settings().timeout_s
         negotiate(giving_up=limit > 0 and time.monotonic() - started > limit)
     try:
+        _watched_wait(entry)
         result = translated(entry.handle.wait)
         entry.output, entry.done = entry.finish(result), True
     finally:
         _forget(handle)
     return entry.output
+
+
+# -- ranks waiting on different process sets ---------------------------------------------------------------------
+# Each process set's calls run on a communicator of its own, so no agreement sees a rank that calls on set X while
+# another calls on set Y: each waits for the other. A rank whose wait lasts WATCH_AFTER_S tells the members of its
+# set, every WATCH_AFTER_S, where it waits: its set, and per process set it belongs to, how many collectives its
+# context there has started and whether it has work in flight. Rank r, itself waiting on set X (inside collective
+# #m there), that learns that rank q waits on set Y inside collective #n, which r has not started with nothing in
+# flight on Y, while q has not started r's #m with nothing in flight on X, knows that neither can ever go on
+# (each waits for the other, and each rank's one issuing thread is inside its wait), however old the report: q is
+# still stuck while r has not started #n. Both collectives must then end in an error on every rank, with both
+# contexts in step: q takes part in X's #m with a refusal, r in Y's #n. r tells q so (a notice, on the watch
+# communicator) and refuses on Y only once its own wait has ended (q's refusal ends it), so q cannot miss the
+# notice: q's wait on Y goes on until r refuses there. Both may find it at once; each refusal is made once.
+WATCH_AFTER_S = 1.0
+_REPORT_TAG, _NOTICE_TAG = 0x4856, 0x4857
+
+
+def _settled(waitable: Any, seconds: float) -> bool:
+    """Whether `waitable` (a ddlfast Handle, or one of this module's wrappers) is done within `seconds`."""
+    if waitable.done():
+        return True
+    if isinstance(waitable, _Several):
+        end = time.monotonic() + seconds
+        return all(_settled(h, max(0.0, end - time.monotonic())) for h in waitable.handles)
+    inner = waitable.handle if isinstance(waitable, _Part) else waitable
+    if not hasattr(inner, "add_done_callback"):
+        time.sleep(min(seconds, 0.01))
+        return bool(waitable.done())
+    finished = threading.Event()
+    inner.add_done_callback(lambda _: finished.set())
+    return finished.wait(seconds)
+
+
+def _progress() -> dict[int, tuple[int, bool]]:
+    """Per process set this rank belongs to: (collectives its context started, work of it in flight)."""
+    with _runtime.lock:
+        busy = {e.set_id for e in _runtime.entries.values() if e.handle is not None and not e.handle.done()}
+        sets = dict(_runtime.process_sets)
+    return {set_id: (process_set.context.collectives_started, set_id in busy)
+            for set_id, process_set in sets.items() if process_set.context is not None}
+
+
+def _watched_wait(entry: _Entry) -> None:
+    """Returns once entry's ddlfast call is done (it may have failed); see the section's comment."""
+    if _settled(entry.handle, WATCH_AFTER_S) or _runtime.watch is None:
+        return
+    process_set = _runtime.process_sets.get(entry.set_id)
+    members = [r for r in (process_set.ranks if process_set else ()) if r != MPI.COMM_WORLD.Get_rank()]
+    promised: list[tuple[int, int, str]] = []  # (set, collective, why) this rank refuses once its wait ended
+    try:
+        while True:
+            report = [MPI.COMM_WORLD.Get_rank(), entry.set_id]
+            for set_id, (started, busy) in _progress().items():
+                report += [set_id, started, int(busy)]
+            for member in members:
+                _send(np.array(report, np.int64), member, _REPORT_TAG)
+            for _ in range(round(WATCH_AFTER_S / 0.05)):
+                _read_watch(entry.set_id, promised)
+                if _settled(entry.handle, 0.05):
+                    return
+    finally:
+        for set_id, collective, why in promised:
+            _refuse_once(set_id, collective, why)
+
+
+def _read_watch(waiting_on: int, promised: list[tuple[int, int, str]]) -> None:
+    """Every report and notice that arrived (the section's comment)."""
+    watch, status = _runtime.watch, MPI.Status()
+    assert watch is not None  # _watched_wait reads only where init() made it
+    me = MPI.COMM_WORLD.Get_rank()
+    while watch.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status):
+        message = np.empty(status.Get_count(MPI.INT64_T), np.int64)
+        sender, tag = status.Get_source(), status.Get_tag()
+        watch.Recv(message, source=sender, tag=tag)
+        if tag == _NOTICE_TAG:  # the sender found us waiting for each other: this rank refuses where it waits
+            _refuse_once(int(message[0]), int(message[1]), _crossed(sender, int(message[0]), me, int(message[2])))
+            continue
+        their_set = int(message[1])
+        theirs = {int(message[i]): (int(message[i + 1]), bool(message[i + 2])) for i in range(2, len(message), 3)}
+        mine = _progress()
+        if their_set == waiting_on or their_set not in mine or waiting_on not in theirs:
+            continue
+        at, inside = theirs[their_set][0], mine[waiting_on][0]  # the collectives each is inside
+        if mine[their_set][1] or mine[their_set][0] >= at or theirs[waiting_on][1] or theirs[waiting_on][0] >= inside:
+            continue
+        why = _crossed(me, waiting_on, sender, their_set)
+        if (waiting_on, inside) not in _runtime.refused:
+            _send(np.array([waiting_on, inside, their_set], np.int64), sender, _NOTICE_TAG)
+        promised.append((their_set, at, why))
+
+
+def _send(message: np.ndarray, rank: int, tag: int) -> None:
+    """A watch message, never waited for (its receiver may never read it): kept alive until MPI sent it."""
+    assert _runtime.watch is not None
+    _runtime.outbox = [(request, data) for request, data in _runtime.outbox if not request.Test()]
+    _runtime.outbox.append((_runtime.watch.Isend(message, dest=rank, tag=tag), message))
+
+
+def _crossed(rank: int, its_set: int, other: int, other_set: int) -> str:
+    return (f"rank {rank} waits in a collective on {_set_text(its_set)} while rank {other} waits in one on "
+            f"{_set_text(other_set)}: the ranks called collectives on different process sets")
+
+
+def _refuse_once(set_id: int, collective: int, why: str) -> None:
+    """This rank's refusal of collective #`collective` on the set, once, where it has not started it."""
+    process_set = _runtime.process_sets.get(set_id)
+    if (set_id, collective) in _runtime.refused or process_set is None or process_set.context is None or \
+            process_set.context.collectives_started >= collective:
+        return
+    _runtime.refused.add((set_id, collective))
+    refuse(DdlfastError(why), process_set)
+
+
+def _set_text(set_id: int) -> str:
+    process_set = _runtime.process_sets.get(set_id)
+    return "the global process set" if set_id == 0 or process_set is None else \
+        f"process set {set_id} (ranks {process_set.ranks})"
 
 
 def flush_held() -> None:

@@ -10,6 +10,7 @@ and broadcast_optimizer_state; sizes above DDLFAST_SMALL_BYTES. Prints "N cases 
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
@@ -95,6 +96,34 @@ def settings_differ_at(n: int, rank: int, size: int) -> None:
     raises_everywhere(f"sparse: Average on one rank [{n}]",
                       lambda: hvd.sparse_allreduce_async(sparse, op=hvd.Average if odd else hvd.Sum)(), RuntimeError)
     raises_everywhere(f"named, fused: float Average on one rank [{n}]", lambda: named(torch.ones(n)), RuntimeError)
+
+
+def ranks_on_other_sets(rank: int, size: int) -> None:
+    """Rank 0 calls on a process set of ranks 0 and 1, the others on the global set: each side waits for the
+    other. Every rank raises, naming both sets, long before the stall limit (60 s here: reaching it would break
+    both contexts, and the checks after it would fail), and both contexts go on in step."""
+    pair = hvd.add_process_set([0, 1])
+    saved = os.environ.get("DDLFAST_TIMEOUT_S")
+    os.environ["DDLFAST_TIMEOUT_S"] = "60"
+    try:
+        def mismatched(n: int) -> None:
+            hvd.allreduce(torch.ones(n), op=hvd.Sum, process_set=pair if rank == 0 else hvd.global_process_set)
+
+        for n in (3, 5000):
+            raises_everywhere(f"rank 0 on another process set [{n}]", functools.partial(mismatched, n), RuntimeError)
+        try:
+            mismatched(3)
+        except RuntimeError as error:
+            check("the error names the process sets", "different process sets" in str(error), str(error))
+    finally:
+        if saved is None:
+            del os.environ["DDLFAST_TIMEOUT_S"]
+        else:
+            os.environ["DDLFAST_TIMEOUT_S"] = saved
+    check("the global set goes on", torch.all(hvd.allreduce(torch.ones(3), op=hvd.Sum) == size).item())
+    if pair.included():
+        check("the pair goes on", torch.all(hvd.allreduce(torch.ones(3), op=hvd.Sum, process_set=pair) == 2).item())
+    hvd.remove_process_set(pair)
 
 
 def main() -> int:
@@ -200,6 +229,8 @@ def main() -> int:
         value = hvd.allreduce(torch.ones(5), op=hvd.Sum, process_set=evens)
         check("process set", torch.all(value == evens.size()).item())
     hvd.remove_process_set(evens)
+    if size >= 3:
+        ranks_on_other_sets(rank, size)
 
     # DistributedOptimizer: one SGD step on every rank's own data equals the step on the averaged gradient.
     torch.manual_seed(0)
