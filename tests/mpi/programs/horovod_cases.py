@@ -10,9 +10,11 @@ and broadcast_optimizer_state; sizes above DDLFAST_SMALL_BYTES. Prints "N cases 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
+from collections.abc import Iterator
 
 import torch
 from harness import report_results
@@ -37,6 +39,20 @@ def raises_everywhere(label: str, call: object, *exceptions: type) -> None:
         raised = type(error).__name__
     everyone = comm.allgather(raised)
     check(label, all(everyone), f"raised per rank: {everyone}")
+
+
+@contextlib.contextmanager
+def stall_limit(seconds: str) -> Iterator[None]:
+    """DDLFAST_TIMEOUT_S for the calls inside (each call reads it)."""
+    saved = os.environ.get("DDLFAST_TIMEOUT_S")
+    os.environ["DDLFAST_TIMEOUT_S"] = seconds
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["DDLFAST_TIMEOUT_S"]
+        else:
+            os.environ["DDLFAST_TIMEOUT_S"] = saved
 
 
 def values(rank: int, shape: tuple, dtype: torch.dtype, salt: int = 0) -> torch.Tensor:
@@ -103,23 +119,17 @@ def ranks_on_other_sets(rank: int, size: int) -> None:
     other. Every rank raises, naming both sets, long before the stall limit (60 s here: reaching it would break
     both contexts, and the checks after it would fail), and both contexts go on in step."""
     pair = hvd.add_process_set([0, 1])
-    saved = os.environ.get("DDLFAST_TIMEOUT_S")
-    os.environ["DDLFAST_TIMEOUT_S"] = "60"
-    try:
-        def mismatched(n: int) -> None:
-            hvd.allreduce(torch.ones(n), op=hvd.Sum, process_set=pair if rank == 0 else hvd.global_process_set)
 
+    def mismatched(n: int) -> None:
+        hvd.allreduce(torch.ones(n), op=hvd.Sum, process_set=pair if rank == 0 else hvd.global_process_set)
+
+    with stall_limit("60"):
         for n in (3, 5000):
             raises_everywhere(f"rank 0 on another process set [{n}]", functools.partial(mismatched, n), RuntimeError)
         try:
             mismatched(3)
         except RuntimeError as error:
             check("the error names the process sets", "different process sets" in str(error), str(error))
-    finally:
-        if saved is None:
-            del os.environ["DDLFAST_TIMEOUT_S"]
-        else:
-            os.environ["DDLFAST_TIMEOUT_S"] = saved
     check("the global set goes on", torch.all(hvd.allreduce(torch.ones(3), op=hvd.Sum) == size).item())
     if pair.included():
         check("the pair goes on", torch.all(hvd.allreduce(torch.ones(3), op=hvd.Sum, process_set=pair) == 2).item())
@@ -190,16 +200,9 @@ def main() -> int:
         raises_everywhere("alltoall splits of float", lambda: hvd.alltoall(torch.ones(size),
                                                                           torch.ones(size)), ValueError)
         # A name each rank submits alone: every rank raises once it waited past the stall limit, naming it.
-        saved = os.environ.get("DDLFAST_TIMEOUT_S")
-        os.environ["DDLFAST_TIMEOUT_S"] = "3"
-        try:
+        with stall_limit("3"):
             lonely = hvd.allreduce_async(torch.ones(3), name=f"lonely.{rank}")
             raises_everywhere("names never matched", lambda: hvd.synchronize(lonely), RuntimeError)
-        finally:
-            if saved is None:
-                del os.environ["DDLFAST_TIMEOUT_S"]
-            else:
-                os.environ["DDLFAST_TIMEOUT_S"] = saved
         check("the context is usable after it", torch.all(hvd.allreduce(torch.ones(3), op=hvd.Sum) == size).item())
         settings_differ_on_one_rank(rank, size)
     splits = torch.tensor([r + 1 for r in range(size)], dtype=torch.int32)
