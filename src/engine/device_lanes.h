@@ -21,6 +21,10 @@ namespace ddlfast {
 
 enum class Lane : int { kInbound = 0, kOutbound = 1 };
 
+// Marker 0: "all work enqueued so far", shared by the GPU executor and the device runtime (staging and buckets);
+// the executor numbers its per-slot markers after it.
+inline constexpr int kNowMarker = 0;
+
 class DeviceLanes {
  public:
   virtual ~DeviceLanes() = default;

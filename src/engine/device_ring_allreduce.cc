@@ -13,9 +13,8 @@
 namespace ddlfast {
 namespace {
 
-// Marker numbers: one shared "everything enqueued so far" marker, then one
-// per receive slot and one per send slot.
-constexpr int kNowMarker = 0;
+// Marker numbers after kNowMarker (device_lanes.h): one per receive slot and
+// one per send slot.
 int recv_marker(int slot) { return 1 + slot; }
 int send_marker(int slots, int slot) { return 1 + slots + slot; }
 

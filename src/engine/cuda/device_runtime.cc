@@ -9,11 +9,6 @@
 #endif
 
 namespace ddlfast {
-namespace {
-
-constexpr int kNowMarker = 0;  // shared with the executor: "all work so far"
-
-}  // namespace
 
 bool mpi_cuda_aware(std::string* how) {
 #if defined(MPIX_GPU_SUPPORT_CUDA)
