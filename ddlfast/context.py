@@ -511,6 +511,14 @@ class Context:
 
         return named
 
+    def _settings(self) -> config.Settings:
+        """load_settings() for a collective about to run: a DDLFAST_* value made bad on this rank since creation
+        joins the agreement as a refusal, so every rank raises at this call, not this rank alone."""
+        try:
+            return load_settings()
+        except DdlfastError as error:
+            raise self._refused(error) from None
+
     def _refused(self, error: DdlfastError) -> DdlfastError:
         """Bad input on this rank: join the agreement with the error (so the others raise too), return what
         to raise here."""
@@ -600,11 +608,7 @@ class Context:
 
     def topology(self, every_tier: bool = False) -> Topology:
         """ddlfast.topology(): on the communication thread when there is one, so collectives stay ordered."""
-        state = self._state
-        try:
-            settings = load_settings()
-        except DdlfastError as error:
-            raise self._refused(error) from None
+        state, settings = self._state, self._settings()
         if state.topology_known(every_tier):
             return state.topology  # nothing collective to do
         self._check_caller()
@@ -631,7 +635,7 @@ class Context:
             self._other_caller()
         if type(op) is not str:
             op = canonical_op(op)  # MPI.SUM, torch's ReduceOp.SUM, ...: their names take the latency path too
-        try:
+        try:  # _settings(), spelled out: the latency path
             settings = load_settings()
         except DdlfastError as error:
             raise self._refused(error) from None
@@ -761,10 +765,7 @@ class Context:
             return None
         if _get_ident() != self._issuer:
             self._other_caller()
-        try:
-            settings = load_settings()
-        except DdlfastError as error:
-            raise self._refused(error) from None
+        settings = self._settings()
         plan = self._fast.shard_plan(kind, array, op, dims, compression, settings)
         if plan is None:
             return None
@@ -928,10 +929,7 @@ class Context:
                 and (name is None or type(name) in (str, int))):
             if _get_ident() != self._issuer:
                 self._other_caller()
-            try:
-                settings = load_settings()
-            except DdlfastError as error:
-                raise self._refused(error) from None
+            settings = self._settings()
             plan = self._fast.broadcast_plan(array, root, settings)
             if plan is not None and self._fast_run(array, plan, settings, name, "broadcast"):
                 return array
