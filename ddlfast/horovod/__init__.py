@@ -593,20 +593,29 @@ WATCH_AFTER_S = 1.0
 _REPORT_TAG, _NOTICE_TAG = 0x4856, 0x4857
 
 
-def _settled(waitable: Any, seconds: float) -> bool:
-    """Whether `waitable` (a ddlfast Handle, or one of this module's wrappers) is done within `seconds`."""
+def _waiter(waitable: Any) -> Callable[[float], bool]:
+    """`finished(seconds)`: whether `waitable` (a ddlfast Handle, or one of this module's wrappers) is done within
+    `seconds`; made once per wait (a ddlfast Handle gets one done-callback, however often it is asked)."""
     if waitable.done():
-        return True
+        return lambda seconds: True
     if isinstance(waitable, _Several):
-        end = time.monotonic() + seconds
-        return all(_settled(h, max(0.0, end - time.monotonic())) for h in waitable.handles)
+        parts = [_waiter(handle) for handle in waitable.handles]
+
+        def all_finished(seconds: float) -> bool:
+            end = time.monotonic() + seconds
+            return all(finished(max(0.0, end - time.monotonic())) for finished in parts)
+
+        return all_finished
     inner = waitable.handle if isinstance(waitable, _Part) else waitable
     if not hasattr(inner, "add_done_callback"):
-        time.sleep(min(seconds, 0.01))
-        return bool(waitable.done())
-    finished = threading.Event()
-    inner.add_done_callback(lambda _: finished.set())
-    return finished.wait(seconds)
+        def polled(seconds: float) -> bool:
+            time.sleep(min(seconds, 0.01))
+            return bool(waitable.done())
+
+        return polled
+    event = threading.Event()
+    inner.add_done_callback(lambda _: event.set())
+    return event.wait
 
 
 def _progress() -> dict[int, tuple[int, bool]]:
@@ -620,7 +629,8 @@ def _progress() -> dict[int, tuple[int, bool]]:
 
 def _watched_wait(entry: _Entry) -> None:
     """Returns once entry's ddlfast call is done (it may have failed); see the section's comment."""
-    if _settled(entry.handle, WATCH_AFTER_S) or _runtime.watch is None:
+    finished = _waiter(entry.handle)
+    if finished(WATCH_AFTER_S) or _runtime.watch is None:
         return
     process_set = _runtime.process_sets.get(entry.set_id)
     members = [r for r in (process_set.ranks if process_set else ()) if r != MPI.COMM_WORLD.Get_rank()]
@@ -634,7 +644,7 @@ def _watched_wait(entry: _Entry) -> None:
                 _send(np.array(report, np.int64), member, _REPORT_TAG)
             for _ in range(round(WATCH_AFTER_S / 0.05)):
                 _read_watch(entry.set_id, promised)
-                if _settled(entry.handle, 0.05):
+                if finished(0.05):
                     return
     finally:
         for set_id, collective, why in promised:
