@@ -47,7 +47,7 @@ from mpi4py import MPI
 
 import ddlfast
 from ddlfast import config, files
-from ddlfast.errors import DdlfastError
+from ddlfast.errors import DdlfastError, ranks_text
 from ddlfast.topology.cost_model import halves
 
 DEFAULT_SIZES = "4KiB,64KiB,1MiB,16MiB,64MiB"
@@ -345,7 +345,7 @@ def _same_bits(ours: np.ndarray, comm: MPI.Intracomm, what: str) -> list[str]:
         for r, d in enumerate(digests):
             groups.setdefault(d, []).append(r)
         described = "; ".join(
-            f"rank{'s' if len(r) > 1 else ''} {','.join(map(str, r))}: {d[:12]}" for d, r in groups.items()
+            f"{ranks_text(r)}: {d[:12]}" for d, r in groups.items()
         )
         problems.append(f"{what}: ddlfast results are not bitwise identical on every rank ({described})")
     return problems

@@ -37,7 +37,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ddlfast import api, ulfm
-from ddlfast.errors import DdlfastError, RanksLostError
+from ddlfast.errors import DdlfastError, RanksLostError, ranks_text
 
 MembershipCallback = Callable[[RanksLostError], None]
 
@@ -116,8 +116,7 @@ class State:
         everyone = api.allgather_object(mine)
         refused = [(rank, problem) for rank, (_, _, problem) in enumerate(everyone) if problem]
         if refused:
-            raise DdlfastError(f"{refused[0][1]} (on rank{'s' if len(refused) > 1 else ''} "
-                               f"{','.join(str(rank) for rank, _ in refused)})")
+            raise DdlfastError(f"{refused[0][1]} (on {ranks_text([rank for rank, _ in refused])})")
         newest = max(commits for commits, _, _ in everyone)
         holders = [rank for rank, (commits, _, _) in enumerate(everyone) if commits == newest]
         digests = {everyone[rank][1] for rank in holders}

@@ -1,4 +1,13 @@
-"""Exceptions raised by ddlfast."""
+"""Exceptions raised by ddlfast, and how their messages name ranks."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+
+def ranks_text(ranks: Collection[int]) -> str:
+    """'rank 3' or 'ranks 0,2': the ranks a message names, in the order given."""
+    return f"rank{'s' if len(ranks) > 1 else ''} {','.join(map(str, ranks))}"
 
 
 class DdlfastError(RuntimeError):

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from ddlfast import _core, config
-from ddlfast.errors import DdlfastConsistentError, DdlfastError
+from ddlfast.errors import DdlfastConsistentError, DdlfastError, ranks_text
 
 MAX_CACHED_DIGESTS = 4096
 # name= of every collective: a str or an int (e.g. the training step), or None.
@@ -294,7 +294,7 @@ def join_problem(descriptions: list[dict]) -> str | None:
     rank that is not inside join() raises."""
     joined = [r for r, d in enumerate(descriptions) if d["kind"] == "join"]
     others = [d for d in descriptions if d["kind"] != "join"]
-    who = f"rank{'s' if len(joined) > 1 else ''} {','.join(map(str, joined))}"
+    who = ranks_text(joined)
     if len({repr({k: v for k, v in d.items() if k != "sequence"}) for d in others}) > 1:
         return f"{disagreement_message(others)} (and {who} called join())"
     call = others[0]
@@ -345,7 +345,7 @@ def _by_rank(descriptions: list[dict], key_of: Callable[[dict], str]) -> str:
     seen: dict[str, list[int]] = {}
     for rank, description in enumerate(descriptions):
         seen.setdefault(key_of(description), []).append(rank)
-    return "; ".join(f"rank{'s' if len(r) > 1 else ''} {','.join(map(str, r))} passed {k}" for k, r in seen.items())
+    return "; ".join(f"{ranks_text(r)} passed {k}" for k, r in seen.items())
 
 
 def _differs(descriptions: list[dict], field: str) -> bool:

@@ -30,7 +30,7 @@ from mpi4py import MPI
 
 import ddlfast
 from ddlfast.config import load_settings
-from ddlfast.errors import DdlfastError
+from ddlfast.errors import DdlfastError, ranks_text
 
 # Horovod's op constants (horovod.common.basics), the same values.
 Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
@@ -459,9 +459,8 @@ def _mismatched(mine: dict[int, str], kinds: dict[int, int], differing: set[int]
             groups: dict[int, list[int]] = {}
             for r, keys in held_by.items():
                 groups.setdefault(keys[key], []).append(r)
-            who = "; ".join(f"rank{'s' if len(ranks) > 1 else ''} {','.join(map(str, ranks))}"
-                            f"{' (this rank: ' + _signature(entry) + ')' if kind == kinds[key] else ''}"
-                            for kind, ranks in groups.items())
+            mark = f" (this rank: {_signature(entry)})"
+            who = "; ".join(ranks_text(ranks) + (mark if kind == kinds[key] else "") for kind, ranks in groups.items())
             entry.handle = _Failed(HorovodInternalError(
                 f"rank {MPI.COMM_WORLD.Get_rank()}: the ranks submitted the call named {name!r} with different "
                 f"arguments (op, scale factors or the kind of collective): {who}"))
@@ -470,11 +469,11 @@ def _mismatched(mine: dict[int, str], kinds: dict[int, int], differing: set[int]
 def _give_up(mine: dict[int, str], common: set[int], held_by: dict[int, dict[int, int]], quitting: list[int]) -> None:
     """Every rank raises at the same negotiation: the calls this rank holds that some rank never submitted fail."""
     unmatched = {key: [r for r, keys in held_by.items() if key not in keys] for key in mine if key not in common}
-    what = "; ".join(f"{mine[key]!r} (not submitted by rank{'s' if len(m) > 1 else ''} {','.join(map(str, m))})"
+    what = "; ".join(f"{mine[key]!r} (not submitted by {ranks_text(m)})"
                      for key, m in sorted(unmatched.items(), key=lambda kv: mine[kv[0]]))
     error = HorovodInternalError(
         f"rank {MPI.COMM_WORLD.Get_rank()}: named calls were not submitted on every rank within the stall limit "
-        f"(DDLFAST_TIMEOUT_S; rank{'s' if len(quitting) > 1 else ''} {','.join(map(str, quitting))} stopped "
+        f"(DDLFAST_TIMEOUT_S; {ranks_text(quitting)} stopped "
         f"waiting): {what or 'none held here'}")
     with _runtime.lock:
         for key in unmatched:
