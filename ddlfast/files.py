@@ -20,7 +20,7 @@ import os
 import stat
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 
 def replace_file(path: str | os.PathLike, data: bytes | str) -> None:
@@ -67,6 +67,17 @@ def read_json_file(path: str | os.PathLike, max_bytes: int) -> Any:
     if len(data) > max_bytes:
         raise ValueError(f"larger than the {max_bytes} bytes accepted")
     return strict_json(data)
+
+
+def is_json_int(value: object) -> TypeGuard[int]:
+    """An integer of a parsed JSON document (JSON's true and false are not counts)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_json_number(value: object, limit: float) -> bool:
+    """A number of a parsed JSON document of at most `limit` in size (strict_json refused NaN and Infinity; a huge
+    integer is refused here, so that a reader's arithmetic on it stays finite)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and abs(value) <= limit
 
 
 def _refuse_constant(name: str) -> Any:

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ddlfast.files import read_json_file
+from ddlfast.files import is_json_int, is_json_number, read_json_file
 
 FORMAT = "ddlfast-flight-1"
 # Rank and context numbers of up to 9 digits: int() of a name's digits stays cheap and an error, not a traceback.
@@ -68,15 +68,6 @@ def load(directory: Path) -> dict[int, dict[int, dict]]:
     return contexts
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: object) -> bool:
-    # strict_json already refused NaN and Infinity; a huge integer is refused here so arithmetic stays finite
-    return isinstance(value, int | float) and not isinstance(value, bool) and abs(value) <= MAX_NUMBER
-
-
 def _require(condition: bool, what: str) -> None:
     if not condition:
         raise RecordError(what)
@@ -93,7 +84,7 @@ def checked(data: object, rank: int) -> dict:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise RecordError(f"not a ddlfast flight record ({FORMAT})")
     size = data.get("size")
-    if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= MAX_RANKS:
+    if not is_json_int(size) or not 1 <= size <= MAX_RANKS:
         raise RecordError(f"size {size!r:.40} is not a rank count from 1 to {MAX_RANKS}")
     _require(rank < size, f"rank {rank} (its name) is not below its size {size}")
     _require(isinstance(data.get("reason", ""), str), "reason is not text")
@@ -104,13 +95,14 @@ def checked(data: object, rank: int) -> dict:
         where = f"records[{index}]"
         if not isinstance(record, dict):
             raise RecordError(f"{where} is not an object")
-        _require(_is_int(record.get("sequence")) and record["sequence"] >= 0, f"{where}: sequence is not a count")
+        _require(is_json_int(record.get("sequence")) and record["sequence"] >= 0, f"{where}: sequence is not a count")
         for field in ("state", "layout"):
             _require(isinstance(record.get(field), str), f"{where}: {field} is not text")
         for field in ("site", "error"):
             _require(_text_or_none(record.get(field)), f"{where}: {field} is not text")
         for field in ("arrived", "agreed", "ended", "wait_s"):
-            _require(record.get(field) is None or _is_number(record[field]), f"{where}: {field} is not a number")
+            _require(record.get(field) is None or is_json_number(record[field], MAX_NUMBER),
+                     f"{where}: {field} is not a number")
         descriptions = record.get("descriptions") or []
         if not isinstance(descriptions, list) or len(descriptions) > size:
             raise RecordError(f"{where}: descriptions is not a list of at most {size} ranks")
@@ -124,8 +116,8 @@ def checked(data: object, rank: int) -> dict:
     stragglers = data.get("stragglers") or []
     _require(isinstance(stragglers, list), "stragglers is not a list")
     for index, row in enumerate(stragglers):
-        _require(isinstance(row, dict) and _is_int(row.get("rank")) and _is_int(row.get("last_arrivals"))
-                 and _is_number(row.get("held_s")) and isinstance(row.get("host", ""), str),
+        _require(isinstance(row, dict) and is_json_int(row.get("rank")) and is_json_int(row.get("last_arrivals"))
+                 and is_json_number(row.get("held_s"), MAX_NUMBER) and isinstance(row.get("host", ""), str),
                  f"stragglers[{index}] is not a row of rank, host, last_arrivals, held_s")
     return data
 

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ddlfast.config import STRAGGLER_NOISE_S
-from ddlfast.files import read_json_file, replace_file
+from ddlfast.files import is_json_int, is_json_number, read_json_file, replace_file
 
 DEFAULT_MAX_EVENTS = 1_000_000
 MAX_FILE_BYTES = 2 << 30
@@ -63,11 +63,6 @@ def _read(path: Path) -> list[dict]:
         raise TraceError(f"{path}: {error}") from None
 
 
-def _is_number(value: object) -> bool:
-    # strict JSON has no NaN or Infinity; a huge number is refused so that the merge's arithmetic stays finite
-    return isinstance(value, int | float) and not isinstance(value, bool) and abs(value) <= MAX_NUMBER
-
-
 def checked_events(events: object) -> list[dict]:
     """`events` if it is a rank's trace of the writer's form (ddlfast/engine/timeline.py): a list of events, each
     with the fields the merge reads of the type it reads. Raises ValueError naming the first event that is not."""
@@ -76,16 +71,16 @@ def checked_events(events: object) -> list[dict]:
     for index, event in enumerate(events):
         if not isinstance(event, dict) or not isinstance(event.get("ph"), str):
             raise ValueError(f"event {index} is not a trace event (an object with a ph)")
-        if event["ph"] != "M" and not _is_number(event.get("ts")):
+        if event["ph"] != "M" and not is_json_number(event.get("ts"), MAX_NUMBER):
             raise ValueError(f"event {index}: ts is not a number up to {MAX_NUMBER:g}")
-        if "dur" in event and not _is_number(event["dur"]):
+        if "dur" in event and not is_json_number(event["dur"], MAX_NUMBER):
             raise ValueError(f"event {index}: dur is not a number up to {MAX_NUMBER:g}")
         args = event.get("args", {})
         if not isinstance(args, dict):
             raise ValueError(f"event {index}: args is not an object")
-        if "sequence" in args and not (isinstance(args["sequence"], int) and not isinstance(args["sequence"], bool)):
+        if "sequence" in args and not is_json_int(args["sequence"]):
             raise ValueError(f"event {index}: args.sequence is not an integer")
-        if "wait_s" in args and not _is_number(args["wait_s"]):
+        if "wait_s" in args and not is_json_number(args["wait_s"], MAX_NUMBER):
             raise ValueError(f"event {index}: args.wait_s is not a number up to {MAX_NUMBER:g}")
     return events
 
