@@ -48,6 +48,18 @@ def digest(value: object) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def close_to_reference(case: str, index: int, value: np.ndarray, expected: object, rtol: float, atol: float) -> bool:
+    """Record a failure of result `index` of `case` unless it has the reference's shape and its values within
+    the tolerances (0: exact); returns whether it passed."""
+    if value.shape != np.shape(expected):
+        fail(case, f"result {index}: shape {value.shape}, expected {np.shape(expected)}")
+        return False
+    if not np.allclose(value, expected, rtol=rtol, atol=atol):
+        fail(case, f"result {index} differs from NumPy by {np.abs(value - expected).max():.3g}")
+        return False
+    return True
+
+
 def same_everywhere(value: object, on: MPI.Comm = comm) -> bool:
     """Whether every rank of `on` holds the same bits (collective)."""
     return len(set(on.allgather(digest(value)))) == 1

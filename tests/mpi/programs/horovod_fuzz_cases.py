@@ -17,7 +17,7 @@ import sys
 
 import numpy as np
 import torch
-from harness import comm, fail, rank, report_and_exit, world
+from harness import close_to_reference, comm, fail, rank, report_and_exit, same_everywhere, world
 
 import ddlfast.horovod.torch as hvd
 
@@ -108,18 +108,12 @@ def run_case(index: int) -> None:
     if fault is not None:
         fail(name, "the fault was not detected")
         return
+    average = kind in REDUCING and op == hvd.Average and not integer
+    tolerance = {torch.float16: 2e-3}.get(dtype, 1e-6) if average else 0.0
     for i, (tensor, expected) in enumerate(zip(got, want, strict=True)):
-        value = as_float64(tensor)
-        if value.shape != np.shape(expected):
-            fail(name, f"result {i}: shape {value.shape}, expected {np.shape(expected)}")
-            continue
-        average = kind in REDUCING and op == hvd.Average and not integer
-        tolerance = {torch.float16: 2e-3}.get(dtype, 1e-6) if average else 0.0
-        if not np.allclose(value, expected, rtol=tolerance, atol=tolerance):
-            fail(name, f"result {i} differs from NumPy by {np.abs(value - expected).max():.3g}")
-        if kind in ("reducescatter", "alltoall"):
-            continue  # each rank receives its own part
-        if len(set(comm.allgather(tensor.detach().numpy().tobytes()))) != 1:
+        close_to_reference(name, i, as_float64(tensor), expected, tolerance, tolerance)
+        # Each rank receives its own part of a reducescatter or an alltoall.
+        if kind not in ("reducescatter", "alltoall") and not same_everywhere(tensor.detach().numpy()):
             fail(name, f"result {i} differs in bits across ranks")
 
 

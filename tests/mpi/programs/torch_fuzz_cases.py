@@ -19,6 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from backend_common import comm, fail, rank, report_and_exit, world
+from harness import close_to_reference
 
 warnings.filterwarnings("ignore", category=FutureWarning)  # torch's deprecations of the calls exercised here
 SEED, CASES, FAULT_CHANCE = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
@@ -113,16 +114,11 @@ def run_case(index: int) -> None:
     if fault is not None:
         fail(name, f"fault {fault[0]} on rank {fault[1]} was not detected")
         return
+    exact = kind in ("all_gather_into_tensor", "all_gather", "broadcast") or op in ("min", "max") \
+        or not dtype.is_floating_point
+    tolerance = 0.0 if exact else {torch.float16: 2e-3, torch.bfloat16: 2e-2}.get(dtype, 1e-5)
     for i, (tensor, expected) in enumerate(zip(got, want, strict=True)):
-        value = as_float64(tensor)
-        if value.shape != np.shape(expected):
-            fail(name, f"result {i}: shape {value.shape}, expected {np.shape(expected)}")
-            continue
-        exact = kind in ("all_gather_into_tensor", "all_gather", "broadcast") or op in ("min", "max") \
-            or not dtype.is_floating_point
-        tolerance = 0.0 if exact else {torch.float16: 2e-3, torch.bfloat16: 2e-2}.get(dtype, 1e-5)
-        if not np.allclose(value, expected, rtol=tolerance, atol=tolerance * world):
-            fail(name, f"result {i} differs from NumPy by {np.abs(value - expected).max():.3g}")
+        close_to_reference(name, i, as_float64(tensor), expected, tolerance, tolerance * world)
         flat = tensor.detach().contiguous().view(-1)
         bits = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
         if kind != "reduce_scatter_tensor" and len(set(comm.allgather(bits))) != 1:
