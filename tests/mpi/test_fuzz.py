@@ -58,9 +58,15 @@ def test_torch_backend_fuzz(ranks: int) -> None:
     dtype, blocking and async, tensors that require grad, sizes past the small-message limit, against NumPy and
     bit-identical across ranks; one case in seven puts another dtype or shape on one rank, which every rank must
     name."""
+    run_seeded_fuzz("torch_fuzz_cases.py", ranks, cases=120, fault_chance=0.15)
+
+
+def run_seeded_fuzz(program: str, ranks: int, cases: int, fault_chance: float) -> None:
+    """A torch fuzz program (`program SEED CASES FAULT_CHANCE`, harness.py's report) at fuzz_seed(), a stall
+    limit short enough to fail a stalled case instead of hanging: every case passes."""
     pytest.importorskip("torch")
     seed = fuzz_seed()
-    result = run_mpi(ranks, "torch_fuzz_cases.py", str(seed), "120", "0.15", env={"DDLFAST_TIMEOUT_S": "60"},
+    result = run_mpi(ranks, program, str(seed), str(cases), str(fault_chance), env={"DDLFAST_TIMEOUT_S": "60"},
                      timeout=600, check=False)
-    print(f"torch fuzz seed {seed} on {ranks} ranks")
+    print(f"{program} seed {seed} on {ranks} ranks")
     assert result.returncode == 0 and "\n0 failures" in "\n" + result.stdout, (result.stdout + result.stderr)[-8000:]

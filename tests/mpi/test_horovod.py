@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.mpi.launcher import run_mpi
-from tests.mpi.test_fuzz import fuzz_seed
+from tests.mpi.test_fuzz import run_seeded_fuzz
 
 RUNNER = Path(__file__).resolve().parents[1] / "horovod_shim" / "run_horovod_tests.py"
 # One test of each family: ops, names, allgather, broadcast, alltoall, join, process sets, optimizer, reducescatter.
@@ -53,9 +53,4 @@ def test_horovod_fuzz(ranks: int) -> None:
     """The drop-in's calls, seeded (programs/horovod_fuzz_cases.py): every op, scale factors, dtypes, sizes past
     the small-message limit, against NumPy and bit-identical across ranks; one case in four changes one setting
     that changes a result (or is wrong) on one rank, which every rank must raise on, naming it."""
-    pytest.importorskip("torch")
-    seed = fuzz_seed()
-    result = run_mpi(ranks, "horovod_fuzz_cases.py", str(seed), "120", "0.25", env={"DDLFAST_TIMEOUT_S": "60"},
-                     timeout=600, check=False)
-    print(f"horovod fuzz seed {seed} on {ranks} ranks")
-    assert result.returncode == 0 and "\n0 failures" in "\n" + result.stdout, (result.stdout + result.stderr)[-8000:]
+    run_seeded_fuzz("horovod_fuzz_cases.py", ranks, cases=120, fault_chance=0.25)
